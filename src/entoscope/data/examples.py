@@ -1,0 +1,111 @@
+"""The records every dataset is made of: one `Example` per prompt, a `Dataset` of them.
+
+An example holds text (or token ids) and, where the task has them, a counterfactual prompt of the
+same token length, the answer tokens, the competing ("wrong") answer tokens and a label. Answers are
+kept as text (with their leading space, e.g. " Mary") or as token ids; they are turned into ids by
+the model's tokenizer at run time, where an answer that is not one token is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+Text = str | tuple[int, ...]
+Token = str | int
+
+
+@dataclass(frozen=True)
+class Example:
+    """One prompt of a dataset.
+
+    prompt:         text, or a tuple of token ids (then used as given: no BOS is added).
+    counterfactual: the corrupted/counterfactual prompt paired with `prompt`, or None.
+    answers:        the correct next token(s); metrics over a set (e.g. greater-than's years) use all.
+    wrong_answers:  the competing next token(s) (logit difference = mean logit of answers minus mean
+                    logit of wrong answers; probability difference = sum minus sum).
+    label:          a prompt-level label for probing (class or number), or None.
+    meta:           task-specific facts (names, template id, period, ...), JSON-serialisable.
+    """
+
+    prompt: Text
+    counterfactual: Text | None = None
+    answers: tuple[Token, ...] = ()
+    wrong_answers: tuple[Token, ...] = ()
+    label: int | float | str | None = None
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("answers", "wrong_answers"):
+            value = getattr(self, name)
+            if isinstance(value, (str, int)):
+                object.__setattr__(self, name, (value,))
+            else:
+                object.__setattr__(self, name, tuple(value))
+        for name in ("prompt", "counterfactual"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                object.__setattr__(self, name, tuple(int(t) for t in value))
+
+    def to_record(self) -> dict[str, Any]:
+        """A JSON-serialisable dict (the manifest keeps the data a run used)."""
+        def plain(v: Any) -> Any:
+            return list(v) if isinstance(v, tuple) else v
+
+        return {
+            "prompt": plain(self.prompt),
+            "counterfactual": plain(self.counterfactual),
+            "answers": list(self.answers),
+            "wrong_answers": list(self.wrong_answers),
+            "label": self.label,
+            "meta": dict(self.meta),
+        }
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> Example:
+        known = {"prompt", "counterfactual", "answers", "wrong_answers", "label", "meta"}
+        return cls(**{k: v for k, v in record.items() if k in known})
+
+
+@dataclass(frozen=True)
+class Dataset(Sequence[Example]):
+    """A named, ordered collection of examples (what every operation runs over)."""
+
+    name: str
+    examples: tuple[Example, ...]
+    description: str = ""
+    params: Mapping[str, Any] = field(default_factory=dict)  # how it was made (task, n, seed, ...)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "examples", tuple(self.examples))
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __iter__(self) -> Iterator[Example]:
+        return iter(self.examples)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return Dataset(self.name, self.examples[index], self.description, self.params)
+        return self.examples[index]
+
+    @property
+    def has_counterfactuals(self) -> bool:
+        return bool(self.examples) and all(e.counterfactual is not None for e in self.examples)
+
+    @property
+    def has_answers(self) -> bool:
+        return bool(self.examples) and all(e.answers for e in self.examples)
+
+    @property
+    def has_labels(self) -> bool:
+        return bool(self.examples) and all(e.label is not None for e in self.examples)
+
+    def to_records(self) -> list[dict[str, Any]]:
+        return [e.to_record() for e in self.examples]
+
+    @classmethod
+    def from_records(cls, name: str, records: Sequence[Mapping[str, Any]], **kwargs: Any) -> Dataset:
+        return cls(name, tuple(Example.from_record(r) for r in records), **kwargs)

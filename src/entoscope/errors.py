@@ -1,0 +1,69 @@
+"""Every error entoscope raises on purpose: a stable code, what went wrong, and the remedy.
+
+Each refusal subclasses `EntoscopeError` and the builtin it resembles (ValueError, TypeError,
+KeyError...), so `except ValueError` keeps working and a caller can branch on `err.code`.
+The codes are listed in docs/errors.md; a test keeps that list and this module in step.
+"""
+
+from __future__ import annotations
+
+
+class EntoscopeError(Exception):
+    """Base of every deliberate refusal. `code` is stable; `remedy` says what to do instead."""
+
+    code: str = "entoscope_error"
+
+    def __init__(self, message: str, *, remedy: str = "", code: str | None = None) -> None:
+        if code is not None:
+            self.code = code
+        self.message = message
+        self.remedy = remedy
+        text = f"[{self.code}] {message}"
+        if remedy:
+            text += f"\n  Remedy: {remedy}"
+        super().__init__(text)
+
+    def __str__(self) -> str:  # KeyError would otherwise repr() the message
+        return self.args[0] if self.args else ""
+
+
+class UnsupportedModelError(EntoscopeError, TypeError):
+    """The object is not a model entoscope accepts, or its family cannot be described."""
+
+    code = "unsupported_model"
+
+
+class ModelLoadError(EntoscopeError, OSError):
+    """A model could not be loaded (unreachable hub, missing folder, ...)."""
+
+    code = "model_load_failed"
+
+
+class SiteError(EntoscopeError, ValueError):
+    """An activation site that the model does not have, or an index out of range."""
+
+    code = "site_invalid"
+
+
+class UnknownNameError(EntoscopeError, KeyError):
+    """A name (activation, method, metric, ...) that is not known."""
+
+    code = "unknown_name"
+
+
+class DataError(EntoscopeError, ValueError):
+    """Input data that cannot be used as given (lengths, answers, labels, ...)."""
+
+    code = "data_invalid"
+
+
+class ConfigError(EntoscopeError, ValueError):
+    """A configuration (Python, YAML or command line) that does not validate."""
+
+    code = "config_invalid"
+
+
+class CheckFailedError(EntoscopeError, ArithmeticError):
+    """A run-time identity check failed: the numbers cannot be trusted, so none are returned."""
+
+    code = "check_failed"

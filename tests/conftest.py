@@ -1,0 +1,56 @@
+"""Shared test setup.
+
+Threads: torch runs on ONE thread in tests (two busy threads on a 2-core machine can be several
+times slower, and the tests check numbers, not speed). The hub is never reached (HF_HUB_OFFLINE=1).
+"""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
+from entoscope.models.tiny import FAMILIES, VARIANTS  # noqa: E402
+
+ALL_VARIANTS = [(f, b, c) for f in FAMILIES for (b, c) in VARIANTS]
+
+
+def variant_id(v):
+    f, b, c = v
+    return f"{f}-{b}{'-compat' if c else ''}"
+
+
+def has_hooked_transformer() -> bool:
+    try:
+        from transformer_lens import HookedTransformer  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+def available_variants():
+    """Every (family, backend, compat) this transformer-lens release can build (4.x has no HookedTransformer)."""
+    return [v for v in ALL_VARIANTS if v[1] != "hooked" or has_hooked_transformer()]
+
+
+_CACHE: dict = {}
+
+
+def get_tiny(family: str, backend: str, compat: bool):
+    """One tiny model per variant for the whole session (tests must not modify it)."""
+    from entoscope.models.tiny import tiny_model
+
+    key = (family, backend, compat)
+    if key not in _CACHE:
+        _CACHE[key] = tiny_model(family, backend, compat)
+    return _CACHE[key]
+
+
+@pytest.fixture(params=available_variants(), ids=variant_id)
+def tiny(request):
+    return get_tiny(*request.param)
