@@ -1,7 +1,26 @@
-"""entoscope: mechanistic interpretability of language models, over datasets, with numbers you can check."""
+"""entoscope: mechanistic interpretability of language models, over datasets, with numbers you can check.
 
+    import entoscope as es
+    model = es.load_model("demo")                     # or a TransformerBridge / HookedTransformer
+    data = es.tasks.ioi(n=64)
+    result = es.Lens(sites=es.Sites(activation="resid_post", over=["layer", "position"])).run(model, data)
+    result.save("runs/ioi_lens")
+"""
+
+from . import errors
+from .circuits import HeadScores
+from .data import Dataset, DataSpec, Example, load_data
+from .data import tasks
 from .errors import EntoscopeError
+from .lens import Lens, ParameterLens, TunedLens
+from .metrics import Metric
 from .models import ActName, Intervention, ModelAdapter, adapt, load_model
+from .operation import Operation, Plan
+from .registry import register
+from .results import Result
+from .sites import Sites
 
 __version__ = "0.1.0.dev0"
-__all__ = ["ActName", "EntoscopeError", "Intervention", "ModelAdapter", "adapt", "load_model"]
+__all__ = ["ActName", "Dataset", "DataSpec", "EntoscopeError", "Example", "HeadScores", "Intervention", "Lens",
+           "Metric", "ModelAdapter", "Operation", "ParameterLens", "Plan", "Result", "Sites", "TunedLens", "adapt",
+           "errors", "load_data", "load_model", "register", "tasks"]

@@ -283,7 +283,17 @@ class ModelAdapter:
         return ids[0]
 
     def token_strs(self, ids: Sequence[int]) -> list[str]:
-        return [self.tokenizer.decode([int(i)]) for i in ids]
+        vocab = self.vocab_strings()
+        return [vocab[int(i)] for i in ids]
+
+    def vocab_strings(self) -> list[str]:
+        """Every token id decoded on its own (computed once per tokenizer, kept on it)."""
+        n = self.structure.d_vocab
+        vocab = getattr(self.tokenizer, "_entoscope_vocab", None)
+        if vocab is None or len(vocab) != n:
+            vocab = [self.tokenizer.decode([i]) for i in range(n)]
+            self.tokenizer._entoscope_vocab = vocab
+        return vocab
 
     # ------------------------------------------------------------------ runs
     def run(self, tokens: Tensor, read: Iterable[ActName | str] = (), *,

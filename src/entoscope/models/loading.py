@@ -54,6 +54,17 @@ def load_model(name: str = "demo", *, backend: Backend = "bridge", compat: bool 
         raise ModelLoadError("the bundled demo model is missing from this installation",
                              remedy="reinstall entoscope, or train it: python scripts/train_demo.py "
                              "--out src/entoscope/demo", code="demo_missing")
+    model = _load(name, folder, backend=backend, compat=compat, device=device, dtype=torch_dtype,
+                  revision=revision)
+    # how to load it again: the manifest keeps this, so `entoscope run manifest.json` re-runs
+    model._entoscope_source = {"name": name, "backend": backend, "compat": compat, "dtype": str(torch_dtype),
+                               "revision": revision}
+    return model
+
+
+def _load(name: str, folder: Path, *, backend: Backend, compat: bool, device: str | None, dtype: torch.dtype,
+          revision: str | None) -> Any:
+    torch_dtype = dtype
     if folder.is_dir():
         if not (folder / "config.json").exists():
             raise ModelLoadError(f"{folder} has no config.json: not a HuggingFace model folder",

@@ -1,0 +1,107 @@
+"""YAML experiment files: named entries, each one operation's config plus its data.
+
+    ioi_resid:
+      operation: patching
+      method: exact
+      sites: {activation: resid_pre, over: [layer, position]}
+      metric: logit_diff
+      data: {task: ioi, n: 64}
+
+`${VAR}` (or `${VAR:-default}`) is replaced from the environment; an unset variable, an unknown or
+missing key and a wrong type are refused with the path of the key (`ioi_resid.sites.over[1]`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from .data.loading import DataSpec
+from .errors import ConfigError
+from .registry import lookup, names
+
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def substitute_env(value: Any, where: str) -> Any:
+    """Replace ${VAR} / ${VAR:-default} in every string of a nested structure."""
+    if isinstance(value, dict):
+        return {k: substitute_env(v, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(value, list):
+        return [substitute_env(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, str):
+        def repl(m: re.Match[str]) -> str:
+            var, default = m.group(1), m.group(2)
+            if var in os.environ:
+                return os.environ[var]
+            if default is not None:
+                return default
+            raise ConfigError(f"{where}: environment variable {var} is not set", code="env_unset",
+                              remedy=f"export {var}=..., or write ${{{var}:-default}}")
+        out = _ENV.sub(repl, value)
+        if out != value:
+            return yaml.safe_load(out) if out.strip() else out  # "${N}" -> 64, not "64"
+        return out
+    return value
+
+
+def load_experiments(path: str | Path) -> dict[str, dict[str, Any]]:
+    """The named entries of a YAML experiment file (env variables substituted)."""
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"no experiment file at {p}", code="config_file_missing", remedy="check the path")
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{p} is not valid YAML: {err}", code="config_not_yaml", remedy="fix the syntax") from None
+    if not isinstance(raw, dict) or not all(isinstance(v, dict) for v in raw.values()):
+        raise ConfigError(f"{p} must map entry names to configs", code="config_shape",
+                          remedy="write `name: {operation: ..., ...}` entries at the top level")
+    return {name: substitute_env(entry, name) for name, entry in raw.items()}
+
+
+def _validation_error(err: ValidationError, where: str) -> ConfigError:
+    lines = []
+    for e in err.errors():
+        loc = where + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            lines.append(f"{loc}: unknown key")
+        elif e["type"] == "missing":
+            lines.append(f"{loc}: missing key")
+        else:
+            lines.append(f"{loc}: {e['msg']} (got {e.get('input')!r})")
+    return ConfigError("; ".join(lines), code="config_invalid",
+                       remedy="fix the keys above (docs/operations.md lists every key)")
+
+
+def build_operation(entry: dict[str, Any], where: str = "config") -> tuple[Any, Any]:
+    """(operation object, data spec or None) from one entry's dict."""
+    entry = dict(entry)
+    if "operation" not in entry:
+        raise ConfigError(f"{where}.operation: missing key", code="config_invalid",
+                          remedy=f"name the operation: one of {', '.join(names('operation'))}")
+    op_name = entry.pop("operation")
+    data = entry.pop("data", None)
+    try:
+        cls = lookup("operation", op_name)
+    except KeyError as err:
+        raise ConfigError(f"{where}.operation: {err}", code="unknown_operation",
+                          remedy=f"use one of {', '.join(names('operation'))}") from None
+    try:
+        op = cls(**entry)
+    except ValidationError as err:
+        raise _validation_error(err, where) from None
+    spec = None
+    if data is not None:
+        if isinstance(data, (str, list)):
+            data = {"prompts": [data] if isinstance(data, str) else data}
+        try:
+            spec = DataSpec(**data)
+        except ValidationError as err:
+            raise _validation_error(err, f"{where}.data") from None
+    return op, spec

@@ -1,0 +1,173 @@
+"""Where a dataset comes from: a built-in task, a local JSONL/CSV file, HuggingFace `datasets`, or
+inline prompts. `DataSpec` is the config form (YAML `data: {task: ioi, n: 64}`), `load_data` the
+function; both give a `Dataset`.
+
+File records use the field names of `Example`: prompt, counterfactual, answers (or answer),
+wrong_answers (or wrong_answer), label, and any other fields land in `meta`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..errors import DataError
+from .examples import Dataset, Example
+
+_FIELDS = {"prompt", "counterfactual", "answers", "wrong_answers", "label", "meta"}
+
+
+class DataSpec(BaseModel):
+    """One of: `task` (+ its parameters), `path` (JSONL/CSV), `hf` (a `datasets` name), `prompts`.
+
+    task:    a built-in task (ioi, induction, facts, greater_than, repeated_tokens); n, seed and
+             the task's own options go in `params` or at top level (n, seed).
+    path:    a local .jsonl or .csv file of records.
+    hf:      a HuggingFace `datasets` name (needs the hub or a local cache), with split and the
+             field names to map: prompt_field, answer_field, label_field.
+    prompts: inline prompt strings.
+    limit:   keep the first `limit` examples.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    task: str | None = None
+    n: int | None = None
+    seed: int | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+    path: str | None = None
+    hf: str | None = None
+    split: str = "train"
+    prompt_field: str = "prompt"
+    answer_field: str | None = None
+    label_field: str | None = None
+    prompts: list[str] | None = None
+    limit: int | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one_source(self) -> DataSpec:
+        given = [k for k in ("task", "path", "hf", "prompts") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of task, path, hf, prompts (got {given or 'none'})")
+        return self
+
+
+def load_data(spec: DataSpec | Dataset | dict | str | list[str], tokenizer: Any = None) -> Dataset:
+    """A `Dataset` from a spec, a dict, a prompt, a list of prompts, or a Dataset (returned as is)."""
+    if isinstance(spec, Dataset):
+        return spec
+    if isinstance(spec, str):
+        return Dataset("prompt", (Example(spec),))
+    if isinstance(spec, list):
+        return Dataset("prompts", tuple(Example(p) for p in spec))
+    if isinstance(spec, dict):
+        spec = DataSpec(**spec)
+    data = _load(spec, tokenizer)
+    if spec.limit is not None:
+        data = data[: spec.limit]
+    return data
+
+
+def _load(spec: DataSpec, tokenizer: Any) -> Dataset:
+    if spec.task is not None:
+        from . import tasks
+
+        kwargs = dict(spec.params)
+        for key in ("n", "seed"):
+            if getattr(spec, key) is not None:
+                kwargs[key] = getattr(spec, key)
+        if tokenizer is not None and "tokenizer" not in kwargs:
+            kwargs["tokenizer"] = tokenizer
+        data = tasks.get(spec.task, **kwargs)
+        params = {"task": spec.task, **{k: v for k, v in kwargs.items() if k != "tokenizer"}}
+        return Dataset(data.name, data.examples, data.description, params)
+    if spec.prompts is not None:
+        return Dataset("prompts", tuple(Example(p) for p in spec.prompts), params={"prompts": spec.prompts})
+    if spec.path is not None:
+        return read_records(spec.path)
+    return _load_hf(spec)
+
+
+def read_records(path: str | Path) -> Dataset:
+    """Examples from a .jsonl or .csv file (see the module docstring for the field names)."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise DataError(f"no data file at {p}", code="data_file_missing", remedy="check the path")
+    if p.suffix == ".jsonl":
+        records = []
+        for n, line in enumerate(p.read_text().splitlines(), 1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError as err:
+                    raise DataError(f"{p}:{n} is not valid JSON ({err.msg})", code="data_file_invalid",
+                                    remedy="one JSON object per line") from None
+    elif p.suffix == ".csv":
+        with p.open(newline="") as f:
+            records = [dict(r) for r in csv.DictReader(f)]
+    else:
+        raise DataError(f"{p}: unknown data file type {p.suffix!r}", code="data_file_invalid",
+                        remedy="use .jsonl or .csv")
+    return Dataset(p.stem, tuple(_example(r, f"{p}:{i + 1}") for i, r in enumerate(records)),
+                   params={"path": str(p)})
+
+
+def _example(record: dict[str, Any], where: str) -> Example:
+    r = dict(record)
+    if "prompt" not in r or r["prompt"] in (None, ""):
+        raise DataError(f"{where} has no prompt", code="data_file_invalid",
+                        remedy="every record needs a 'prompt' field")
+    for single, plural in (("answer", "answers"), ("wrong_answer", "wrong_answers")):
+        if single in r:
+            r[plural] = (r.pop(single),)
+    for key in ("answers", "wrong_answers"):
+        if isinstance(r.get(key), str) and r[key].startswith("["):
+            r[key] = json.loads(r[key])  # a CSV cell holding a JSON list
+        if r.get(key) in ("", None):
+            r.pop(key, None)
+    if r.get("counterfactual") == "":
+        r["counterfactual"] = None
+    label = r.get("label")
+    if isinstance(label, str):
+        r["label"] = None if label == "" else _number(label)
+    meta = {k: v for k, v in r.items() if k not in _FIELDS}
+    fields = {k: v for k, v in r.items() if k in _FIELDS}
+    fields["meta"] = {**meta, **dict(fields.get("meta") or {})}
+    return Example(**fields)
+
+
+def _number(text: str) -> int | float | str:
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _load_hf(spec: DataSpec) -> Dataset:
+    try:
+        import datasets  # optional dependency: pip install entoscope[datasets]
+    except ImportError:
+        raise DataError("loading by name needs the `datasets` package", code="datasets_missing",
+                        remedy="pip install datasets, or save the data as JSONL and use path:") from None
+    try:
+        ds = datasets.load_dataset(spec.hf, split=spec.split)
+    except Exception as err:  # the datasets library raises many types for an unreachable hub
+        raise DataError(f"could not load dataset {spec.hf!r} ({type(err).__name__}: {str(err)[:200]})",
+                        code="dataset_unreachable",
+                        remedy="on a machine with internet, save it as JSONL and pass path: file.jsonl") from None
+    if spec.prompt_field not in ds.column_names:
+        raise DataError(f"dataset {spec.hf!r} has no field {spec.prompt_field!r}", code="data_field_missing",
+                        remedy=f"set prompt_field to one of {ds.column_names}")
+    n = len(ds) if spec.limit is None else min(spec.limit, len(ds))
+    examples = []
+    for row in ds.select(range(n)):
+        answers = (row[spec.answer_field],) if spec.answer_field else ()
+        label = row[spec.label_field] if spec.label_field else None
+        examples.append(Example(row[spec.prompt_field], answers=answers, label=label))
+    return Dataset(spec.hf, tuple(examples), params={"hf": spec.hf, "split": spec.split})

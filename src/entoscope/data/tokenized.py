@@ -1,0 +1,182 @@
+"""From a `Dataset` to batches of tokens: tokenising with explicit BOS, checking pairs and answers,
+and batching by length with right padding.
+
+Right padding with no attention mask is exact for causal models: a real token never attends to a
+later pad and keeps its position, so every number read at a real position equals a one-prompt
+run (tests check it). Prompts are grouped by length to waste little compute on pads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from ..errors import DataError
+from ..models.adapter import ModelAdapter
+from .examples import Dataset
+
+AnswerScoring = Literal["single", "first_token"]
+
+
+@dataclass
+class TokenizedData:
+    """Token ids of every prompt (and counterfactual, answers) of a dataset, validated."""
+
+    dataset: Dataset
+    prompts: list[list[int]]
+    counterfactuals: list[list[int]] | None
+    answers: list[list[int]] | None
+    wrong_answers: list[list[int]] | None
+    prepend_bos: bool
+
+    @property
+    def lengths(self) -> list[int]:
+        return [len(p) for p in self.prompts]
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+
+def tokenize_data(model: ModelAdapter, data: Dataset, *, prepend_bos: bool = True, pairs: bool = False,
+                  answers: bool = False, answer_scoring: AnswerScoring = "single",
+                  align: Literal["refuse", "end"] = "refuse") -> TokenizedData:
+    """Tokenise and validate a dataset for an operation.
+
+    pairs:   counterfactuals are needed; each must have its prompt's token length (or align="end").
+    answers: answer tokens are needed; each answer must be ONE token unless answer_scoring is
+             "first_token" (then an answer's first token stands for it: the user chose so).
+    """
+    if len(data) == 0:
+        raise DataError(f"dataset {data.name!r} is empty", code="data_empty", remedy="give at least one example")
+    prompts = [model.tokenize(e.prompt, prepend_bos=prepend_bos and isinstance(e.prompt, str)) for e in data]
+    n_ctx = model.structure.n_ctx
+    for i, p in enumerate(prompts):
+        if len(p) > n_ctx:
+            raise DataError(f"prompt {i} is {len(p)} tokens, longer than the model's context ({n_ctx})",
+                            code="prompt_too_long", remedy="shorten or drop it")
+    cfs = None
+    if pairs:
+        missing = [i for i, e in enumerate(data) if e.counterfactual is None]
+        if missing:
+            raise DataError(f"{len(missing)} examples have no counterfactual (first: {missing[:5]})",
+                            code="data_no_counterfactuals",
+                            remedy="use a task with counterfactuals (ioi, induction, facts, greater_than) or "
+                            "add a 'counterfactual' field to each record")
+        cfs = [model.tokenize(e.counterfactual, prepend_bos=prepend_bos and isinstance(e.counterfactual, str))
+               for e in data]  # type: ignore[arg-type]
+        if align == "refuse":
+            for i, (p, c) in enumerate(zip(prompts, cfs)):
+                if len(p) != len(c):
+                    raise DataError(
+                        f"pair {i}: the prompt is {len(p)} tokens and its counterfactual {len(c)} "
+                        f"({data[i].prompt!r} vs {data[i].counterfactual!r})", code="lengths_differ",
+                        remedy="make the pair the same token length, or pass an alignment (align='end' "
+                        "aligns the two on their last tokens)")
+    ans = wrong = None
+    if answers:
+        missing = [i for i, e in enumerate(data) if not e.answers]
+        if missing:
+            raise DataError(f"{len(missing)} examples have no answer (first: {missing[:5]})",
+                            code="data_no_answers", remedy="give each example an 'answers' field")
+        ans = [_answer_ids(model, e.answers, i, answer_scoring) for i, e in enumerate(data)]
+        wrong = [_answer_ids(model, e.wrong_answers, i, answer_scoring) for i, e in enumerate(data)]
+    return TokenizedData(data, prompts, cfs, ans, wrong, prepend_bos)
+
+
+def _answer_ids(model: ModelAdapter, tokens: tuple, index: int, scoring: AnswerScoring) -> list[int]:
+    out = []
+    for t in tokens:
+        if isinstance(t, str) and scoring == "first_token":
+            ids = model.tokenize(t, prepend_bos=False)
+            if not ids:
+                raise DataError(f"example {index}: the answer {t!r} is empty", code="empty_answer",
+                                remedy="give a non-empty answer")
+            out.append(ids[0])
+            continue
+        try:
+            out.append(model.token_id(t))
+        except DataError as err:
+            raise DataError(f"example {index}: {err.message}", code=err.code, remedy=err.remedy) from None
+    return out
+
+
+@dataclass
+class Batch:
+    """A right-padded batch of prompts (and their counterfactuals and answers)."""
+
+    index: list[int]  # which examples, in dataset order numbers
+    tokens: Tensor  # [B, T]
+    lengths: Tensor  # [B]
+    cf_tokens: Tensor | None = None  # [B, T']
+    cf_lengths: Tensor | None = None
+    answers: Tensor | None = None  # [B, A], -1 where a row has fewer answers
+    wrong_answers: Tensor | None = None  # [B, W]
+
+    @property
+    def last(self) -> Tensor:
+        """Position of each prompt's last token (where the next-token prediction is read)."""
+        return self.lengths - 1
+
+    @property
+    def cf_last(self) -> Tensor:
+        assert self.cf_lengths is not None
+        return self.cf_lengths - 1
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+
+def pad(seqs: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
+    """Right-pad token lists: ([B, max_len] long tensor, [B] lengths)."""
+    width = max(len(s) for s in seqs)
+    tokens = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        tokens[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+    return tokens, torch.tensor([len(s) for s in seqs], dtype=torch.long)
+
+
+def _pad_answers(rows: list[list[int]]) -> Tensor:
+    width = max(1, max(len(r) for r in rows))
+    out = torch.full((len(rows), width), -1, dtype=torch.long)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+    return out
+
+
+def length_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
+    """Example indices grouped in batches of similar length (sorted by length, stable)."""
+    if batch_size < 1:
+        raise DataError(f"batch size {batch_size} must be at least 1", code="bad_batch_size",
+                        remedy="use batch_size >= 1")
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    return [order[i: i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def make_batches(td: TokenizedData, batch_size: int, pad_id: int) -> list[Batch]:
+    """Batches over the whole dataset (every example exactly once)."""
+    lengths = [max(len(p), len(c)) for p, c in zip(td.prompts, td.counterfactuals)] if td.counterfactuals \
+        else td.lengths
+    batches = []
+    for idx in length_batches(lengths, batch_size):
+        tokens, lens = pad([td.prompts[i] for i in idx], pad_id)
+        b = Batch(idx, tokens, lens)
+        if td.counterfactuals is not None:
+            b.cf_tokens, b.cf_lengths = pad([td.counterfactuals[i] for i in idx], pad_id)
+        if td.answers is not None:
+            b.answers = _pad_answers([td.answers[i] for i in idx])
+            b.wrong_answers = _pad_answers([td.wrong_answers[i] for i in idx])  # type: ignore[index]
+        batches.append(b)
+    return batches
+
+
+def pad_id(model: ModelAdapter) -> int:
+    """The id used for padding (never read: any id works; the tokenizer's pad, eos or bos, else 0)."""
+    tok = model.tokenizer
+    for attr in ("pad_token_id", "eos_token_id", "bos_token_id"):
+        value = getattr(tok, attr, None)
+        if value is not None:
+            return int(value)
+    return 0

@@ -1,0 +1,269 @@
+"""The lens operation: decode activations into the vocabulary at every site, over a dataset.
+
+Per site and prompt: the top-k tokens and probabilities; when the data names answers, the first
+answer's rank (0 = top), probability and logit; and KL(model's final distribution || lens
+distribution) at that position. Over the dataset: mean and spread of each, and the top tokens of
+the mean lens distribution. The maths is in `project.py` (normalisation conventions documented
+there and in docs/lens.md). One batched run per batch of prompts; one matmul per chunk of sites.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import pandas as pd
+import torch
+from pydantic import Field
+from torch import Tensor
+
+from ..data.examples import Dataset
+from ..data.tokenized import make_batches, pad_id, tokenize_data
+from ..errors import ConfigError
+from ..models.adapter import ModelAdapter
+from ..models.names import ActName
+from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
+from ..results.result import Result
+from ..sites import Sites, SiteSet, absolute_positions
+from .project import (COMPONENTS, RESIDUAL_STATES, ComponentScale, check_lens_kind, decode_components,
+                      decode_states, residual_after, to_residual_basis)
+from .tuned import TunedLens
+
+
+@register_operation
+class Lens(Operation):
+    """Logit lens or tuned lens over sites x prompts.
+
+    method:          "logit" (nostalgebraist 2020) or "tuned" (Belrose et al. 2023; needs `translators`).
+    sites:           what to decode; default every layer's resid_post at every position. Without a
+                     position axis in `over`, the last token of each prompt is decoded.
+    top_k:           how many top tokens to report per site.
+    component_scale: how a component output (attn_out, mlp_out, result, ...) is normalised:
+                     "residual", "final" or "recompute" (see entoscope.lens.project).
+    translators:     folder of a trained tuned lens (ours or the tuned-lens package's).
+    """
+
+    name = "lens"
+    method: Literal["logit", "tuned"] = "logit"
+    sites: Sites = Field(default_factory=lambda: Sites(activation="resid_post", over=["layer", "position"]))
+    top_k: int = Field(default=5, ge=1, le=100)
+    component_scale: ComponentScale = "residual"
+    translators: str | None = None
+    answer_scoring: Literal["single", "first_token"] = "single"
+
+    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared:
+        assert data is not None
+        kind, _ = self.sites.kind()
+        check_lens_kind(kind.name)
+        td = tokenize_data(model, data, prepend_bos=self.prepend_bos, answers=data.has_answers,
+                           answer_scoring=self.answer_scoring)
+        siteset = self.sites.resolve(model, td.lengths)
+        if kind.name in RESIDUAL_STATES and any(u.is_group for u in siteset.units):
+            raise ConfigError("a group of residual-stream states has no meaning for the lens",
+                              code="lens_group_of_states", remedy="group components (heads, MLPs), not states")
+        lens = None
+        if self.method == "tuned":
+            if self.translators is None:
+                raise ConfigError("method 'tuned' needs translators", code="tuned_lens_missing",
+                                  remedy="train them (entoscope train-lens ... --out DIR) and pass translators: DIR")
+            if kind.name not in ("resid_pre", "resid_post"):
+                raise ConfigError(f"the tuned lens decodes resid_pre/resid_post, not {kind.name}",
+                                  code="tuned_lens_site", remedy="use method 'logit' for components")
+            lens = TunedLens.load(self.translators)
+            lens.check_model(model)
+        rows = _rows(siteset)
+        reads = _reads(model, siteset, kind.name, self.component_scale)
+        s = model.structure
+        T = max(td.lengths)
+        chunk = _unit_chunk(len(rows), s.d_vocab)
+        per_example = 4 * T * (len(reads) * s.d_model * 4 + s.d_vocab) + 4 * chunk * s.d_vocab * 3
+        bs = self.choose_batch_size(per_example, len(td))
+        batches = make_batches(td, bs, pad_id(model))
+        notes = [siteset.note] if siteset.note else []
+        if "pos" not in siteset.over:
+            notes.append("no position axis: the last token of each prompt is decoded")
+        if kind.name in COMPONENTS:
+            notes.append(f"components normalised with component_scale={self.component_scale!r}")
+        plan = Plan(self.name, rows=len(rows), forward_passes=len(td), backward_passes=0,
+                    batch_sizes=[len(b) for b in batches], examples=len(td),
+                    peak_memory_bytes=model_bytes(model) + bs * per_example, notes=notes)
+        return Prepared(model, data, plan, {"td": td, "siteset": siteset, "rows": rows, "reads": reads,
+                                            "batches": batches, "lens": lens, "chunk": chunk})
+
+    def execute(self, prepared: Prepared, *, quiet: bool = False) -> Result:
+        model, st = prepared.model, prepared.state
+        siteset: SiteSet = st["siteset"]
+        rows: list[dict[str, Any]] = st["rows"]
+        kind = siteset.kind.name
+        td = st["td"]
+        k = self.top_k
+        V = model.structure.d_vocab
+        prob_sum = torch.zeros(len(rows), V, dtype=torch.float64)
+        records: list[dict[str, Any]] = []
+        with torch.no_grad():
+            self._decode_batches(model, st, rows, kind, prob_sum, records, quiet)
+        per_prompt = pd.DataFrame.from_records(records).sort_values(["example"], kind="stable").reset_index(drop=True)
+        table = _aggregate(per_prompt, rows, prob_sum / len(td), model, k)
+        return Result(self.name, table, per_prompt=per_prompt, figures=_figures, title=f"{self.method} lens: {kind}",
+                      extra={"mean_probs": prob_sum / len(td)})
+
+    def _decode_batches(self, model: ModelAdapter, st: dict[str, Any], rows: list[dict[str, Any]], kind: str,
+                        prob_sum: Tensor, records: list[dict[str, Any]], quiet: bool) -> None:
+        k = self.top_k
+        vocab = model.vocab_strings()
+        for batch in progress(st["batches"], total=len(st["batches"]), desc="lens", quiet=quiet):
+            out = model.run(batch.tokens, st["reads"])
+            vectors, scales, positions = _gather(model, out.acts, rows, kind, batch.lengths, self.component_scale)
+            final_logp = out.logits.log_softmax(-1)
+            b_idx = torch.arange(len(batch))
+            for start in range(0, len(rows), st["chunk"]):
+                sl = slice(start, start + st["chunk"])
+                vec = vectors[sl]  # [U, B, d_model]
+                if kind in RESIDUAL_STATES:
+                    if st["lens"] is not None:
+                        vec = torch.stack([st["lens"].transform(v, st["lens"].index_of(r["act"]))
+                                           for v, r in zip(vec, rows[sl])])
+                    logits = decode_states(model, vec)
+                else:
+                    logits = decode_components(model, vec, None if scales is None else scales[sl])
+                logp = logits.log_softmax(-1).double()  # [U, B, V]
+                pos = positions[sl]  # [U, B]
+                ref = final_logp[b_idx[None, :], pos].double()  # [U, B, V]
+                kl = (ref.exp() * (ref - logp)).sum(-1)
+                prob_sum[sl] += logp.exp().sum(1)
+                top_p, top_i = logp.exp().topk(k, dim=-1)
+                target = None
+                if batch.answers is not None:
+                    target = batch.answers[:, 0]
+                    t_logit = logits.gather(-1, target[None, :, None].expand(logits.shape[0], -1, 1))[..., 0]
+                    t_logp = logp.gather(-1, target[None, :, None].expand(logp.shape[0], -1, 1))[..., 0]
+                    t_rank = (logits > t_logit[..., None]).sum(-1)
+                for u in range(logits.shape[0]):
+                    r = rows[start + u]
+                    for j, ex in enumerate(batch.index):
+                        rec = {"example": ex, **r["cols"], "token_position": int(pos[u, j]),
+                               "token": vocab[int(batch.tokens[j, pos[u, j]])],
+                               "kl_to_final": float(kl[u, j])}
+                        for t in range(k):
+                            rec[f"top{t + 1}_token"] = vocab[int(top_i[u, j, t])]
+                            rec[f"top{t + 1}_prob"] = float(top_p[u, j, t])
+                        if target is not None:
+                            rec.update({"target": vocab[int(target[j])],
+                                        "target_rank": int(t_rank[u, j]), "target_prob": float(t_logp[u, j].exp()),
+                                        "target_logit": float(t_logit[u, j])})
+                        records.append(rec)
+
+
+# ---------------------------------------------------------------------- helpers
+def _unit_chunk(n_rows: int, d_vocab: int, budget_floats: int = 2**24) -> int:
+    """Sites decoded per matmul: bounded so [sites, batch, vocab] stays ~ budget_floats x 4 bytes / batch."""
+    return max(1, min(n_rows, budget_floats // (64 * d_vocab)))
+
+
+def _rows(siteset: SiteSet) -> list[dict[str, Any]]:
+    """One row per (unit): its members and its table columns. Without a pos axis: position -1."""
+    rows = []
+    for u in siteset.units:
+        pos = u.get("pos")
+        cols: dict[str, Any] = {"site": u.label}
+        for ax in siteset.over:
+            cols["position" if ax == "pos" else ax] = u.get(ax)
+        if "pos" not in siteset.over:
+            cols["position"] = -1
+        layer = u.get("layer")
+        act = ActName(siteset.kind.name, layer) if siteset.kind.per_layer and layer is not None else None
+        rows.append({"unit": u, "pos": -1 if pos is None else pos, "cols": cols, "act": act})
+    return rows
+
+
+def _reads(model: ModelAdapter, siteset: SiteSet, kind: str, scale_mode: str) -> list[ActName]:
+    reads: set[ActName] = set()
+    for u in siteset.units:
+        for m in u.members:
+            layer = dict(m).get("layer")
+            reads.add(ActName(kind, layer) if siteset.kind.per_layer else ActName(kind))
+            if kind in COMPONENTS:
+                if scale_mode == "residual":
+                    reads.add(residual_after(model, kind, layer))
+    if kind in COMPONENTS and scale_mode == "final":
+        reads.add(ActName("final_scale"))
+    return sorted(reads)
+
+
+def _gather(model: ModelAdapter, acts: dict[ActName, Tensor], rows: list[dict[str, Any]], kind: str,
+            lengths: Tensor, scale_mode: str) -> tuple[Tensor, Tensor | None, Tensor]:
+    """Per row: the decoded vector [U, B, d_model], its frozen scale [U, B, 1] (components) and positions [U, B]."""
+    B = lengths.shape[0]
+    b = torch.arange(B)
+    vectors, scales, positions = [], [], []
+    for r in rows:
+        pos = absolute_positions(r["pos"], lengths)
+        positions.append(pos)
+        total = None
+        for m in r["unit"].members:
+            d = dict(m)
+            layer = d.get("layer")
+            act = acts[ActName(kind, layer) if layer is not None else ActName(kind)]
+            x = act[b, pos]  # [B, ...axes without pos]
+            x = to_residual_basis(model, kind, layer, x)
+            if kind in ("result", "z", "v"):
+                x = x[:, d["head"]] if "head" in d else x.sum(1)
+            elif kind == "mlp_post":
+                x = x[:, d["neuron"]] if "neuron" in d else x.sum(1)
+            total = x if total is None else total + x
+        vectors.append(total)
+        if kind in COMPONENTS and scale_mode != "recompute":
+            layer = r["unit"].get("layer")
+            if scale_mode == "final":
+                scales.append(acts[ActName("final_scale")][b, pos])
+            else:
+                resid = acts[residual_after(model, kind, layer)][b, pos]
+                scales.append(model.weights.final_norm.scale(resid))
+    scale_t = torch.stack(scales) if scales else None
+    return torch.stack(vectors), scale_t, torch.stack(positions)
+
+
+def _aggregate(per_prompt: pd.DataFrame, rows: list[dict[str, Any]], mean_probs: Tensor, model: ModelAdapter,
+               k: int) -> pd.DataFrame:
+    out = []
+    for i, r in enumerate(rows):
+        sub = per_prompt[per_prompt["site"] == r["cols"]["site"]]
+        rec: dict[str, Any] = {**r["cols"], "n_prompts": len(sub),
+                               "kl_mean": sub["kl_to_final"].mean(), "kl_std": sub["kl_to_final"].std(ddof=0)}
+        if "target_prob" in sub:
+            rec.update({"target_prob_mean": sub["target_prob"].mean(), "target_prob_std": sub["target_prob"].std(ddof=0),
+                        "target_logit_mean": sub["target_logit"].mean(),
+                        "target_logit_std": sub["target_logit"].std(ddof=0),
+                        "target_rank_mean": sub["target_rank"].mean(), "target_top1": (sub["target_rank"] == 0).mean()})
+        top_p, top_i = mean_probs[i].topk(k)
+        for t in range(k):
+            rec[f"top{t + 1}_token"] = model.tokenizer.decode([int(top_i[t])])
+            rec[f"top{t + 1}_prob"] = float(top_p[t])
+        out.append(rec)
+    return pd.DataFrame.from_records(out)
+
+
+def _figures(result: Result) -> list[tuple[str, Any]]:
+    import plotly.graph_objects as go
+
+    t = result.table
+    figs = []
+    value = "target_prob_mean" if "target_prob_mean" in t else "top1_prob"
+    if "layer" in t and "position" in t and t["position"].nunique() > 1:
+        grid = t.pivot_table(index="layer", columns="position", values=value, aggfunc="first")
+        text = t.pivot_table(index="layer", columns="position", values="top1_token", aggfunc="first")
+        labels = [str(c) for c in grid.columns]
+        if result.per_prompt is not None and len(result.per_prompt):
+            first = result.per_prompt[result.per_prompt["example"] == result.per_prompt["example"].min()]
+            tok = first.drop_duplicates("position").set_index("position")["token"].to_dict()
+            labels = [f"{c}: {tok.get(c, '')!r}" for c in grid.columns]
+        fig = go.Figure(go.Heatmap(z=grid.values, x=labels, y=list(grid.index), text=text.values,
+                                   texttemplate="%{text}", colorscale="Blues", colorbar={"title": value}))
+        fig.update_layout(xaxis_title="position (token of the first prompt)", yaxis_title="layer", height=420)
+        figs.append((f"{value} by layer and position (text: top-1 token of the mean distribution)", fig))
+    if "layer" in t:
+        agg = t.groupby("layer", as_index=False).agg(kl=("kl_mean", "mean"), std=("kl_std", "mean"))
+        fig = go.Figure(go.Scatter(x=agg["layer"], y=agg["kl"], error_y={"type": "data", "array": agg["std"]},
+                                   mode="lines+markers"))
+        fig.update_layout(xaxis_title="layer", yaxis_title="KL(final || lens), nats", height=320)
+        figs.append(("KL to the model's final distribution", fig))
+    return figs

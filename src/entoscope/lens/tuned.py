@@ -1,0 +1,157 @@
+"""The tuned lens (Belrose et al. 2023, "Eliciting Latent Predictions from Transformers with the
+Tuned Lens"): one affine translator per layer, identity plus a zero-initialised correction,
+h -> h + A_l h + b_l, trained to minimise KL(final output || lens output) on text.
+
+Translator l reads the residual stream entering layer l (resid_pre.l, HuggingFace's
+hidden_states[l]); resid_post.l is resid_pre.(l+1), and the last resid_post needs no translator
+(it is the model's own output). This is the tuned-lens package's indexing, so its saved
+translators (a folder with config.json and params.pt) load here; ours are saved as
+config.json + translators.safetensors (nothing executable is ever unpickled: params.pt is read
+with torch.load(weights_only=True)).
+
+Translators learn the coordinates of the model they were trained on: a lens trained on a plain
+bridge (HuggingFace weights) does not fit a compatibility-mode bridge, whose residual stream is
+centred. The config records the model mode; applying it to another mode is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from ..data.examples import Dataset
+from ..data.tokenized import make_batches, pad_id, tokenize_data
+from ..errors import ConfigError, ModelLoadError
+from ..models.adapter import ModelAdapter, adapt
+from ..models.names import ActName
+from ..operation import progress
+from .project import decode_states
+
+
+class TunedLens(nn.Module):
+    """Per-layer translators for a model with `n_layers` layers and width `d_model`."""
+
+    def __init__(self, n_layers: int, d_model: int, *, mode: str = "plain", bias: bool = True) -> None:
+        super().__init__()
+        self.n_layers, self.d_model, self.mode = n_layers, d_model, mode
+        self.translators = nn.ModuleList(nn.Linear(d_model, d_model, bias=bias) for _ in range(n_layers))
+        for t in self.translators:
+            nn.init.zeros_(t.weight)
+            if t.bias is not None:
+                nn.init.zeros_(t.bias)
+
+    @classmethod
+    def for_model(cls, model: Any) -> TunedLens:
+        s = adapt(model).structure
+        return cls(s.n_layers, s.d_model, mode=s.mode)
+
+    def index_of(self, act: ActName) -> int | None:
+        """Translator index for a residual state; None means identity (the final residual)."""
+        if act.kind == "resid_pre":
+            return act.layer
+        if act.kind == "resid_post":
+            nxt = (act.layer or 0) + 1
+            return None if nxt >= self.n_layers else nxt
+        raise ConfigError(f"the tuned lens translates resid_pre and resid_post, not {act.kind}",
+                          code="tuned_lens_site", remedy="use resid_pre or resid_post sites, or method='logit'")
+
+    def transform(self, h: Tensor, index: int | None) -> Tensor:
+        if index is None:
+            return h
+        t = self.translators[index]
+        return h + t(h.to(t.weight.dtype)).to(h.dtype)
+
+    def check_model(self, model: ModelAdapter) -> None:
+        s = model.structure
+        if (s.n_layers, s.d_model) != (self.n_layers, self.d_model):
+            raise ConfigError(f"these translators are for {self.n_layers} layers x d_model {self.d_model}, the model "
+                              f"has {s.n_layers} x {s.d_model}", code="tuned_lens_mismatch",
+                              remedy="train a tuned lens for this model (entoscope train-lens)")
+        if self.mode != "unknown" and self.mode != s.mode:
+            raise ConfigError(f"these translators were trained on a {self.mode} model; this one is {s.mode}",
+                              code="tuned_lens_mismatch",
+                              remedy="load the model the same way it was when the lens was trained, or retrain")
+
+    # ------------------------------------------------------------------ save / load
+    def save(self, folder: str | Path) -> Path:
+        out = Path(folder)
+        out.mkdir(parents=True, exist_ok=True)
+        state = {f"{i}.{k}": v.detach().contiguous().cpu() for i, t in enumerate(self.translators)
+                 for k, v in t.state_dict().items()}
+        save_file(state, str(out / "translators.safetensors"))
+        cfg = {"format": "entoscope-tuned-lens", "num_hidden_layers": self.n_layers, "d_model": self.d_model,
+               "bias": self.translators[0].bias is not None, "mode": self.mode}
+        (out / "config.json").write_text(json.dumps(cfg, indent=2))
+        return out
+
+    @classmethod
+    def load(cls, folder: str | Path) -> TunedLens:
+        """Load ours (translators.safetensors) or the tuned-lens package's (params.pt) from a folder."""
+        p = Path(folder).expanduser()
+        cfg_path = p / "config.json"
+        if not cfg_path.exists():
+            raise ModelLoadError(f"no tuned lens at {p} (config.json missing)", code="tuned_lens_missing",
+                                 remedy="give the folder written by TunedLens.save or by the tuned-lens package")
+        cfg = json.loads(cfg_path.read_text())
+        n_layers, d_model = int(cfg["num_hidden_layers"]), int(cfg["d_model"])
+        lens = cls(n_layers, d_model, mode=cfg.get("mode", "plain"), bias=bool(cfg.get("bias", True)))
+        if (p / "translators.safetensors").exists():
+            state = load_file(str(p / "translators.safetensors"))
+        elif (p / "params.pt").exists():  # the tuned-lens package: layer_translators.state_dict()
+            state = torch.load(p / "params.pt", map_location="cpu", weights_only=True)
+            lens.mode = cfg.get("mode", "plain")  # tuned-lens trains on HuggingFace weights
+        else:
+            raise ModelLoadError(f"{p} has neither translators.safetensors nor params.pt", code="tuned_lens_missing",
+                                 remedy="give a folder written by TunedLens.save or by the tuned-lens package")
+        lens.translators.load_state_dict(state)
+        return lens
+
+    # ------------------------------------------------------------------ training
+    def fit(self, model: Any, data: Dataset, *, steps: int = 300, lr: float = 1e-3, batch_size: int = 16,
+            weight_decay: float = 0.0, seed: int = 0, prepend_bos: bool = True, quiet: bool = False) -> list[float]:
+        """Train every translator at once to minimise the mean over layers and (non-pad) positions of
+        KL(final output || lens output). Adam; the model's weights are not touched. Returns the losses."""
+        adapter = adapt(model)
+        self.check_model(adapter)
+        td = tokenize_data(adapter, data, prepend_bos=prepend_bos)
+        batches = make_batches(td, batch_size, pad_id(adapter))
+        reads = [ActName("resid_pre", L) for L in range(self.n_layers)]
+        cached = []  # the model is frozen: read each batch once
+        for b in batches:
+            out = adapter.run(b.tokens, reads)
+            mask = torch.arange(b.tokens.shape[1])[None, :] < b.lengths[:, None]
+            states = torch.stack([out[a] for a in reads])[:, mask]  # [n_layers, N, d_model]
+            target = out.logits[mask].log_softmax(-1)  # [N, V]
+            cached.append((states.detach(), target.detach()))
+        self.to(next(adapter.tl.parameters()).device)
+        opt = torch.optim.Adam(self.parameters(), lr=lr, weight_decay=weight_decay)
+        gen = torch.Generator().manual_seed(seed)
+        losses = []
+        frozen = [(p, p.requires_grad) for p in adapter.tl.parameters()]
+        for p, _ in frozen:  # gradients flow to the translators only
+            p.requires_grad_(False)
+        try:
+            for _ in progress(range(steps), total=steps, desc="tuned lens", quiet=quiet):
+                states, target = cached[int(torch.randint(len(cached), (1,), generator=gen))]
+                loss = self.kl_per_layer(adapter, states, target).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                losses.append(float(loss))
+        finally:
+            for p, flag in frozen:
+                p.requires_grad_(flag)
+        return losses
+
+    def kl_per_layer(self, adapter: ModelAdapter, states: Tensor, target_logp: Tensor) -> Tensor:
+        """KL(final || lens) per layer, averaged over rows: states [L, N, d], target [N, V] -> [L]."""
+        out = []
+        for i in range(self.n_layers):
+            logp = decode_states(adapter, self.transform(states[i], i)).log_softmax(-1)
+            out.append((target_logp.exp() * (target_logp - logp)).sum(-1).mean())
+        return torch.stack(out)

@@ -1,0 +1,122 @@
+"""Task metrics read from the logits at each prompt's answer position, one value per prompt.
+
+A metric is a function `fn(logits [B, V], answers [B, A], wrong [B, W], reference [B, V] | None) -> [B]`
+where `answers`/`wrong` hold token ids padded with -1, and `reference` is the unpatched run's logits
+(for KL). Every row of the batch is scored (never only row 0). Registered by name:
+
+    logit_diff  mean logit of the answers minus mean logit of the wrong answers
+    logit       mean logit of the answers
+    prob        total probability of the answers
+    logprob     log of the total probability of the answers
+    prob_diff   total probability of the answers minus that of the wrong answers (greater-than)
+    kl          KL(reference || this run) at the answer position, in nats
+    top1        1.0 when the top token is one of the answers, else 0.0
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from torch import Tensor
+
+from .errors import DataError
+from .registry import lookup, register
+
+MetricFn = Callable[[Tensor, Tensor, Tensor, Tensor | None], Tensor]
+
+
+def _gather_mean(values: Tensor, ids: Tensor) -> Tensor:
+    """Mean of values[b, ids[b, j]] over the valid (>= 0) ids of each row."""
+    mask = ids >= 0
+    picked = values.gather(-1, ids.clamp(min=0)) * mask
+    return picked.sum(-1) / mask.sum(-1).clamp(min=1)
+
+
+def _gather_sum(values: Tensor, ids: Tensor) -> Tensor:
+    mask = ids >= 0
+    return (values.gather(-1, ids.clamp(min=0)) * mask).sum(-1)
+
+
+def _need(ids: Tensor | None, what: str) -> Tensor:
+    if ids is None or bool((ids < 0).all(-1).any()):
+        raise DataError(f"this metric needs {what} for every example", code="metric_needs_answers",
+                        remedy=f"use data with {what} (e.g. a built-in task), or another metric")
+    return ids
+
+
+@register("metric", "logit_diff")
+def logit_diff(logits: Tensor, answers: Tensor, wrong: Tensor, reference: Tensor | None = None) -> Tensor:
+    return _gather_mean(logits, _need(answers, "answers")) - _gather_mean(logits, _need(wrong, "wrong answers"))
+
+
+@register("metric", "logit")
+def logit(logits: Tensor, answers: Tensor, wrong: Tensor, reference: Tensor | None = None) -> Tensor:
+    return _gather_mean(logits, _need(answers, "answers"))
+
+
+@register("metric", "prob")
+def prob(logits: Tensor, answers: Tensor, wrong: Tensor, reference: Tensor | None = None) -> Tensor:
+    return _gather_sum(logits.softmax(-1), _need(answers, "answers"))
+
+
+@register("metric", "logprob")
+def logprob(logits: Tensor, answers: Tensor, wrong: Tensor, reference: Tensor | None = None) -> Tensor:
+    logp = logits.log_softmax(-1)
+    ids = _need(answers, "answers")
+    picked = logp.gather(-1, ids.clamp(min=0)).masked_fill(ids < 0, float("-inf"))
+    return picked.logsumexp(-1)
+
+
+@register("metric", "prob_diff")
+def prob_diff(logits: Tensor, answers: Tensor, wrong: Tensor, reference: Tensor | None = None) -> Tensor:
+    p = logits.softmax(-1)
+    return _gather_sum(p, _need(answers, "answers")) - _gather_sum(p, _need(wrong, "wrong answers"))
+
+
+@register("metric", "kl")
+def kl(logits: Tensor, answers: Tensor, wrong: Tensor, reference: Tensor | None = None) -> Tensor:
+    if reference is None:
+        raise DataError("kl needs the reference (unpatched) run's logits", code="metric_needs_reference",
+                        remedy="use kl inside an operation that has a reference run (patching), or another metric")
+    ref = reference.log_softmax(-1)
+    return (ref.exp() * (ref - logits.log_softmax(-1))).sum(-1)
+
+
+@register("metric", "top1")
+def top1(logits: Tensor, answers: Tensor, wrong: Tensor, reference: Tensor | None = None) -> Tensor:
+    top = logits.argmax(-1, keepdim=True)
+    return (top == _need(answers, "answers")).any(-1).to(logits.dtype)
+
+
+NEEDS_WRONG = {"logit_diff", "prob_diff"}
+
+
+class Metric(BaseModel):
+    """A metric by registered name, e.g. Metric(type="logit_diff"); a plain string works in configs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: str = "logit_diff"
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_string(cls, value: Any) -> Any:
+        return {"type": value} if isinstance(value, str) else value
+
+    def function(self) -> MetricFn:
+        fn = lookup("metric", self.type)
+        if self.params:
+            return lambda lg, a, w, r=None: fn(lg, a, w, r, **self.params)
+        return fn
+
+    def __call__(self, logits: Tensor, answers: Tensor, wrong: Tensor, reference: Tensor | None = None) -> Tensor:
+        return self.function()(logits, answers, wrong, reference)
+
+
+def at_positions(logits: Tensor, positions: Tensor) -> Tensor:
+    """logits[b, positions[b]] for every row: [B, V]."""
+    return logits[torch.arange(logits.shape[0], device=logits.device), positions.to(logits.device)]

@@ -1,0 +1,45 @@
+"""Named plug-ins: methods, metrics, patch values, poolings, operations.
+
+Everything a config names by a string is looked up here, so a user's own function registered from
+Python works from YAML and the command line like a built-in:
+
+    @entoscope.register("metric", "answer_margin")
+    def answer_margin(logits, answers, reference=None): ...
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from .errors import UnknownNameError
+
+T = TypeVar("T")
+_REGISTRY: dict[str, dict[str, Any]] = defaultdict(dict)
+
+
+def register(kind: str, name: str | None = None, *, replace: bool = False) -> Callable[[T], T]:
+    """Decorator: register `obj` under (kind, name); the name defaults to the object's __name__."""
+    def decorate(obj: T) -> T:
+        key = name or getattr(obj, "name", None) or getattr(obj, "__name__")
+        if key in _REGISTRY[kind] and not replace and _REGISTRY[kind][key] is not obj:
+            raise ValueError(f"a {kind} named {key!r} is already registered; pass replace=True to override")
+        _REGISTRY[kind][key] = obj
+        return obj
+    return decorate
+
+
+def lookup(kind: str, name: str) -> Any:
+    """The object registered as (kind, name), or a refusal listing the known names."""
+    table = _REGISTRY.get(kind, {})
+    if name not in table:
+        known = ", ".join(sorted(table)) or "none"
+        raise UnknownNameError(f"no {kind} named {name!r}", code=f"unknown_{kind.replace(' ', '_')}",
+                               remedy=f"known {kind}s: {known}; register your own with "
+                               f"@entoscope.register({kind!r}, {name!r})")
+    return table[name]
+
+
+def names(kind: str) -> list[str]:
+    return sorted(_REGISTRY.get(kind, {}))

@@ -1,0 +1,63 @@
+"""manifest.json: everything needed to know what a run was and to repeat it.
+
+It holds the operation's full config, the model's identity (name, how it was loaded, structure,
+fingerprint of its weights), the data (its spec and its records), package versions, seed and timings.
+`entoscope run runs/x/manifest.json` rebuilds the operation, the model and the data from it.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.metadata as md
+import platform
+from typing import Any
+
+from ..data.examples import Dataset
+from ..models.adapter import ModelAdapter
+
+FORMAT_VERSION = 1
+
+
+def package_versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for pkg in ("entoscope", "torch", "transformer-lens", "transformers", "numpy", "pandas", "plotly"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
+
+
+def model_identity(model: ModelAdapter) -> dict[str, Any]:
+    try:
+        from ..models.fingerprint import model_fingerprint
+        fingerprint: str | None = model_fingerprint(model.tl)
+    except ImportError:  # pragma: no cover - fingerprint ships with the cache
+        fingerprint = None
+    return {
+        "name": model.name,
+        "source": getattr(model.tl, "_entoscope_source", None),
+        "structure": model.structure.as_dict(),
+        "fingerprint": fingerprint,
+    }
+
+
+def data_record(data: Dataset | None) -> dict[str, Any] | None:
+    if data is None:
+        return None
+    return {"name": data.name, "n": len(data), "spec": dict(data.params), "records": data.to_records()}
+
+
+def build_manifest(operation: Any, model: ModelAdapter, data: Dataset | None,
+                   timings: dict[str, float]) -> dict[str, Any]:
+    return {
+        "format_version": FORMAT_VERSION,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "operation": operation.name,
+        "config": operation.model_dump(mode="json"),
+        "model": model_identity(model),
+        "data": data_record(data),
+        "seed": getattr(operation, "seed", None),
+        "versions": package_versions(),
+        "timings": timings,
+    }

@@ -1,0 +1,91 @@
+"""`Result`: what every operation returns — a tidy table, figures, and `save(dir)`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from .page import ensure_plotly_js, figure_div, table_html, write_page
+
+
+class Result:
+    """The outcome of one run.
+
+    table:      tidy DataFrame, one row per site (and per prompt where the operation was asked to).
+    per_prompt: optional DataFrame of per-prompt values (for drill-down), or None.
+    manifest:   config, model identity, data, versions, seed and timings (set by Operation.run).
+    extra:      named tensors or objects an operation keeps for Python users (not saved as tables).
+    """
+
+    def __init__(self, operation: str, table: pd.DataFrame, *, per_prompt: pd.DataFrame | None = None,
+                 figures: Callable[[Result], list[tuple[str, Any]]] | None = None, title: str | None = None,
+                 extra: dict[str, Any] | None = None) -> None:
+        self.operation = operation
+        self.table = table
+        self.per_prompt = per_prompt
+        self.manifest: dict[str, Any] = {}
+        self.plan: Any = None
+        self.extra = extra or {}
+        self.title = title or operation
+        self._figures = figures
+
+    def __repr__(self) -> str:
+        return f"<Result {self.operation}: {len(self.table)} rows; columns {list(self.table.columns)}>"
+
+    def figures(self) -> list[tuple[str, Any]]:
+        """(title, plotly figure) pairs for the page."""
+        return self._figures(self) if self._figures else []
+
+    def figure(self) -> Any:
+        """The main plotly figure."""
+        figs = self.figures()
+        if not figs:
+            raise ValueError(f"{self.operation} has no figure")
+        return figs[0][1]
+
+    def save(self, folder: str | Path, *, shared_assets: bool = True) -> Path:
+        """Write table.csv, table.parquet (+ per_prompt.*), index.html and manifest.json into `folder`.
+
+        plotly.min.js is written once into the parent folder (the run folder) and shared by every
+        page saved beside this one; `shared_assets=False` puts it in `folder` itself.
+        """
+        out = Path(folder)
+        out.mkdir(parents=True, exist_ok=True)
+        files = []
+        for name, frame in (("table", self.table), ("per_prompt", self.per_prompt)):
+            if frame is None:
+                continue
+            frame.to_csv(out / f"{name}.csv", index=False)
+            _parquet_safe(frame).to_parquet(out / f"{name}.parquet", index=False)
+            files += [f"{name}.csv", f"{name}.parquet"]
+        js_dir = out.parent if shared_assets else out
+        ensure_plotly_js(js_dir)
+        rel = "../plotly.min.js" if shared_assets else "plotly.min.js"
+        sections = [(t, figure_div(f)) for t, f in self.figures()]
+        sections.append(("table", table_html(self.table)))
+        summary = {k: self.manifest.get(k) for k in ("operation", "config", "timings", "created")} \
+            if self.manifest else None
+        write_page(out / "index.html", self.title, sections, js_relpath=rel, summary=summary)
+        files.append("index.html")
+        self.save_extra(out, files)
+        manifest = {**self.manifest, "files": files + ["manifest.json"]}
+        (out / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str), encoding="utf-8")
+        return out
+
+    def save_extra(self, folder: Path, files: list[str]) -> None:
+        """Hook for operations that save more (directions, translators, graphs); append file names."""
+
+
+def _parquet_safe(frame: pd.DataFrame) -> pd.DataFrame:
+    """Parquet needs one type per column: lists/dicts/mixed objects are written as JSON strings."""
+    out = frame.copy()
+    for col in out.columns:
+        if out[col].dtype == object:
+            kinds = {type(v) for v in out[col] if v is not None}
+            if kinds and not kinds <= {str}:
+                out[col] = out[col].map(lambda v: v if isinstance(v, str) or v is None else json.dumps(v, default=str))
+    return out

@@ -1,0 +1,264 @@
+"""Addressing activations: activation kind x layer x head x neuron x position.
+
+`Sites` is a config (it validates and serialises like every operation config): the activation
+kind, the axes that form a grid (`over`), a selection per axis, exclusions, groups of units read as
+one row, or an explicit list of coordinates. `Sites.resolve(model, lengths)` checks everything
+against the model and the data BEFORE any work and returns a `SiteSet` of units (one row each).
+
+Positions: a non-negative position is that token index in every prompt; a negative one counts
+from each prompt's own end (-1 = last token), which aligns prompts of different lengths. "all"
+positions means 0..(shortest prompt length - 1).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+from typing import Any, Union
+
+import pandas as pd
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from .errors import SiteError
+from .models.adapter import ModelAdapter
+from .models.names import KINDS, Kind, parse_name
+
+Selection = Union[str, int, list[int]]  # "all", "2:5", "-3:", 4, [0, 2, -1]
+
+_AXIS_ALIASES = {"layer": "layer", "layers": "layer", "pos": "pos", "position": "pos", "positions": "pos",
+                 "head": "head", "heads": "head", "kv_head": "kv_head", "neuron": "neuron",
+                 "neurons": "neuron", "query_pos": "query_pos", "dest": "query_pos", "dest_pos": "query_pos",
+                 "key_pos": "key_pos", "src": "key_pos", "src_pos": "key_pos", "source_pos": "key_pos"}
+_SELECTION_FIELD = {"layer": "layers", "pos": "positions", "head": "heads", "kv_head": "heads",
+                    "neuron": "neurons", "query_pos": "query_positions", "key_pos": "key_positions"}
+_POSITION_AXES = ("pos", "query_pos", "key_pos")
+
+Coord = tuple[tuple[str, int], ...]  # sorted (axis, index) pairs
+
+
+def _axis(name: str) -> str:
+    if name not in _AXIS_ALIASES:
+        raise SiteError(f"unknown axis {name!r}", code="unknown_axis",
+                        remedy=f"axes are {', '.join(sorted(set(_AXIS_ALIASES.values())))}")
+    return _AXIS_ALIASES[name]
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One row of a site set: one coordinate, or a group of coordinates read together."""
+
+    members: tuple[Coord, ...]
+    label: str
+
+    def get(self, axis: str) -> int | None:
+        """The index on `axis` when every member agrees on it, else None."""
+        values = {dict(m).get(axis) for m in self.members}
+        return values.pop() if len(values) == 1 else None
+
+    @property
+    def is_group(self) -> bool:
+        return len(self.members) > 1
+
+
+@dataclass(frozen=True)
+class SiteSet:
+    """The resolved units of a `Sites` selection on one model (and data lengths)."""
+
+    kind: Kind
+    over: tuple[str, ...]
+    units: tuple[Unit, ...]
+    n_layers: int
+    note: str = ""
+
+    def __len__(self) -> int:
+        return len(self.units)
+
+    def layers(self) -> list[int]:
+        """Every layer some unit touches, sorted."""
+        out = {dict(m).get("layer") for u in self.units for m in u.members}
+        return sorted(x for x in out if x is not None)
+
+    def frame(self) -> pd.DataFrame:
+        """One row per unit: a column per grid axis (None for a group whose members differ) and a label."""
+        rows = []
+        for u in self.units:
+            row: dict[str, Any] = {"site": u.label}
+            for ax in self.over:
+                row["position" if ax == "pos" else ax] = u.get(ax)
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+
+class Sites(BaseModel):
+    """Which activations an operation reads or writes, as a grid, a filter, groups or a list.
+
+    activation: a kind (resid_pre, resid_mid, resid_post, attn_out, mlp_out, z, q, k, v, pattern,
+                attn_scores, result, mlp_pre, mlp_post, embed, ...), or a full name/alias with a layer
+                (`blocks.5.hook_resid_post`), which then fixes `layers`.
+    over:       the axes that make rows, e.g. [layer, position] or [layer, head]; axes left out are
+                read whole (e.g. all of d_model).
+    layers, positions, heads, neurons, query_positions, key_positions: "all", an index, a list of
+                indices (negative from the end), or a range "a:b" (end exclusive, like Python).
+    exclude:    coordinates to drop, e.g. [{layer: 0, head: 3}].
+    groups:     rows that each read several units together, e.g. [[{layer: 9, head: 6}, {layer: 9, head: 9}]];
+                given instead of the grid.
+    coords:     an explicit list of single coordinates, instead of the grid.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    activation: str
+    over: list[str] = Field(default_factory=lambda: ["layer"])
+    layers: Selection = "all"
+    positions: Selection = "all"
+    heads: Selection = "all"
+    neurons: Selection = "all"
+    query_positions: Selection = "all"
+    key_positions: Selection = "all"
+    exclude: list[dict[str, int]] = Field(default_factory=list)
+    groups: list[list[dict[str, int]]] | None = None
+    coords: list[dict[str, int]] | None = None
+
+    @field_validator("over")
+    @classmethod
+    def _known_axes(cls, v: list[str]) -> list[str]:
+        return [_axis(a) for a in v]
+
+    # ------------------------------------------------------------------ resolution
+    def kind(self) -> tuple[Kind, int | None]:
+        text = self.activation.strip()
+        if text in KINDS:
+            return KINDS[text], None
+        act = parse_name(text)
+        return KINDS[act.kind], act.layer
+
+    def resolve(self, model: ModelAdapter, lengths: list[int] | None = None) -> SiteSet:
+        """Validate against the model (and the prompts' token lengths) and list the units."""
+        kind, fixed_layer = self.kind()
+        s = model.structure
+        if kind.name == "resid_mid" and s.parallel:
+            model.resolve("resid_mid.0")  # raises the no_resid_mid refusal
+        if kind.name == "pos_embed":
+            model.resolve("pos_embed")
+        axes_of_kind = set(kind.axes) | ({"layer"} if kind.per_layer else set())
+        if kind.name in ("k", "v"):
+            axes_of_kind.add("head")  # one query head's own copy of the shared key/value head
+        for ax in self.over:
+            if ax not in axes_of_kind:
+                valid = sorted(axes_of_kind - {"d_model", "d_head", "one", "vocab"})
+                raise SiteError(f"{kind.name} has no {ax!r} axis", code="axis_not_in_activation",
+                                remedy=f"{kind.name} can be split over {', '.join(valid) or 'nothing'}")
+        min_len = min(lengths) if lengths else None
+        sizes = {"layer": s.n_layers, "head": s.n_heads, "kv_head": s.n_kv_heads, "neuron": s.d_mlp,
+                 "pos": min_len or s.n_ctx, "query_pos": min_len or s.n_ctx, "key_pos": min_len or s.n_ctx}
+        if kind.name in ("k", "v") and "head" in self.over:
+            sizes["head"] = s.n_heads
+        note = ""
+        if lengths and len(set(lengths)) > 1 and any(ax in _POSITION_AXES for ax in self.over):
+            note = (f"prompts have {min(lengths)}..{max(lengths)} tokens: 'all' positions means 0..{min_len - 1}; "
+                    "negative positions count from each prompt's end")
+        if self.coords is not None or self.groups is not None:
+            raw_groups = [[c] for c in self.coords] if self.coords is not None else self.groups
+            units = [self._unit([self._coord(c, sizes, fixed_layer, kind, lengths) for c in g])
+                     for g in raw_groups or []]
+        else:
+            # A per-layer kind with no layer axis in `over`: each row reads every selected layer at once.
+            grid_axes = list(self.over)
+            choices = [self._select(ax, sizes, lengths) if not (ax == "layer" and fixed_layer is not None)
+                       else [fixed_layer] for ax in grid_axes]
+            excluded = {tuple(sorted((_axis(k), int(v)) for k, v in e.items())) for e in self.exclude}
+            units = []
+            for combo in itertools.product(*choices):
+                coord = dict(zip(grid_axes, combo))
+                if any(all(coord.get(a) == v for a, v in ex) for ex in excluded):
+                    continue
+                if kind.per_layer and "layer" not in coord:
+                    layers = [fixed_layer] if fixed_layer is not None else self._select("layer", sizes, lengths)
+                    units.append(self._unit([tuple(sorted({**coord, "layer": L}.items())) for L in layers]))
+                else:
+                    units.append(self._unit([tuple(sorted(coord.items()))]))
+        if not units:
+            raise SiteError(f"the selection of {kind.name} sites is empty", code="empty_selection",
+                            remedy="widen layers/positions/heads, or drop some exclusions")
+        return SiteSet(kind, tuple(self.over), tuple(units), s.n_layers, note)
+
+    def _select(self, axis: str, sizes: dict[str, int], lengths: list[int] | None) -> list[int]:
+        field = _SELECTION_FIELD[axis]
+        value = getattr(self, field)
+        size = sizes[axis]
+        if value == "all":
+            return list(range(size))
+        if isinstance(value, str):
+            m = re.fullmatch(r"\s*(-?\d*)\s*:\s*(-?\d*)\s*", value)
+            if not m:
+                raise SiteError(f"{field}={value!r} is not a selection", code="bad_selection",
+                                remedy="use 'all', an index, a list of indices, or a range 'a:b'")
+            start = int(m.group(1)) if m.group(1) else 0
+            stop = int(m.group(2)) if m.group(2) else size
+            if axis in _POSITION_AXES and (start < 0 or stop < 0):
+                return list(range(start, stop if m.group(2) else 0))
+            idx = list(range(size))[slice(start, stop)]
+        else:
+            idx = [value] if isinstance(value, int) else list(value)
+        return [self._check(axis, i, sizes, lengths) for i in idx]
+
+    def _check(self, axis: str, i: int, sizes: dict[str, int], lengths: list[int] | None) -> int:
+        size = sizes[axis]
+        if axis in _POSITION_AXES:
+            if lengths:
+                for n, length in enumerate(lengths):
+                    if not -length <= i < length:
+                        raise SiteError(f"position {i} is outside prompt {n}, which has {length} tokens",
+                                        code="site_out_of_range",
+                                        remedy=f"positions must be in -{min(lengths)}..{min(lengths) - 1} for "
+                                        "every prompt; use negative positions to count from each end")
+            elif not -size <= i < size:
+                raise SiteError(f"position {i} is outside the context ({size})", code="site_out_of_range",
+                                remedy=f"use -{size}..{size - 1}")
+            return i  # negative positions stay relative to each prompt's end
+        if not -size <= i < size:
+            name = {"layer": "layers", "head": "heads", "kv_head": "key/value heads", "neuron": "neurons"}[axis]
+            raise SiteError(f"{axis} {i} is out of range: this model has {size} {name}",
+                            code="site_out_of_range", remedy=f"use 0..{size - 1} (or negative from the end)")
+        return i % size
+
+    def _coord(self, raw: dict[str, int], sizes: dict[str, int], fixed_layer: int | None, kind: Kind,
+               lengths: list[int] | None) -> Coord:
+        coord = {_axis(k): int(v) for k, v in raw.items()}
+        if fixed_layer is not None:
+            coord.setdefault("layer", fixed_layer)
+        if kind.per_layer and "layer" not in coord:
+            raise SiteError(f"coordinate {raw} has no layer", code="coordinate_incomplete",
+                            remedy="give a layer in each coordinate, e.g. {layer: 9, head: 6}")
+        for ax in coord:
+            if ax not in sizes:
+                raise SiteError(f"unknown axis {ax!r} in {raw}", code="unknown_axis",
+                                remedy="axes are layer, pos, head, kv_head, neuron, query_pos, key_pos")
+            if ax != "layer" and ax not in kind.axes and not (ax == "head" and kind.name in ("k", "v")):
+                raise SiteError(f"{kind.name} has no {ax!r} axis (in {raw})", code="axis_not_in_activation",
+                                remedy=f"{kind.name} has axes {', '.join(kind.axes)}")
+        return tuple(sorted((ax, self._check(ax, i, sizes, lengths)) for ax, i in coord.items()))
+
+    @staticmethod
+    def _unit(members: list[Coord]) -> Unit:
+        return Unit(tuple(members), "+".join(_label(m) for m in members))
+
+
+def _label(coord: Coord) -> str:
+    d = dict(coord)
+    parts = []
+    if "layer" in d and "head" in d:
+        parts.append(f"{d.pop('layer')}.{d.pop('head')}")
+    short = {"layer": "L", "pos": "p", "head": "h", "kv_head": "kv", "neuron": "n", "query_pos": "q",
+             "key_pos": "k"}
+    parts += [f"{short[a]}{i}" for a, i in sorted(d.items(), key=lambda x: list(short).index(x[0]))]
+    return " ".join(parts) if parts else "all"
+
+
+def absolute_positions(position: int, lengths: torch.Tensor) -> torch.Tensor:
+    """Per-prompt token index of a (possibly negative) position: [batch] long tensor."""
+    if position >= 0:
+        return torch.full_like(lengths, position)
+    return lengths + position
