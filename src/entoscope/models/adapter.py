@@ -291,7 +291,8 @@ class ModelAdapter:
         n = self.structure.d_vocab
         vocab = getattr(self.tokenizer, "_entoscope_vocab", None)
         if vocab is None or len(vocab) != n:
-            vocab = [self.tokenizer.decode([i]) for i in range(n)]
+            known = min(n, len(self.tokenizer))
+            vocab = [self.tokenizer.decode([i]) for i in range(known)] + [f"<{i}>" for i in range(known, n)]
             self.tokenizer._entoscope_vocab = vocab
         return vocab
 
