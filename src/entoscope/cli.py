@@ -26,7 +26,7 @@ from .errors import ConfigError, EntoscopeError
 from .registry import lookup, names
 
 CLI_NAMES = {"lens": "lens", "parameter-lens": "parameter_lens", "head-scores": "head_scores", "patch": "patching", "probe": "probing",
-             "circuit": "circuits", "dla": "dla"}
+             "circuit": "circuits", "dla": "dla", "ifr": "ifr"}
 
 
 def _model_options(p: argparse.ArgumentParser) -> None:

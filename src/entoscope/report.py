@@ -14,7 +14,7 @@ from .models.adapter import adapt
 from .registry import lookup, names, register
 from .results.page import ensure_plotly_js, figure_div, table_html, write_page
 
-SECTION_ORDER = ["lens", "head_scores", "patching", "probing", "circuits"]
+SECTION_ORDER = ["lens", "head_scores", "dla", "patching", "probing", "circuits", "ifr"]
 
 
 def build_report(model: Any, out: str | Path, *, quick: bool = False, sections: list[str] | None = None) -> Path:

@@ -1,0 +1,265 @@
+"""Direct logit attribution: the final residual stream split into its components, each projected
+onto the answer direction through the final norm with its scale frozen.
+
+At each prompt's last position (where the answer is predicted), with x = resid_post of the last
+layer = sum of the components c (see `decompose`):
+
+    logit direction  u = mean_{a in answers} W_U[:, a] - mean_{w in wrong} W_U[:, w]   (logit_diff)
+                     u = mean_{a in answers} W_U[:, a]                                 (logit)
+    contribution     DLA(c) = (centre(c) / s * w_norm) . u
+    constant         K = b_norm . u + (mean b_U[answers] - mean b_U[wrong])           (logit: no wrong)
+
+where s is the final norm's ACTUAL scale on x (read from the model: ln_final's hook_scale, i.e.
+sqrt(mean(centre(x)^2) + eps)), frozen, so the norm is linear in x; centre() subtracts the mean over
+d_model for LayerNorm and is the identity for RMSNorm; w_norm, b_norm are the final norm's weight and
+bias (absent once folded into W_U, b_U). This is TransformerLens's `apply_ln_to_stack` with the
+final scale (Elhage et al. 2021, "A Mathematical Framework for Transformer Circuits": direct path;
+Wang et al. 2022 for the logit difference of IOI). Signs: positive rows push towards the answers
+(and away from the wrong answers). The metric matches `entoscope.metrics.logit_diff` / `logit`
+(means over each answer set).
+
+Identity, checked on every call: for every prompt b,
+    |sum_c DLA_b(c) + K_b - value_b| <= tolerance * max(1, |value_b|)
+where value_b is the model's own logit (difference) at that position. Default tolerance: 1e-4 for
+float32/float64 models, 2e-2 for float16/bfloat16 ones. When it fails the run refuses
+(CheckFailedError, code "dla_identity_failed") and returns no numbers. Contributions are computed
+in float64 from the model's activations.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+import torch
+from pydantic import Field
+from torch import Tensor
+
+from ..data.examples import Dataset
+from ..data.tokenized import make_batches, pad_id, tokenize_data
+from ..errors import CheckFailedError, ConfigError, DataError
+from ..metrics import at_positions
+from ..metrics import logit as logit_metric
+from ..metrics import logit_diff as logit_diff_metric
+from ..models.adapter import ModelAdapter
+from ..models.names import ActName
+from ..models.weights import Norm
+from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
+from ..results.result import Result
+from .decompose import Component, component_dots, components, decomposition_reads
+
+FULL_PRECISION_TOLERANCE = 1e-4
+HALF_PRECISION_TOLERANCE = 2e-2
+
+
+def answer_direction(model: ModelAdapter, answers: Tensor, wrong: Tensor | None) -> tuple[Tensor, Tensor]:
+    """(u [B, d_model], b_U part [B]): mean W_U column (and b_U) of the answers, minus the wrong ones'."""
+    w = model.weights
+    W_U, b_U = w.W_U.to(torch.float64), w.b_U.to(torch.float64)
+
+    def mean_over(ids: Tensor) -> tuple[Tensor, Tensor]:
+        ids = ids.to(W_U.device)
+        mask = (ids >= 0).to(torch.float64)
+        n = mask.sum(-1, keepdim=True).clamp(min=1)
+        safe = ids.clamp(min=0)
+        cols = W_U.T[safe] * mask[..., None]  # [B, A, d_model]
+        return cols.sum(1) / n, (b_U[safe] * mask).sum(-1) / n[:, 0]
+
+    u, bias = mean_over(answers)
+    if wrong is not None:
+        u_w, bias_w = mean_over(wrong)
+        u, bias = u - u_w, bias - bias_w
+    return u, bias
+
+
+def frozen_norm_direction(norm: Norm, u: Tensor, scale: Tensor) -> Tensor:
+    """d with c . d = linear_part(c, scale) . u for every c: the adjoint of c -> centre(c) / s * w
+    (the centring matrix is symmetric), i.e. d = centre(w * u) / s. u [B, d], scale [B, 1]."""
+    wu = u * norm.weight.to(u.dtype) if norm.weight is not None else u
+    return norm.center(wu) / scale.to(u.dtype)
+
+
+def default_tolerance(dtype: torch.dtype) -> float:
+    return HALF_PRECISION_TOLERANCE if dtype in (torch.float16, torch.bfloat16) else FULL_PRECISION_TOLERANCE
+
+
+@register_operation
+class DirectLogitAttribution(Operation):
+    """Direct logit attribution: every component's direct effect on the answer logit (difference).
+
+    metric:        "logit_diff" (answers minus wrong answers, means over each set) or "logit".
+    neurons:       split the MLPs of `neuron_layers` into one row per neuron plus b_out.
+    neuron_layers: which layers' MLPs to split (default: all, when neurons is true).
+    tolerance:     relative tolerance of the identity check (default 1e-4; 2e-2 for half precision).
+    top_k:         components shown in the bar chart.
+    """
+
+    name = "dla"
+    metric: Literal["logit_diff", "logit"] = "logit_diff"
+    neurons: bool = False
+    neuron_layers: list[int] | None = None
+    tolerance: float | None = Field(default=None, gt=0)
+    top_k: int = Field(default=20, ge=1)
+    answer_scoring: Literal["single", "first_token"] = "single"
+
+    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared:
+        assert data is not None
+        s = model.structure
+        if self.neuron_layers is not None and not self.neurons:
+            raise ConfigError("neuron_layers is given but neurons is false", code="config_invalid",
+                              remedy="set neurons: true, or drop neuron_layers")
+        split: list[int] = []
+        if self.neurons:
+            chosen = list(range(s.n_layers)) if self.neuron_layers is None else self.neuron_layers
+            for L in chosen:
+                if not -s.n_layers <= L < s.n_layers:
+                    raise ConfigError(f"neuron layer {L} is out of range: this model has {s.n_layers} layers",
+                                      code="site_out_of_range", remedy=f"use 0..{s.n_layers - 1}")
+            split = sorted({L % s.n_layers for L in chosen})
+        td = tokenize_data(model, data, prepend_bos=self.prepend_bos, answers=True,
+                           answer_scoring=self.answer_scoring)
+        if self.metric == "logit_diff":
+            lacking = [i for i, w in enumerate(td.wrong_answers or []) if not w]
+            if lacking:
+                raise DataError(f"{len(lacking)} examples have no wrong answer (first: {lacking[:5]}), so the "
+                                "logit difference is undefined", code="metric_needs_answers",
+                                remedy="give each example wrong_answers, or use metric: logit")
+        comps = components(s, split)
+        T = max(td.lengths)
+        per_example = 4 * T * (s.n_layers * (2 * s.d_model + (s.d_mlp if split else 0)) + 2 * s.d_model + s.d_vocab)
+        per_example += 8 * len(comps) * 2
+        bs = self.choose_batch_size(per_example, len(td))
+        batches = make_batches(td, bs, pad_id(model))
+        tol = self.tolerance if self.tolerance is not None else default_tolerance(model.weights.W_U.dtype)
+        notes = [f"identity checked per prompt: |sum of rows + constant - model's {self.metric}| <= "
+                 f"{tol:g} * max(1, |{self.metric}|)",
+                 "final norm scale frozen at its value on the final residual stream (apply_ln_to_stack)"]
+        plan = Plan(self.name, rows=len(comps) * len(td), forward_passes=len(td), backward_passes=0,
+                    batch_sizes=[len(b) for b in batches], examples=len(td),
+                    peak_memory_bytes=model_bytes(model) + bs * per_example, notes=notes,
+                    files=["table.csv", "table.parquet", "per_prompt.csv", "per_prompt.parquet", "index.html",
+                           "identity.csv", "manifest.json"])
+        return Prepared(model, data, plan, {"batches": batches, "components": comps, "split": split,
+                                            "n": len(td), "tol": tol})
+
+    def execute(self, prepared: Prepared, *, quiet: bool = False) -> Result:
+        model, st = prepared.model, prepared.state
+        comps: list[Component] = st["components"]
+        reads = decomposition_reads(model.structure, st["split"]) + [ActName("final_scale")]
+        contrib = torch.zeros(len(comps), st["n"], dtype=torch.float64)
+        ident = {k: torch.zeros(st["n"], dtype=torch.float64) for k in ("value", "constant", "sum")}
+        for batch in progress(st["batches"], total=len(st["batches"]), desc="dla", quiet=quiet):
+            out = model.run(batch.tokens, reads)
+            with torch.no_grad():
+                rows, const, value = self._attribute(model, out.acts, out.logits, batch, st["split"])
+            idx = torch.tensor(batch.index)
+            contrib[:, idx] = rows.cpu()
+            ident["value"][idx], ident["constant"][idx] = value.cpu(), const.cpu()
+            ident["sum"][idx] = rows.sum(0).cpu()
+        identity = self._check(ident, st["tol"])
+        per_prompt = _per_prompt(comps, contrib)
+        table = _table(comps, contrib)
+        return DLAResult(self.name, table, per_prompt=per_prompt, figures=self._figures,
+                         title=f"direct logit attribution ({self.metric})",
+                         extra={"contributions": contrib, "components": comps, "identity": identity})
+
+    def _attribute(self, model: ModelAdapter, acts: dict[ActName, Tensor], logits: Tensor, batch: Any,
+                   split: list[int]) -> tuple[Tensor, Tensor, Tensor]:
+        """(rows [C, B], constant [B], the model's own value [B]) for one batch, in float64."""
+        last = batch.last
+        wrong = batch.wrong_answers if self.metric == "logit_diff" else None
+        u, b_U_part = answer_direction(model, batch.answers, wrong)
+        norm = model.weights.final_norm
+        scale = acts[ActName("final_scale")][torch.arange(len(batch)), last.to(logits.device)]  # [B, 1]
+        direction = frozen_norm_direction(norm, u, scale.to(torch.float64))
+        rows = component_dots(model, acts, last, direction, split)
+        constant = b_U_part if norm.bias is None else u @ norm.bias.to(torch.float64) + b_U_part
+        final = at_positions(logits, last).to(torch.float64)
+        answers, wrong_ids = batch.answers.to(final.device), batch.wrong_answers.to(final.device)
+        value = logit_diff_metric(final, answers, wrong_ids) if self.metric == "logit_diff" else \
+            logit_metric(final, answers, wrong_ids)
+        return rows, constant, value
+
+    def _check(self, ident: dict[str, Tensor], tol: float) -> pd.DataFrame:
+        error = (ident["sum"] + ident["constant"] - ident["value"]).abs()
+        allowed = tol * ident["value"].abs().clamp(min=1.0)
+        frame = pd.DataFrame({"example": np.arange(len(error)), "value": ident["value"].numpy(),
+                              "constant": ident["constant"].numpy(), "sum_of_rows": ident["sum"].numpy(),
+                              "error": error.numpy(), "allowed": allowed.numpy()})
+        bad = error > allowed
+        if bool(bad.any()):
+            i = int((error / allowed).argmax())
+            raise CheckFailedError(
+                f"direct logit attribution does not add up on {int(bad.sum())} of {len(error)} prompts: on "
+                f"example {i} the rows sum to {float(ident['sum'][i]):.6g} + constant "
+                f"{float(ident['constant'][i]):.6g}, but the model's {self.metric} is {float(ident['value'][i]):.6g} "
+                f"(error {float(error[i]):.3g} > allowed {float(allowed[i]):.3g})",
+                code="dla_identity_failed",
+                remedy="the model's residual stream is not the sum entoscope decomposes (an unsupported block "
+                "layout, or hooks changing activations); for a model run in reduced precision pass a larger "
+                "tolerance")
+        return frame
+
+    def _figures(self, result: Result) -> list[tuple[str, Any]]:
+        return dla_figures(result, self.top_k)
+
+
+class DLAResult(Result):
+    """A DLA result that also saves the identity check (identity.csv)."""
+
+    def save_extra(self, folder: Path, files: list[str]) -> None:
+        self.extra["identity"].to_csv(folder / "identity.csv", index=False)
+        files.append("identity.csv")
+
+
+def _component_frame(comps: list[Component]) -> pd.DataFrame:
+    return pd.DataFrame({
+        "component": [c.label for c in comps], "kind": [c.kind for c in comps],
+        "layer": pd.array([c.layer for c in comps], dtype="Int64"),
+        "head": pd.array([c.head for c in comps], dtype="Int64"),
+        "neuron": pd.array([c.neuron for c in comps], dtype="Int64"),
+    })
+
+
+def _per_prompt(comps: list[Component], contrib: Tensor) -> pd.DataFrame:
+    C, N = contrib.shape
+    base = _component_frame(comps)
+    frame = base.iloc[np.tile(np.arange(C), N)].reset_index(drop=True)
+    frame.insert(0, "example", np.repeat(np.arange(N), C))
+    frame["contribution"] = contrib.T.reshape(-1).numpy()
+    return frame
+
+
+def _table(comps: list[Component], contrib: Tensor) -> pd.DataFrame:
+    frame = _component_frame(comps)
+    frame["mean"] = contrib.mean(1).numpy()
+    frame["std"] = contrib.std(1, unbiased=False).numpy()
+    frame["mean_abs"] = contrib.abs().mean(1).numpy()
+    frame["n_prompts"] = contrib.shape[1]
+    return frame
+
+
+def dla_figures(result: Result, top_k: int = 20) -> list[tuple[str, Any]]:
+    import plotly.graph_objects as go
+
+    t = result.table
+    top = t.reindex(t["mean"].abs().sort_values(ascending=False).index).head(top_k).iloc[::-1]
+    bar = go.Figure(go.Bar(x=top["mean"], y=top["component"], orientation="h",
+                           error_x={"type": "data", "array": top["std"]},
+                           marker_color=np.where(top["mean"] >= 0, "#2b6cb0", "#c53030")))
+    bar.update_layout(xaxis_title="mean direct contribution", height=140 + 22 * len(top))
+    figs = [(f"top {len(top)} components by |mean contribution| (error bars: std over prompts)", bar)]
+    heads = t[t["kind"] == "head"]
+    if len(heads):
+        grid = heads.pivot(index="layer", columns="head", values="mean")
+        mlp = t[t["kind"].isin(["mlp", "neuron", "mlp_bias"])].groupby("layer")["mean"].sum()
+        z = np.column_stack([grid.values, mlp.reindex(grid.index).to_numpy(dtype=float)])
+        x = [f"h{h}" for h in grid.columns] + ["mlp"]
+        lim = float(np.nanmax(np.abs(z))) or 1.0
+        heat = go.Figure(go.Heatmap(z=z, x=x, y=[int(v) for v in grid.index], zmid=0, zmin=-lim, zmax=lim,
+                                    colorscale="RdBu", texttemplate="%{z:.2f}"))
+        heat.update_layout(xaxis_title="head (and the layer's MLP)", yaxis_title="layer", height=140 + 40 * len(grid))
+        figs.append(("mean direct contribution by layer and head", heat))
+    return figs

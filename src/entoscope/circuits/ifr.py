@@ -1,0 +1,450 @@
+"""Information flow routes (Ferrando & Voita 2024, "Information Flow Routes: Automatically
+Interpreting Language Models at Scale", arXiv:2403.00824), written from the paper's definitions.
+
+Graph. One node per token position i and residual-stream state: resid_pre.0 (the embeddings), then
+per layer l resid_mid.l (after attention) and resid_post.l (after the MLP); with parallel blocks
+(NeoX) only resid_post.l, since attention and MLP both read resid_pre.l = resid_post.(l-1). Every
+node is a sum of parts, and each part is an edge into the node:
+
+  resid_mid.l@i  = resid_pre.l@i                                   residual edge from resid_pre.l@i
+                 + sum_{h, j<=i} A^h[i, j] (v^h_j @ W_O[h])        one attention edge per head h and
+                                                                   source token j, from resid_pre.l@j
+                 + b_O                                             no edge (no source node)
+  resid_post.l@i = resid_mid.l@i                                   residual edge
+                 + mlp_out.l@i                                     MLP edge from resid_mid.l@i
+  (parallel: resid_post.l@i = resid_pre.l@i + attention parts + b_O + mlp_out.l@i, the MLP edge
+   coming from resid_pre.l@i.)
+
+v^h_j is the value of token j for query head h (under grouped-query attention query head h reads
+key/value head h // group); the value bias is inside v, so the parts add up to the node exactly.
+With granularity "token" the heads of one layer are summed into one attention edge per source token.
+
+Importance (the paper's proximity, from ALTI, Ferrando et al. 2022): for a node y = sum_k z_k,
+    proximity(z_k, y) = max(||y||_1 - ||y - z_k||_1, 0)
+    importance(z_k, y) = proximity(z_k, y) / sum_m proximity(z_m, y)
+so the importances of each node's parts (its edges and b_O) sum to one. (A node whose parts all
+have zero proximity gets importance 0 everywhere; it has then no edge above any threshold.)
+
+Routes. Top-down from the node resid_post.(L-1) at the prompt's last position (where the next
+token, `predicted`, is read): at each level from the top, every edge into a node already in the
+graph whose importance is ABOVE tau (strictly) is kept, and its source node joins the graph.
+Everything is computed batched over prompts; only the kept edges become networkx graphs, one
+MultiDiGraph per prompt (parallel edges: one per head, plus residual and MLP edges).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import pandas as pd
+import torch
+from pydantic import Field
+from torch import Tensor
+
+from ..data.examples import Dataset
+from ..data.tokenized import make_batches, pad_id, tokenize_data
+from ..models.adapter import ModelAdapter
+from ..models.names import ActName
+from ..models.structure import Structure
+from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
+from ..results.result import Result
+
+Granularity = Literal["head", "token"]
+
+
+# ---------------------------------------------------------------------- importances
+@dataclass
+class FlowImportances:
+    """Importances of every node's parts for one batch (shapes: L layers, B prompts, T positions).
+
+    attn           [L, B, T, H, T] (head granularity) or [L, B, T, T] (token): query i, (head,) source j
+    attn_residual  [L, B, T]  the residual part of the node attention writes to
+    attn_bias      [L, B, T]  the b_O part of that node
+    mlp            [L, B, T]  the MLP part of the node the MLP writes to (resid_post.l)
+    mlp_residual   [L, B, T]  the residual part of resid_post.l (sequential); None with parallel
+                              blocks, where attention and MLP write the same node
+    Per node the parts sum to one: attn_residual + attn.sum(source, head) + attn_bias (+ mlp when
+    parallel) for the attention node, mlp_residual + mlp for resid_post.l (sequential).
+    """
+
+    parallel: bool
+    granularity: str
+    attn: Tensor
+    attn_residual: Tensor
+    attn_bias: Tensor
+    mlp: Tensor
+    mlp_residual: Tensor | None
+
+
+def flow_reads(structure: Structure) -> list[ActName]:
+    reads = [ActName("resid_pre", 0)]
+    for L in range(structure.n_layers):
+        reads += [ActName("resid_post", L), ActName("v", L), ActName("pattern", L), ActName("mlp_out", L)]
+        if not structure.parallel:
+            reads.append(ActName("resid_mid", L))
+    return reads
+
+
+def proximity(parts: Tensor, total: Tensor) -> Tensor:
+    """max(||y||_1 - ||y - z||_1, 0) over the last axis; total broadcasts against parts."""
+    return (total.abs().sum(-1) - (total - parts).abs().sum(-1)).clamp(min=0)
+
+
+def _attention_proximity(total: Tensor, pattern: Tensor, vo: Tensor, granularity: str, max_floats: int) -> Tensor:
+    """Proximity of each attention part pattern[b,h,i,j] * vo[b,j,h] to total[b,i], chunked over queries.
+
+    total [B, T, d], pattern [B, H, T, T], vo [B, T, H, d] -> [B, T, H, T] (head) or [B, T, T] (token).
+    """
+    B, H, T, _ = pattern.shape
+    d = total.shape[-1]
+    per_query = B * T * d * (H if granularity == "head" else 1)
+    chunk = max(1, min(T, max_floats // max(1, per_query)))
+    out = []
+    for q0 in range(0, T, chunk):
+        p = pattern[:, :, q0:q0 + chunk]  # [B, H, q, T]
+        y = total[:, q0:q0 + chunk]  # [B, q, d]
+        if granularity == "head":
+            parts = p.permute(0, 2, 1, 3)[..., None] * vo.permute(0, 2, 1, 3)[:, None]  # [B, q, H, T, d]
+            out.append(proximity(parts, y[:, :, None, None]))
+        else:
+            parts = torch.einsum("bhqk,bkhm->bqkm", p, vo)  # [B, q, T, d]
+            out.append(proximity(parts, y[:, :, None]))
+    return torch.cat(out, dim=1)
+
+
+def _denominator(total: Tensor) -> Tensor:
+    """The sum of a node's proximities, with 1 where it is 0 (all shares of that node are then 0)."""
+    return torch.where(total > 0, total, torch.ones_like(total))
+
+
+def flow_importances(model: ModelAdapter, acts: dict[ActName, Tensor], granularity: Granularity = "head",
+                     max_floats: int = 2**25) -> FlowImportances:
+    """Importances of all nodes' parts, from the activations of `flow_reads` (one batched run).
+
+    Computed in float32 at least (L1 norms of half-precision vectors lose too much)."""
+    s, w = model.structure, model.weights
+    dtype = torch.promote_types(acts[ActName("resid_pre", 0)].dtype, torch.float32)
+
+    def act(kind: str, layer: int) -> Tensor:
+        return acts[ActName(kind, layer)].to(dtype)
+
+    attn, attn_res, attn_bias, mlp, mlp_res = [], [], [], [], []
+    for L in range(s.n_layers):
+        pre = act("resid_pre", 0) if L == 0 else act("resid_post", L - 1)
+        node = act("resid_post" if s.parallel else "resid_mid", L)
+        v = act("v", L).repeat_interleave(s.group_size, dim=2)  # per query head
+        vo = torch.einsum("bkhd,hdm->bkhm", v, w.W_O(L).to(dtype))
+        prox_attn = _attention_proximity(node, act("pattern", L), vo, granularity, max_floats)
+        prox_res = proximity(pre, node)
+        prox_bias = proximity(w.b_O(L).to(dtype), node)
+        total = prox_res + prox_bias + prox_attn.flatten(2).sum(-1)
+        if s.parallel:
+            prox_mlp = proximity(act("mlp_out", L), node)
+            total = total + prox_mlp
+            mlp.append(prox_mlp / _denominator(total))
+        else:
+            post = act("resid_post", L)
+            prox_mlp, prox_mlp_res = proximity(act("mlp_out", L), post), proximity(node, post)
+            denominator = _denominator(prox_mlp + prox_mlp_res)
+            mlp.append(prox_mlp / denominator)
+            mlp_res.append(prox_mlp_res / denominator)
+        denominator = _denominator(total)
+        attn.append(prox_attn / denominator.reshape(*denominator.shape, *[1] * (prox_attn.dim() - 2)))
+        attn_res.append(prox_res / denominator)
+        attn_bias.append(prox_bias / denominator)
+    return FlowImportances(s.parallel, granularity, torch.stack(attn), torch.stack(attn_res), torch.stack(attn_bias),
+                           torch.stack(mlp), None if s.parallel else torch.stack(mlp_res))
+
+
+# ---------------------------------------------------------------------- routes
+@dataclass
+class Routes:
+    """Kept edges and live nodes of one batch (boolean masks, shapes as in FlowImportances).
+
+    alive_attn_node [L, B, T]  the node attention writes to is in the graph
+    alive_pre       [L, B, T]  resid_pre.l is in the graph (= resid_post.(l-1) for l > 0)
+    alive_post      [L, B, T]  resid_post.l is in the graph
+    """
+
+    attn: Tensor
+    attn_residual: Tensor
+    mlp: Tensor
+    mlp_residual: Tensor | None
+    alive_attn_node: Tensor
+    alive_pre: Tensor
+    alive_post: Tensor
+
+
+def trace_routes(imp: FlowImportances, last: Tensor, tau: float) -> Routes:
+    """Top-down from resid_post.(L-1)@last: keep the edges above tau into nodes already in the graph."""
+    L, B, T = imp.attn_residual.shape
+    alive_post = torch.zeros(L, B, T, dtype=torch.bool)
+    alive_post[L - 1, torch.arange(B), last] = True
+    alive_node = torch.zeros_like(alive_post)
+    alive_pre = torch.zeros_like(alive_post)
+    keep_attn = torch.zeros(imp.attn.shape, dtype=torch.bool)
+    keep_res = torch.zeros_like(alive_post)
+    keep_mlp = torch.zeros_like(alive_post)
+    keep_mlp_res = None if imp.parallel else torch.zeros_like(alive_post)
+    for layer in range(L - 1, -1, -1):
+        if layer < L - 1:
+            alive_post[layer] = alive_pre[layer + 1]
+        if imp.parallel:
+            alive_node[layer] = alive_post[layer]
+            keep_mlp[layer] = (imp.mlp[layer] > tau) & alive_node[layer]
+        else:
+            assert imp.mlp_residual is not None and keep_mlp_res is not None
+            keep_mlp[layer] = (imp.mlp[layer] > tau) & alive_post[layer]
+            keep_mlp_res[layer] = (imp.mlp_residual[layer] > tau) & alive_post[layer]
+            alive_node[layer] = keep_mlp[layer] | keep_mlp_res[layer]
+        live = alive_node[layer].reshape(B, T, *([1] * (imp.attn.dim() - 3)))
+        keep_attn[layer] = (imp.attn[layer] > tau) & live
+        keep_res[layer] = (imp.attn_residual[layer] > tau) & alive_node[layer]
+        sources = keep_attn[layer].flatten(1, -2).any(dim=1)  # [B, source]: any query (and head) kept
+        alive_pre[layer] = keep_res[layer] | sources
+        if imp.parallel:
+            alive_pre[layer] |= keep_mlp[layer]
+    return Routes(keep_attn, keep_res, keep_mlp, keep_mlp_res, alive_node, alive_pre, alive_post)
+
+
+def node_id(state: str, layer: int, position: int) -> str:
+    return f"{state}.{layer}@{position}"
+
+
+def _level(state: str, layer: int, parallel: bool) -> int:
+    """Height of a node in drawings: resid_pre.0 at 0, then one level per residual state."""
+    if state == "resid_pre":
+        return 0
+    if parallel:
+        return layer + 1
+    return 2 * layer + (1 if state == "resid_mid" else 2)
+
+
+def route_graph(imp: FlowImportances, routes: Routes, b: int, tokens: list[str], meta: dict[str, Any]) -> Any:
+    """The networkx MultiDiGraph of prompt b of the batch (kept edges and live nodes only)."""
+    import networkx as nx
+
+    par = imp.parallel
+    g = nx.MultiDiGraph(**meta)
+    L = imp.attn_residual.shape[0]
+    attn_state = "resid_post" if par else "resid_mid"
+
+    def pre(layer: int, pos: int) -> str:
+        return node_id("resid_pre", 0, pos) if layer == 0 else node_id("resid_post", layer - 1, pos)
+
+    def add_node(state: str, layer: int, pos: int) -> str:
+        nid = node_id(state, layer, pos)
+        if nid not in g:
+            g.add_node(nid, state=state, layer=layer, position=pos, token=tokens[pos],
+                       level=_level(state, layer, par))
+        return nid
+
+    def add_pre(layer: int, pos: int) -> str:
+        return add_node("resid_pre", 0, pos) if layer == 0 else add_node("resid_post", layer - 1, pos)
+
+    for layer in range(L):
+        for pos in routes.alive_post[layer, b].nonzero().flatten().tolist():
+            add_node("resid_post", layer, pos)
+        for pos in routes.alive_attn_node[layer, b].nonzero().flatten().tolist():
+            nid = add_node(attn_state, layer, pos)
+            g.nodes[nid]["bias_importance"] = float(imp.attn_bias[layer, b, pos])
+        for pos in routes.alive_pre[layer, b].nonzero().flatten().tolist():
+            add_pre(layer, pos)
+    for layer in range(L):
+        for index in routes.attn[layer, b].nonzero().tolist():  # (query, head, source) or (query, source)
+            q, k = index[0], index[-1]
+            attrs = {"importance": float(imp.attn[layer, b][tuple(index)]), "kind": "attention", "layer": layer}
+            if len(index) == 3:
+                attrs.update(component=f"a{layer}.h{index[1]}", head=index[1])
+            else:
+                attrs["component"] = f"a{layer}"
+            g.add_edge(pre(layer, k), node_id(attn_state, layer, q), key=attrs["component"], **attrs)
+        for q in routes.attn_residual[layer, b].nonzero().flatten().tolist():
+            g.add_edge(pre(layer, q), node_id(attn_state, layer, q), key="residual",
+                       importance=float(imp.attn_residual[layer, b, q]), kind="residual", component="residual",
+                       layer=layer)
+        for q in routes.mlp[layer, b].nonzero().flatten().tolist():
+            mlp_input = pre(layer, q) if par else node_id("resid_mid", layer, q)
+            g.add_edge(mlp_input, node_id("resid_post", layer, q), key=f"m{layer}",
+                       importance=float(imp.mlp[layer, b, q]), kind="mlp", component=f"m{layer}", layer=layer)
+        if routes.mlp_residual is not None and imp.mlp_residual is not None:
+            for q in routes.mlp_residual[layer, b].nonzero().flatten().tolist():
+                g.add_edge(node_id("resid_mid", layer, q), node_id("resid_post", layer, q), key="residual",
+                           importance=float(imp.mlp_residual[layer, b, q]), kind="residual",
+                           component="residual", layer=layer)
+    return g
+
+
+# ---------------------------------------------------------------------- operation
+@register_operation
+class InformationFlowRoutes(Operation):
+    """Information flow routes (Ferrando & Voita 2024): per prompt, the graph of important edges
+    from the predicted token's last-layer node down to the embeddings.
+
+    tau:          keep edges whose importance (proximity share of their node) is above tau.
+    granularity:  "head" (one attention edge per head and source token) or "token" (heads summed).
+    drawn_routes: how many prompts' routes the page draws (every graph is saved).
+    """
+
+    name = "ifr"
+    tau: float = Field(default=0.04, gt=0, lt=1)
+    granularity: Granularity = "head"
+    drawn_routes: int = Field(default=3, ge=0)
+
+    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared:
+        assert data is not None
+        s = model.structure
+        td = tokenize_data(model, data, prepend_bos=self.prepend_bos)
+        T = max(td.lengths)
+        H = s.n_heads if self.granularity == "head" else 1
+        acts = s.n_layers * (4 * T * s.d_model + T * s.n_kv_heads * s.d_head + s.n_heads * T * T) + T * s.d_vocab
+        importances = s.n_layers * (T * H * T + 6 * T) * 2  # importances and kept-edge masks
+        per_example = 4 * (acts + importances)
+        max_floats = max(2**20, int(self.memory_budget_mb * 2**20 / 4 / 8))  # attention parts per chunk
+        bs = self.choose_batch_size(per_example, len(td))
+        batches = make_batches(td, bs, pad_id(model))
+        notes = [f"edges kept when importance > tau = {self.tau:g}; granularity {self.granularity!r}",
+                 "routes start at each prompt's last position, last layer"]
+        if s.parallel:
+            notes.append("parallel blocks: attention and MLP read the same node resid_pre.l")
+        plan = Plan(self.name, rows=s.n_layers * (H + 1), forward_passes=len(td), backward_passes=0,
+                    batch_sizes=[len(b) for b in batches], examples=len(td),
+                    peak_memory_bytes=model_bytes(model) + bs * per_example + 3 * 4 * max_floats, notes=notes,
+                    files=["table.csv", "table.parquet", "per_prompt.csv", "per_prompt.parquet", "index.html",
+                           "graphs/*.graphml", "graphs/*.json", "manifest.json"])
+        return Prepared(model, data, plan, {"batches": batches, "n": len(td), "max_floats": max_floats})
+
+    def execute(self, prepared: Prepared, *, quiet: bool = False) -> Result:
+        model, st = prepared.model, prepared.state
+        s = model.structure
+        vocab = model.vocab_strings()
+        reads = flow_reads(s)
+        graphs: list[Any] = [None] * st["n"]
+        # per prompt, layer and component (the heads, or one attention column with granularity "token",
+        # then the MLP last): summed importance of kept edges, their count, importance into the last position
+        comp_sum = torch.zeros(st["n"], s.n_layers, s.n_heads + 1)
+        comp_edges = torch.zeros_like(comp_sum)
+        comp_last = torch.zeros_like(comp_sum)
+        for batch in progress(st["batches"], total=len(st["batches"]), desc="ifr", quiet=quiet):
+            with torch.no_grad():
+                out = model.run(batch.tokens, reads)
+                imp = flow_importances(model, out.acts, self.granularity, st["max_floats"])
+                imp = _to_cpu(imp)
+                last = batch.last
+                routes = trace_routes(imp, last, self.tau)
+                predicted = out.logits[torch.arange(len(batch)), last.to(out.logits.device)].argmax(-1).cpu()
+            idx = torch.tensor(batch.index)
+            _component_stats(imp, routes, last, idx, comp_sum, comp_edges, comp_last)
+            for j, ex in enumerate(batch.index):
+                n = int(batch.lengths[j])
+                tokens = [vocab[int(t)] for t in batch.tokens[j, :n]]
+                meta = {"example": ex, "predicted": vocab[int(predicted[j])], "predicted_id": int(predicted[j]),
+                        "position": n - 1, "tau": self.tau, "granularity": self.granularity,
+                        "parallel": s.parallel, "n_layers": s.n_layers, "tokens": json.dumps(tokens)}
+                graphs[ex] = route_graph(imp, routes, j, tokens, meta)
+        per_prompt = _edge_frame(graphs)
+        table = _component_table(s, self.granularity, comp_sum, comp_edges, comp_last)
+        return RoutesResult(self.name, table, per_prompt=per_prompt, figures=self._figures,
+                            title=f"information flow routes (tau {self.tau:g})", extra={"graphs": graphs})
+
+    def _figures(self, result: Result) -> list[tuple[str, Any]]:
+        from .ifr_page import component_heatmap, route_figure
+
+        figs = []
+        for g in result.extra["graphs"][: self.drawn_routes]:
+            figs.append((f"route of example {g.graph['example']} (predicts {g.graph['predicted']!r})",
+                         route_figure(g)))
+        heat = component_heatmap(result.table)
+        if heat is not None:
+            figs.append(("fraction of prompts whose route uses each head (and MLP)", heat))
+        return figs
+
+
+class RoutesResult(Result):
+    """An IFR result that also saves every prompt's graph as GraphML and JSON (graphs/)."""
+
+    def save_extra(self, folder: Path, files: list[str]) -> None:
+        import networkx as nx
+
+        out = folder / "graphs"
+        out.mkdir(exist_ok=True)
+        for g in self.extra["graphs"]:
+            stem = f"example_{g.graph['example']}"
+            nx.write_graphml(g, out / f"{stem}.graphml")
+            data = nx.node_link_data(g, edges="edges")
+            (out / f"{stem}.json").write_text(json.dumps(data, default=str), encoding="utf-8")
+            files += [f"graphs/{stem}.graphml", f"graphs/{stem}.json"]
+
+
+def _to_cpu(imp: FlowImportances) -> FlowImportances:
+    fields = ("attn", "attn_residual", "attn_bias", "mlp", "mlp_residual")
+    return replace(imp, **{f: None if getattr(imp, f) is None else getattr(imp, f).detach().float().cpu()
+                           for f in fields})
+
+
+def _component_stats(imp: FlowImportances, routes: Routes, last: Tensor, idx: Tensor, comp_sum: Tensor,
+                     comp_edges: Tensor, comp_last: Tensor) -> None:
+    """Per prompt and component: summed importance and count of kept edges; importance into the last position."""
+    B = last.shape[0]
+    b = torch.arange(B)
+    kept_attn = imp.attn * routes.attn  # [L, B, T, (H,) T]
+    if imp.granularity == "head":
+        attn_sum = kept_attn.sum(dim=(2, 4)).permute(1, 0, 2)  # [B, L, H]
+        attn_count = routes.attn.sum(dim=(2, 4)).permute(1, 0, 2).float()
+        attn_last = imp.attn[:, b, last].sum(-1).permute(1, 0, 2)  # [B, L, H]
+    else:
+        attn_sum = kept_attn.sum(dim=(2, 3)).T[..., None]  # [B, L, 1]
+        attn_count = routes.attn.sum(dim=(2, 3)).T[..., None].float()
+        attn_last = imp.attn[:, b, last].sum(-1).T[..., None]
+    mlp_sum = (imp.mlp * routes.mlp).sum(-1).T  # [B, L]
+    mlp_count = routes.mlp.sum(-1).T.float()
+    mlp_last = imp.mlp[:, b, last].T
+    H = attn_sum.shape[-1]
+    comp_sum[idx, :, :H] = attn_sum
+    comp_edges[idx, :, :H] = attn_count
+    comp_last[idx, :, :H] = attn_last
+    comp_sum[idx, :, -1] = mlp_sum
+    comp_edges[idx, :, -1] = mlp_count
+    comp_last[idx, :, -1] = mlp_last
+
+
+def _component_table(s: Structure, granularity: str, comp_sum: Tensor, comp_edges: Tensor,
+                     comp_last: Tensor) -> pd.DataFrame:
+    heads = s.n_heads if granularity == "head" else 1
+    rows = []
+    for L in range(s.n_layers):
+        for h in range(heads):
+            rows.append(("attention", f"a{L}.h{h}" if granularity == "head" else f"a{L}", L,
+                         h if granularity == "head" else None, h))
+        rows.append(("mlp", f"m{L}", L, None, s.n_heads))
+    frame = pd.DataFrame({"component": [r[1] for r in rows], "kind": [r[0] for r in rows],
+                          "layer": pd.array([r[2] for r in rows], dtype="Int64"),
+                          "head": pd.array([r[3] for r in rows], dtype="Int64")})
+    layer = torch.tensor([r[2] for r in rows])
+    col = torch.tensor([r[4] for r in rows])
+    edges = comp_edges[:, layer, col]  # [N, rows]
+    frame["in_route"] = (edges > 0).float().mean(0).numpy()
+    frame["edges_mean"] = edges.mean(0).numpy()
+    frame["importance_mean"] = comp_sum[:, layer, col].mean(0).numpy()
+    frame["last_position_importance_mean"] = comp_last[:, layer, col].mean(0).numpy()
+    frame["n_prompts"] = comp_sum.shape[0]
+    return frame
+
+
+def _edge_frame(graphs: list[Any]) -> pd.DataFrame:
+    records = []
+    for g in graphs:
+        for u, v, data in g.edges(data=True):
+            records.append({"example": g.graph["example"], "component": data["component"], "kind": data["kind"],
+                            "layer": data["layer"], "head": data.get("head"), "source": u, "target": v,
+                            "source_position": g.nodes[u]["position"], "target_position": g.nodes[v]["position"],
+                            "source_token": g.nodes[u]["token"], "target_token": g.nodes[v]["token"],
+                            "importance": data["importance"], "predicted": g.graph["predicted"]})
+    frame = pd.DataFrame.from_records(records, columns=[
+        "example", "component", "kind", "layer", "head", "source", "target", "source_position", "target_position",
+        "source_token", "target_token", "importance", "predicted"])
+    frame["head"] = pd.array(frame["head"].tolist(), dtype="Int64")
+    return frame
