@@ -1,0 +1,98 @@
+"""Greater-than (Hanna et al. 2023): "The war lasted from the year 1732 to the year 17" -> a year > 32.
+
+Years are written whole (" 1732"); a tokenizer such as GPT-2's splits them as [" 17", "32"], so the
+next token after "... the year 17" is a two-digit token WITHOUT a leading space: the answers are
+"33".."99" and the wrong answers "00".."32". The demo tokenizer splits every digit run into pairs, so
+this holds for all its years; under another tokenizer only the years that split this way are used.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from entoscope.data.examples import Dataset, Example
+from entoscope.data.tasks import vocab
+from entoscope.data.tasks._common import TaskVocabularyError, encode, single_tokens, tokenizer_name
+
+TEMPLATES: tuple[str, ...] = (
+    "The {noun} lasted from the year {start} to the year {century}",
+    "The {noun} started in the year {start} and ended in the year {century}",
+    "The {noun} ran from the year {start} until the year {century}",
+)
+COUNTERFACTUAL_YY = 1  # Hanna et al.: the start year's last two digits become "01"
+START_YY = range(2, 99)  # both answer sets are non-empty and differ from the counterfactual's
+
+
+def year_sets(yy: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(answers, wrong_answers) for a start year ending in `yy`: "yy+1".."99" and "00".."yy"."""
+    return vocab.TWO_DIGITS[yy + 1 :], vocab.TWO_DIGITS[: yy + 1]
+
+
+def sentence(template: int, noun: str, century: int, yy: int) -> str:
+    """The prompt of template `template` for the start year century * 100 + yy."""
+    return TEMPLATES[template].format(noun=noun, start=f"{century}{yy:02d}", century=century)
+
+
+def _valid_years(tokenizer: Any) -> list[tuple[int, int]]:
+    """(century, yy) whose year " CCYY" is the tokens " CC" + "YY" (and so is " CC01")."""
+    if tokenizer is None:
+        return [(c, yy) for c in vocab.CENTURIES for yy in START_YY]
+    digits = {d: encode(tokenizer, d) for d in vocab.TWO_DIGITS}
+    bad = [d for d, ids in digits.items() if len(ids) != 1]
+    if bad:
+        raise TaskVocabularyError(
+            f"task 'greater_than': {len(bad)} of the 100 two-digit numbers are not a single token under "
+            f"tokenizer {tokenizer_name(tokenizer)!r} (e.g. {bad[0]!r}); the answer sets need all of them"
+        )
+    valid = []
+    for c in vocab.CENTURIES:
+        head = encode(tokenizer, f" {c}")
+        if len(head) != 1:
+            continue
+        ok = {yy for yy in range(100) if encode(tokenizer, f" {c}{yy:02d}") == head + digits[f"{yy:02d}"]}
+        if COUNTERFACTUAL_YY in ok:
+            valid += [(c, yy) for yy in START_YY if yy in ok]
+    return valid
+
+
+def greater_than(n: int = 64, seed: int = 0, tokenizer: Any = None) -> Dataset:
+    """Greater-than prompts; label = the start year's last two digits (2..98).
+
+    answers: the two-digit tokens greater than the start year's ("33".."99" for 1732), wrong_answers:
+    those not greater ("00".."32"). counterfactual: the same sentence with the start year ending in
+    "01". meta: noun, century, yy, start_year, template.
+    """
+    if n < 0:
+        raise ValueError(f"greater_than: n must be >= 0, got {n}")
+    nouns = single_tokens("greater_than", "nouns", vocab.GT_NOUNS, tokenizer, 1)
+    years = _valid_years(tokenizer)
+    if not years:
+        raise TaskVocabularyError(
+            f"task 'greater_than': no year of centuries {vocab.CENTURIES} tokenizes as [' CC', 'YY'] under "
+            f"tokenizer {tokenizer_name(tokenizer)!r}"
+        )
+    rng = random.Random(seed)
+    examples = []
+    for _ in range(n):
+        century, yy = rng.choice(years)
+        noun = rng.choice(nouns)
+        t = rng.randrange(len(TEMPLATES))
+
+        answers, wrong = year_sets(yy)
+        examples.append(
+            Example(
+                prompt=sentence(t, noun, century, yy),
+                counterfactual=sentence(t, noun, century, COUNTERFACTUAL_YY),
+                answers=answers,
+                wrong_answers=wrong,
+                label=yy,
+                meta={"noun": noun, "century": century, "yy": yy, "start_year": century * 100 + yy, "template": t},
+            )
+        )
+    return Dataset(
+        "greater_than",
+        tuple(examples),
+        description="Greater-than (Hanna et al. 2023); label = the start year's last two digits.",
+        params={"task": "greater_than", "n": n, "seed": seed, "tokenizer": tokenizer_name(tokenizer)},
+    )
