@@ -1,0 +1,341 @@
+"""The probing operation: where does a model represent a property of its input?
+
+Collect one feature vector per prompt at every site (batched forwards, `collect.py`), fit one linear
+probe per site (`fit_probes`: standardised features, regularisation chosen on validation rows only,
+scored once on held-out test rows), compare with the same probe on control labels (Hewitt & Liang
+2019: selectivity = held-out score minus the control's), and optionally ablate the probe direction
+in the model's forward pass to see whether the model uses it (`causal.py`). docs/probing.md has the
+method, the conventions and the references.
+
+Table: one row per site. test_* are held-out scores (the result; mean over folds, `_std` the sample
+std over folds); control_test_*, selectivity; train_* are training-row scores (a measure of fit,
+labelled as such, never the result); C / alpha chosen on validation rows; causal columns for the
+checked sites. per_prompt: every held-out prediction. Directions are saved as safetensors.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+import torch
+from pydantic import Field
+
+from ..data.examples import Dataset
+from ..data.tokenized import make_batches, pad_id
+from ..errors import ConfigError, DataError
+from ..models.adapter import ModelAdapter
+from ..operation import Operation, Plan, Prepared, model_bytes, register_operation
+from ..results.result import Result
+from ..sites import Sites
+from .causal import CausalCheck, check_units, chosen_sites, run_causal_check, validate_site_labels
+from .collect import bytes_per_example, collect, reads_of, setup_collection
+from .figures import probing_figures
+from .fit import DEFAULT_ALPHA_GRID, DEFAULT_C_GRID, MEMORY_BUDGET, _check_split, _encode_labels, _make_splits, \
+    fit_probes
+from .pooling import Pooling
+from .predict import held_out_predictions, held_out_scores, label_codes
+from .result import ProbeFit
+
+FILES = ["table.csv", "table.parquet", "per_prompt.csv", "per_prompt.parquet", "index.html", "manifest.json",
+         "directions.safetensors", "directions.json"]
+RESIDUAL_KINDS = ("embed", "pos_embed", "resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "result")
+
+
+@register_operation
+class Probing(Operation):
+    """Linear probes per site on held-out data, against a control task, with an optional causal check.
+
+    sites:        where to read (default: every layer's resid_post). With a position axis each row reads
+                  its position (negative: from each prompt's end); without one, `pooling` reduces positions.
+    pooling:      mean, max, first, last (default), marked / index ({type, key, occurrence}: a position
+                  per prompt from a meta key), or one you registered (kind "pooling").
+    head_pooling: per-head kinds read without a head axis: concat (default), mean, sum (kind "head_pooling").
+    labels:       "label" (each example's label) or a meta key ("meta.order" or "order").
+    task:         auto (strings, bools and integers with at most max_classes values: classification;
+                  other numbers: regression), classification (logistic) or regression (ridge).
+    split:        holdout (train/val/test fractions) or kfold (k folds: test, validation, training).
+    C_grid / alpha_grid: regularisation tried; chosen per site on validation rows only.
+    control:      shuffle (permuted labels), groups (one random label per value of meta `group_by`:
+                  Hewitt & Liang's type-level control) or null.
+    causal_check: ablate the probe directions during the forward pass (see CausalCheck).
+    fit_device:   where probes are fitted (default: the model's device); precision: float64 or float32.
+    lens_top_k:   residual-basis sites of binary/regression probes: the tokens each direction
+                  promotes and suppresses through W_U (the parameter lens; 0: off).
+    per_prompt:   keep every held-out prediction.
+    """
+
+    name = "probing"
+    sites: Sites = Field(default_factory=lambda: Sites(activation="resid_post", over=["layer"]))
+    pooling: Pooling | None = None
+    head_pooling: str = "concat"
+    labels: str = "label"
+    task: Literal["auto", "classification", "regression"] = "auto"
+    max_classes: int = Field(default=32, ge=2)
+    split: Literal["holdout", "kfold"] = "holdout"
+    k: int = Field(default=5, ge=3)
+    val_fraction: float = Field(default=0.2, gt=0, lt=1)
+    test_fraction: float = Field(default=0.2, gt=0, lt=1)
+    C_grid: list[float] | None = None
+    alpha_grid: list[float] | None = None
+    control: Literal["shuffle", "groups"] | None = "shuffle"
+    group_by: str | None = None
+    causal_check: CausalCheck | None = None
+    fit_device: str | None = None
+    precision: Literal["float64", "float32"] = "float64"
+    lens_top_k: int = Field(default=5, ge=0, le=50)
+    per_prompt: bool = True
+
+    # ------------------------------------------------------------------ prepare: every check, and the plan
+    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared:
+        assert data is not None
+        labels = self._labels(data)
+        task = infer_task(labels, self.max_classes) if self.task == "auto" else self.task
+        y_enc, classes = _encode_labels(labels, task)
+        grid = self._grid(task)
+        splits_kind, splits = _make_splits(self.split, y_enc, k=self.k, seed=self.seed,
+                                           val_fraction=self.val_fraction, test_fraction=self.test_fraction,
+                                           stratify=task == "classification")
+        K = len(classes) if classes is not None else None
+        for f, sp in enumerate(splits):
+            _check_split(sp, len(labels), y_enc, K, len(grid) > 1, f)
+        groups = self._groups(data)
+        check = self.causal_check
+        cs = setup_collection(model, data, self.sites, self.pooling, self.head_pooling, prepend_bos=self.prepend_bos,
+                              answers=check is not None,
+                              answer_scoring=check.answer_scoring if check else "single")
+        metric_fn = None
+        site_labels = [u.label for u in cs.units]
+        if len(set(site_labels)) != len(site_labels):
+            raise ConfigError("two probed sites have the same label", code="config_invalid",
+                              remedy="drop duplicated coordinates / groups from sites")
+        if check is not None:
+            metric_fn = check.metric.function()
+            _check_metric(metric_fn, model, cs.td)
+            check_units(model, cs.units, validate_site_labels(check, site_labels), self.head_pooling)
+        reads = reads_of(cs.units)
+        T = max(cs.td.lengths)
+        N = len(cs.td)
+        per_example = bytes_per_example(model, reads, T)
+        bs = self.choose_batch_size(per_example, N)
+        batches = make_batches(cs.td, bs, pad_id(model))
+        sizes = [u.size for u in cs.units]
+        n_checked = check.n_sites(len(cs.units)) if check else 0
+        forwards = N * (1 + n_checked * (2 if check and check.random_baseline else 1))
+        fit_bytes = min(MEMORY_BUDGET, 8 * len(sizes) * (4 * N * max(sizes) + 12 * N * (K or 1)))
+        notes = list(cs.notes)
+        classes_note = f" ({len(classes)} classes)" if classes is not None else ""
+        notes.append(f"task: {task}{classes_note}; labels from {self.labels!r}; split {splits_kind} "
+                     f"({len(splits)} fold(s)); control {self.control}")
+        if check:
+            notes.append(f"causal check: {n_checked} site(s) ablated, metric {check.metric.type}")
+        plan = Plan(self.name, rows=len(cs.units), forward_passes=forwards, backward_passes=0,
+                    batch_sizes=[len(b) for b in batches], examples=N,
+                    peak_memory_bytes=model_bytes(model) + bs * per_example + 4 * N * sum(sizes) + fit_bytes,
+                    files=FILES + (["causal_per_prompt.csv"] if check else []), notes=notes)
+        state = {"cs": cs, "batches": batches, "labels": labels, "task": task, "groups": groups, "grid": grid,
+                 "metric_fn": metric_fn}
+        return Prepared(model, data, plan, state)
+
+    def _labels(self, data: Dataset) -> list[Any]:
+        key = None if self.labels == "label" else self.labels.removeprefix("meta.")
+        values = []
+        for i, e in enumerate(data):
+            if key is None:
+                if e.label is None:
+                    raise DataError(f"example {i} has no label", code="data_no_labels",
+                                    remedy="use data with labels (ioi, facts, greater_than, or a 'label' field), "
+                                    "or labels: <meta key>")
+                values.append(e.label)
+            else:
+                if key not in e.meta:
+                    raise DataError(f"example {i} has no meta field {key!r} to take labels from",
+                                    code="data_field_missing", remedy=f"known meta fields: {sorted(e.meta)}")
+                values.append(e.meta[key])
+        bad = [v for v in values if not isinstance(v, (str, int, float, np.generic))]
+        if bad:
+            raise DataError(f"labels must be strings or numbers, got {type(bad[0]).__name__} ({bad[0]!r})",
+                            remedy="take labels from a field that holds one value per example")
+        return values
+
+    def _grid(self, task: str) -> list[float]:
+        given = self.C_grid if task == "classification" else self.alpha_grid
+        default = DEFAULT_C_GRID if task == "classification" else DEFAULT_ALPHA_GRID
+        grid = list(given if given is not None else default)
+        if not grid or any(not (g > 0 and math.isfinite(g)) for g in grid):
+            raise ConfigError(f"the regularisation grid must be positive finite numbers, got {grid}",
+                              remedy="e.g. C_grid: [0.01, 0.1, 1, 10]")
+        return grid
+
+    def _groups(self, data: Dataset) -> list[Any] | None:
+        if self.control != "groups":
+            if self.group_by is not None:
+                raise ConfigError("group_by is only used by control: groups",
+                                  remedy="set control: groups, or drop group_by")
+            return None
+        if self.group_by is None:
+            raise ConfigError("control: groups needs group_by, the meta field that names each example's group",
+                              remedy="e.g. group_by: template (IOI, facts) or group_by: country (facts)")
+        missing = [i for i, e in enumerate(data) if self.group_by not in e.meta]
+        if missing:
+            raise DataError(f"{len(missing)} examples have no meta field {self.group_by!r} (first: {missing[:5]})",
+                            code="data_field_missing", remedy="group by a meta field every example has")
+        return [str(e.meta[self.group_by]) for e in data]
+
+    # ------------------------------------------------------------------ execute
+    def execute(self, prepared: Prepared, *, quiet: bool = False) -> ProbingResult:
+        model, st = prepared.model, prepared.state
+        cs = st["cs"]
+        N = len(cs.td)
+        collected = collect(model, st["batches"], cs.units, cs.pool, cs.at, cs.head_pooling, N,
+                            metric=st["metric_fn"], quiet=quiet, desc="probing: collect")
+        fits: dict[int, ProbeFit] = {}
+        for F, idx in collected.bucket_units.items():
+            fits[F] = self._fit(collected.buckets[F], st, [cs.units[i].label for i in idx], control=self.control)
+        where = {i: (F, j) for F, idx in collected.bucket_units.items() for j, i in enumerate(idx)}
+        table = self._table(model, cs, fits, collected.bucket_units)
+        per_prompt = None
+        if self.per_prompt:
+            codes = {F: label_codes(fit, st["labels"]) for F, fit in fits.items()}
+            per_prompt = pd.concat([held_out_predictions(fits[F], collected.buckets[F], codes[F], st["labels"],
+                                                         [cs.units[i].label for i in idx])
+                                    for F, idx in collected.bucket_units.items()], ignore_index=True)
+        causal_frame = None
+        if self.causal_check is not None:
+            table, causal_frame = self._causal(model, st, cs, fits, where, collected, table, quiet)
+        title = f"probing {self.labels!r} at {cs.siteset.kind.name}"
+        extra: dict[str, Any] = {"fits": fits, "site_labels": [u.label for u in cs.units]}
+        if len(fits) == 1:
+            extra["fit"] = next(iter(fits.values()))
+        if causal_frame is not None:
+            extra["causal_per_prompt"] = causal_frame
+        return ProbingResult(self.name, table, per_prompt=per_prompt, figures=probing_figures, title=title,
+                             extra=extra)
+
+    def _fit(self, X: torch.Tensor, st: dict[str, Any], site_names: list[str], control: str | None) -> ProbeFit:
+        task = st["task"]
+        return fit_probes(X, st["labels"], task, split=self.split, k=self.k, seed=self.seed,
+                          val_fraction=self.val_fraction, test_fraction=self.test_fraction,
+                          C_grid=st["grid"] if task == "classification" else None,
+                          alpha_grid=st["grid"] if task == "regression" else None,
+                          control=control, groups=st["groups"] if control == "groups" else None,
+                          site_names=site_names, device=self.fit_device,
+                          dtype=torch.float64 if self.precision == "float64" else torch.float32)
+
+    def _table(self, model: ModelAdapter, cs: Any, fits: dict[int, ProbeFit],
+               bucket_units: dict[int, list[int]]) -> pd.DataFrame:
+        frames = []
+        for F, idx in bucket_units.items():
+            fit = fits[F]
+            frame = fit.to_frame()
+            frame.insert(1, "unit", idx)
+            frame.insert(2, "features", F)
+            frame["n_test"] = float(np.mean([sp.test.numel() for sp in fit.splits]))
+            frames.append(frame)
+        table = pd.concat(frames, ignore_index=True).sort_values("unit", kind="stable").reset_index(drop=True)
+        axes = cs.siteset.frame().drop(columns=["site"])
+        layers = [u.get("layer") for u in cs.siteset.units]
+        if "layer" not in axes and any(v is not None for v in layers):  # a layer fixed by the activation name
+            axes.insert(0, "layer", layers)
+        if "pos" not in cs.siteset.over and "position" not in axes:
+            axes["position"] = cs.pooling.type + (f":{cs.pooling.key}" if cs.pooling.key else "")
+        table = pd.concat([table[["site"]], axes.reset_index(drop=True), table.drop(columns=["site"])], axis=1)
+        table.insert(1, "activation", cs.siteset.kind.name)
+        if self.lens_top_k:
+            table = self._lens_columns(model, cs, fits, bucket_units, table)
+        return table.drop(columns=["unit"])
+
+    def _lens_columns(self, model: ModelAdapter, cs: Any, fits: dict[int, ProbeFit],
+                      bucket_units: dict[int, list[int]], table: pd.DataFrame) -> pd.DataFrame:
+        """Tokens each residual-basis direction pushes up / down through W_U (binary and regression)."""
+        d_model = model.structure.d_model
+        if cs.siteset.kind.name not in RESIDUAL_KINDS or d_model not in fits:
+            return table
+        fit = fits[d_model]
+        if fit.directions.shape[1] != 1:
+            return table
+        idx = [i for i in bucket_units[d_model] if len(cs.units[i].members) == 1]
+        if not idx:
+            return table
+        rows = [bucket_units[d_model].index(i) for i in idx]
+        W_U = model.weights.W_U
+        with torch.no_grad():
+            scores = fit.directions[rows, 0].to(W_U.device, W_U.dtype) @ W_U  # [S', V]
+        vocab = model.vocab_strings()
+        k = min(self.lens_top_k, scores.shape[-1])
+        top = scores.topk(k, -1).indices.cpu()
+        bottom = (-scores).topk(k, -1).indices.cpu()
+        up = {i: [vocab[t] for t in top[r].tolist()] for r, i in enumerate(idx)}
+        down = {i: [vocab[t] for t in bottom[r].tolist()] for r, i in enumerate(idx)}
+        table["lens_up"] = [" | ".join(up[i]) if i in up else None for i in table["unit"]]
+        table["lens_down"] = [" | ".join(down[i]) if i in down else None for i in table["unit"]]
+        return table
+
+    def _causal(self, model: ModelAdapter, st: dict[str, Any], cs: Any, fits: dict[int, ProbeFit],
+                where: dict[int, tuple[int, int]], collected: Any, table: pd.DataFrame,
+                quiet: bool) -> tuple[pd.DataFrame, pd.DataFrame]:
+        check = self.causal_check
+        assert check is not None and collected.metric is not None
+        primary = "accuracy" if st["task"] == "classification" else "r2"
+        rank_by = "selectivity" if "selectivity" in table else f"test_{primary}"
+        chosen = chosen_sites(check, list(table["site"]), table[rank_by].to_numpy(dtype=float))
+        check_units(model, cs.units, chosen, self.head_pooling)
+        codes = {F: label_codes(fit, st["labels"]) for F, fit in fits.items()}
+
+        def directions_of(u: int) -> torch.Tensor:
+            F, j = where[u]
+            return fits[F].directions[j]
+
+        def held_out(u: int, X: torch.Tensor) -> dict[str, torch.Tensor]:
+            F, j = where[u]
+            return {m: v[:, 0] for m, v in held_out_scores(fits[F], X[None], codes[F], sites=[j]).items()}
+
+        def refit(u: int, X: torch.Tensor) -> dict[str, torch.Tensor]:
+            fit = self._fit(X[None], st, [cs.units[u].label], control=None)
+            return {m: v[:, 0] for m, v in fit.test.items()}
+
+        summary, per_prompt = run_causal_check(
+            model, st["batches"], cs.units, chosen, cs.pool, cs.at, cs.head_pooling, len(cs.td),
+            directions_of=directions_of, held_out=held_out, refit=refit, primary=primary, check=check,
+            metric_fn=st["metric_fn"], metric_base=collected.metric, seed=self.seed, quiet=quiet)
+        return table.merge(summary, on="site", how="left"), per_prompt
+
+
+class ProbingResult(Result):
+    """A Result that also saves each fit's directions (safetensors + JSON) and the causal check per prompt."""
+
+    def save_extra(self, folder: Path, files: list[str]) -> None:
+        fits: dict[int, ProbeFit] = self.extra.get("fits", {})
+        for F, fit in fits.items():
+            name = "directions" if len(fits) == 1 else f"directions_d{F}"
+            path = fit.save_directions(folder / f"{name}.safetensors")
+            files += [path.name, path.with_suffix(".json").name]
+        causal = self.extra.get("causal_per_prompt")
+        if causal is not None:
+            causal.to_csv(folder / "causal_per_prompt.csv", index=False)
+            files.append("causal_per_prompt.csv")
+
+
+def infer_task(labels: list[Any], max_classes: int = 32) -> str:
+    """classification for strings, bools and integers with at most `max_classes` distinct values;
+    regression for other numbers."""
+    if any(isinstance(v, str) for v in labels) or all(isinstance(v, (bool, np.bool_)) for v in labels):
+        return "classification"
+    values = np.asarray(labels, dtype=np.float64)
+    if not np.all(np.isfinite(values)) or np.any(values != np.round(values)):
+        return "regression"
+    return "classification" if len(np.unique(values)) <= max_classes else "regression"
+
+
+def _check_metric(metric: Any, model: ModelAdapter, td: Any) -> None:
+    """Call the metric once on stand-in logits so that one the data cannot serve is refused now."""
+    V = model.structure.d_vocab
+    answers = torch.tensor([td.answers[0] or [-1]])
+    wrong = torch.tensor([td.wrong_answers[0] or [-1]])
+    out = metric(torch.zeros(1, V), answers, wrong, None)
+    if not isinstance(out, torch.Tensor) or out.shape != (1,):
+        raise ConfigError(f"the metric returned {getattr(out, 'shape', type(out))} for one prompt",
+                          code="metric_shape", remedy="a metric returns one value per row: shape [B]")

@@ -1,0 +1,186 @@
+"""Poolings: how one prompt's activations at a site become one feature vector for a probe.
+
+Over positions (registry kind "pooling"): `fn(x [B, T, ...], lengths [B], at [B] | None) -> [B, ...]`,
+on a right-padded batch (positions >= lengths[b] are padding and must not be read):
+  mean    mean over each prompt's real tokens
+  max     elementwise maximum over each prompt's real tokens
+  first   position 0 (with a prepended BOS this is the BOS token, the same for every prompt)
+  last    each prompt's last token
+  marked  the token at a per-prompt position found from a `meta` key: a token string looked up in the
+          prompt (the `occurrence`-th match; " John" and "John" both match the token " John") or an
+          index (negative from the prompt's end)
+  index   the token at a per-prompt index read from a `meta` key (integers only)
+A pooling that reads one position per prompt also says which (`positions`), so the causal check
+ablates exactly what the probe read; the others (mean, max, yours) are ablated at every position.
+
+Over heads (registry kind "head_pooling"), for per-head kinds (z, q, k, v, result) read without a
+head axis: `fn(x [B, H, d]) -> [B, F]`:
+  concat  all heads side by side (F = H * d)
+  mean    mean over heads (F = d)
+  sum     sum over heads (F = d; for `result` this is attn_out without its bias)
+
+Register your own with `@entoscope.register("pooling", "name")` (the function above; it gets `at`
+when the config names a `key`) or `@entoscope.register("head_pooling", "name")`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, model_validator
+from torch import Tensor
+
+from ..errors import ConfigError, DataError
+from ..registry import lookup, register
+
+PoolFn = Callable[[Tensor, Tensor, Tensor | None], Tensor]
+PositionsFn = Callable[[Tensor, Tensor | None], Tensor]
+POSITION_KEYED = ("marked", "index")  # built-ins that need a per-prompt position from `meta`
+
+
+def _real(x: Tensor, lengths: Tensor) -> Tensor:
+    """[B, T, 1, ...] mask of real (non-pad) positions, broadcastable to x."""
+    T = x.shape[1]
+    mask = torch.arange(T, device=x.device)[None, :] < lengths.to(x.device)[:, None]
+    return mask.reshape(*mask.shape, *([1] * (x.ndim - 2)))
+
+
+def _gather(x: Tensor, positions: Tensor) -> Tensor:
+    return x[torch.arange(x.shape[0], device=x.device), positions.to(x.device)]
+
+
+def reads_one_position(positions: PositionsFn) -> Callable[[PoolFn], PoolFn]:
+    """Mark a pooling as reading the single position `positions(lengths, at)` of each prompt."""
+    def mark(fn: PoolFn) -> PoolFn:
+        fn.positions = positions  # type: ignore[attr-defined]
+        return fn
+    return mark
+
+
+@register("pooling", "mean")
+def mean_pool(x: Tensor, lengths: Tensor, at: Tensor | None = None) -> Tensor:
+    mask = _real(x, lengths)
+    return (x * mask).sum(1) / lengths.to(x.device, x.dtype).reshape(-1, *([1] * (x.ndim - 2)))
+
+
+@register("pooling", "max")
+def max_pool(x: Tensor, lengths: Tensor, at: Tensor | None = None) -> Tensor:
+    return x.masked_fill(~_real(x, lengths), float("-inf")).amax(1)
+
+
+@register("pooling", "first")
+@reads_one_position(lambda lengths, at: torch.zeros_like(lengths))
+def first_pool(x: Tensor, lengths: Tensor, at: Tensor | None = None) -> Tensor:
+    return x[:, 0]
+
+
+@register("pooling", "last")
+@reads_one_position(lambda lengths, at: lengths - 1)
+def last_pool(x: Tensor, lengths: Tensor, at: Tensor | None = None) -> Tensor:
+    return _gather(x, lengths - 1)
+
+
+def _at(lengths: Tensor, at: Tensor | None) -> Tensor:
+    assert at is not None, "a keyed pooling got no positions"
+    return at
+
+
+@reads_one_position(_at)
+def at_pool(x: Tensor, lengths: Tensor, at: Tensor | None = None) -> Tensor:
+    return _gather(x, _at(lengths, at))
+
+
+register("pooling", "marked")(at_pool)
+register("pooling", "index")(at_pool)
+
+
+@register("head_pooling", "concat")
+def concat_heads(x: Tensor) -> Tensor:
+    return x.reshape(x.shape[0], -1)
+
+
+@register("head_pooling", "mean")
+def mean_heads(x: Tensor) -> Tensor:
+    return x.mean(1)
+
+
+@register("head_pooling", "sum")
+def sum_heads(x: Tensor) -> Tensor:
+    return x.sum(1)
+
+
+def head_pooled_size(name: str, n_heads: int, d: int) -> int:
+    """Feature size of a built-in head pooling; a user's pooling is measured on a stand-in."""
+    if name == "concat":
+        return n_heads * d
+    if name in ("mean", "sum"):
+        return d
+    return int(lookup("head_pooling", name)(torch.zeros(1, n_heads, d)).reshape(1, -1).shape[1])
+
+
+class Pooling(BaseModel):
+    """How positions are pooled: a registered name, or {type, key, occurrence}; a plain string works.
+
+    type:       mean, max, first, last, marked, index, or a pooling you registered.
+    key:        the `meta` key holding each prompt's position (marked: a token string or an index;
+                index: an index); negative indices count from the prompt's end.
+    occurrence: marked with a token string: which match (0 = first, -1 = last, ...).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: str = "last"
+    key: str | None = None
+    occurrence: int = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_string(cls, value: Any) -> Any:
+        return {"type": value} if isinstance(value, str) else value
+
+    def function(self) -> PoolFn:
+        fn = lookup("pooling", self.type)
+        if self.type in POSITION_KEYED and self.key is None:
+            raise ConfigError(f"pooling {self.type!r} needs `key`: the meta field that says where to read",
+                              code="pooling_needs_key",
+                              remedy="e.g. pooling: {type: marked, key: s, occurrence: -1} (IOI: the second "
+                              "mention of the subject)")
+        return fn
+
+    def positions(self, prompts: Sequence[Sequence[int]], metas: Sequence[Any], vocab: list[str]) -> Tensor | None:
+        """[N] absolute position of each prompt (from `key`), or None when no key is given."""
+        if self.key is None:
+            return None
+        out = []
+        for i, (ids, meta) in enumerate(zip(prompts, metas)):
+            if self.key not in meta:
+                raise DataError(f"example {i} has no meta field {self.key!r} (pooling {self.type!r})",
+                                code="data_field_missing",
+                                remedy=f"give every example meta.{self.key}, or another pooling key")
+            out.append(self._position(i, list(ids), meta[self.key], vocab))
+        return torch.tensor(out, dtype=torch.long)
+
+    def _position(self, i: int, ids: list[int], value: Any, vocab: list[str]) -> int:
+        n = len(ids)
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise DataError(f"example {i}: meta.{self.key} = {value!r} is neither a token index nor a token string",
+                            code="pooling_position_missing", remedy="store an int index or the token's text")
+        if isinstance(value, str):
+            if self.type == "index":
+                raise DataError(f"example {i}: pooling 'index' needs an integer in meta.{self.key}, got {value!r}",
+                                code="pooling_position_missing",
+                                remedy="use pooling type 'marked' to find a token string in the prompt")
+            target = value.strip()
+            matches = [p for p, t in enumerate(ids) if vocab[t] == value or vocab[t].strip() == target]
+            if not -len(matches) <= self.occurrence < len(matches):
+                pieces = [vocab[t] for t in ids]
+                raise DataError(f"example {i}: the token {value!r} (occurrence {self.occurrence}) is not in the "
+                                f"prompt, whose tokens are {pieces}", code="pooling_position_missing",
+                                remedy="mark a word that is one token of the prompt, or a token index")
+            return matches[self.occurrence]
+        if not -n <= value < n:
+            raise DataError(f"example {i}: position meta.{self.key} = {value} is outside its {n} tokens",
+                            code="pooling_position_missing", remedy=f"use -{n}..{n - 1}")
+        return value % n

@@ -1,0 +1,45 @@
+"""The probing section of `entoscope report`: two properties of the demo tasks, probed by layer.
+
+1. greater-than: the start year's last two digits (the task's `label`, 0-99: regression) at the last
+   positions of the residual stream. The model must carry them to the final token to say which
+   years are greater; at layer 0 (the embeddings) the last tokens hold no trace of them.
+2. IOI: the order of the names (`label`: 0 = ABBA, 1 = BABA) at the last token, 5-fold, with the
+   causal check (the direction projected out at the best layer, logit difference watched).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..registry import register
+
+
+def _examples(quick: bool) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    return [
+        ("greater-than: the start year's two digits (regression, held-out R^2) by layer and position",
+         {"sites": {"activation": "resid_pre", "over": ["layer", "position"], "positions": "-3:"},
+          "causal_check": {"metric": "prob_diff", "top": 1}},
+         {"task": "greater_than", "n": 96 if quick else 320, "seed": 11}),
+        ("IOI: which name comes first (ABBA / BABA) at the last token, 5-fold",
+         {"sites": {"activation": "resid_post", "over": ["layer"]}, "split": "kfold", "k": 5,
+          "causal_check": {"metric": "logit_diff", "top": 1}},
+         {"task": "ioi", "n": 160 if quick else 512, "seed": 11}),
+    ]
+
+
+@register("report_section", "probing")
+def probing_section(model: Any, folder: Path, quick: bool) -> tuple[str, str]:
+    """Probe the model for two task properties; the first Result is saved in `folder`, the other below it."""
+    from ..report import section_html
+    from .operation import Probing
+
+    parts = []
+    for i, (title, config, data) in enumerate(_examples(quick)):
+        result = Probing(**config).run(model, data, quiet=True)
+        where = Path(folder) if i == 0 else Path(folder) / f"example{i}"
+        result.save(where)
+        # the section is shown on the report page one folder up: link from there
+        link = "" if i == 0 else f'<p><a href="{Path(folder).name}/{where.name}/index.html">full results</a></p>'
+        parts.append(f"<h3>{title}</h3>" + section_html(result, max_rows=12) + link)
+    return ("probing: held-out scores against a control task, by layer", "".join(parts))
