@@ -266,6 +266,14 @@ def test_adding_to_attn_out_adds_to_the_residual(tiny):
     assert diff[0, :3].abs().max() == 0
 
 
+@pytest.mark.parametrize("kind", ["q", "k", "v", "z", "pattern", "mlp_post"])
+def test_gradients_reach_every_read_kind(tiny, kind):
+    a = adapt(tiny)
+    out = a.run(tokens(a), [f"{kind}.1"], grad=True)
+    (g,) = torch.autograd.grad(out.logits[0, -1, 5], out[f"{kind}.1"])
+    assert g is not None and g.abs().sum() > 0
+
+
 def test_gradients_flow_to_read_activations(tiny):
     a = adapt(tiny)
     toks = tokens(a)

@@ -8,7 +8,7 @@
 """
 
 from . import errors
-from .circuits import DirectLogitAttribution, HeadScores, InformationFlowRoutes
+from .circuits import Circuits, DirectLogitAttribution, HeadScores, InformationFlowRoutes
 from .data import Dataset, DataSpec, Example, load_data
 from .data import tasks
 from .errors import EntoscopeError
@@ -22,7 +22,7 @@ from .results import Result
 from .sites import Sites
 
 __version__ = "0.1.0.dev0"
-__all__ = ["ActName", "CachedModel", "Dataset", "DataSpec", "DirectLogitAttribution", "EntoscopeError", "Example", "HeadScores",
+__all__ = ["ActName", "CachedModel", "Circuits", "Dataset", "DataSpec", "DirectLogitAttribution", "EntoscopeError", "Example", "HeadScores",
            "InformationFlowRoutes", "Intervention", "Lens",
            "Metric", "ModelAdapter", "Operation", "ParameterLens", "Plan", "Probing", "Result", "Sites", "TunedLens", "adapt",
            "errors", "load_data", "load_model", "register", "tasks"]

@@ -351,8 +351,11 @@ class ModelAdapter:
 
     @staticmethod
     def _saver(store: dict[ActName, Tensor], act: ActName) -> Callable:
-        def hook(x: Tensor, hook: Any = None) -> None:
+        # Returning x matters: the bridge hands some hooks (q, k, v, z) a reshaped copy and only a
+        # returned tensor flows on, so a stored-but-not-returned copy would be off the autograd path.
+        def hook(x: Tensor, hook: Any = None) -> Tensor:
             store[act] = x
+            return x
         return hook
 
     def _intervention_hooks(self, ivs: Sequence[Intervention]) -> list[tuple[str, Callable]]:

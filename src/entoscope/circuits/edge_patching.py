@@ -1,0 +1,100 @@
+"""Running the model with a set of edges kept and every other edge fed its sender's corrupt value.
+
+Receiver r reads
+
+    input(r) = (its input in this run) - sum over patched senders s of (s_actual - s_corrupt)
+
+i.e. every kept edge carries the sender's output in this run, every patched edge the sender's output
+on the corrupt prompt (MIB / EAP-IG's `evaluate_graph` semantics). All edges kept reproduces the
+clean run; none kept, the corrupt run. The biases (attention b_O, MLP biases) are in every
+receiver's input whatever is kept. The mechanics (each receiver recomputed from its own residual)
+are in entoscope.models.split_inputs.PatchedRun.
+
+`EdgePatcher` holds, per batch, the corrupt run's sender outputs and the clean run's logits, then
+evaluates any number of circuits with one forward pass per circuit per batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from ..data.tokenized import Batch
+from ..metrics import at_positions
+from ..models.adapter import ModelAdapter
+from ..models.split_inputs import PatchedRun, sender_outputs, sender_reads
+from .graph import ComponentGraph
+
+MetricFn = Callable[[Tensor, Tensor, Tensor, Tensor | None], Tensor]
+
+
+def corrupt_senders(model: ModelAdapter, batch: Batch) -> tuple[Tensor, Tensor]:
+    """(sender outputs on the corrupt prompts [B, T, n_senders, d_model], corrupt logits [B, T, V])."""
+    assert batch.cf_tokens is not None
+    out = model.run(batch.cf_tokens, sender_reads(model.structure))
+    return sender_outputs(model, out.acts), out.logits
+
+
+def run_with_edges(model: ModelAdapter, tokens: Tensor, corrupt: Tensor, graph: ComponentGraph,
+                   kept: Tensor) -> Tensor:
+    """Logits [B, T, V] of a run where only the edges in `kept` ([n_senders, n_receivers] bool) carry
+    their sender's value in this run; every other edge of the graph carries its corrupt value."""
+    patched = (graph.mask & ~kept.bool()).to(corrupt.dtype)
+    with torch.no_grad():
+        return PatchedRun(model, corrupt, patched).run(tokens).logits
+
+
+class EdgePatcher:
+    """Evaluates circuits on a set of clean/corrupt batches with a metric.
+
+    The metric of a circuit is read at each prompt's last token with the clean run's logits as the
+    reference (so "kl" is KL(clean || circuit)). `forward_passes` counts the batched passes made.
+    """
+
+    def __init__(self, model: ModelAdapter, graph: ComponentGraph, batches: Sequence[Batch],
+                 metric: MetricFn) -> None:
+        self.model, self.graph, self.batches, self.metric = model, graph, list(batches), metric
+        self.forward_passes = 0
+        self._corrupt: list[Tensor] = []
+        self._reference: list[Tensor] = []
+        self._answers: list[tuple[Tensor, Tensor]] = []
+        full, empty = [], []
+        for b in self.batches:
+            assert b.answers is not None and b.wrong_answers is not None
+            C, corrupt_logits = corrupt_senders(model, b)
+            clean_logits = model.run(b.tokens).logits
+            self.forward_passes += 2
+            ref = at_positions(clean_logits, b.last)
+            answers, wrong = b.answers.to(ref.device), b.wrong_answers.to(ref.device)
+            self._corrupt.append(C)
+            self._reference.append(ref)
+            self._answers.append((answers, wrong))
+            full.append(metric(ref, answers, wrong, ref).cpu())
+            empty.append(metric(at_positions(corrupt_logits, b.last), answers, wrong, ref).cpu())
+        self.order = torch.tensor([i for b in self.batches for i in b.index])
+        self.full = self._in_order(torch.cat(full))
+        self.empty = self._in_order(torch.cat(empty))
+
+    def _in_order(self, values: Tensor) -> Tensor:
+        """Per-prompt values in dataset order."""
+        out = torch.empty_like(values)
+        out[self.order] = values
+        return out
+
+    def per_prompt(self, kept: Tensor) -> Tensor:
+        """The metric of the circuit `kept` for every prompt, in dataset order: [N]."""
+        values = []
+        for b, C, ref, (answers, wrong) in zip(self.batches, self._corrupt, self._reference, self._answers):
+            logits = run_with_edges(self.model, b.tokens, C, self.graph, kept)
+            self.forward_passes += 1
+            values.append(self.metric(at_positions(logits, b.last), answers, wrong, ref).cpu())
+        return self._in_order(torch.cat(values))
+
+    def mean(self, kept: Tensor) -> float:
+        return float(self.per_prompt(kept).mean())
+
+    @property
+    def passes_per_circuit(self) -> int:
+        return len(self.batches)

@@ -1,0 +1,102 @@
+"""Choosing circuits from edge scores, and how faithful they are (the MIB circuit track's measures).
+
+Selection (over the edges that exist; ties broken by the graph's edge order):
+  top_n      the n edges of largest |score| (largest score with absolute=False)
+  threshold  every edge with |score| >= t (score >= t with absolute=False)
+
+Faithfulness of a circuit C (edge patching: kept edges carry clean values, all others corrupt):
+
+    f(C) = (m(C) - m(empty)) / (m(full) - m(empty))
+
+with m the metric averaged over prompts, full = every edge kept (the clean run), empty = no edge
+kept (the corrupt run). The curve takes, for each fraction p of the edges (MIB's grid
+0.1%, 0.2%, 0.5%, 1%, 2%, 5%, 10%, 20%, 50%, 100% by default), the top n = floor(p * n_edges)
+edges. Following MIB (Mueller et al. 2025, "MIB: A Mechanistic Interpretability Benchmark", circuit
+localisation track; their `evaluate_area_under_curve`), with the trapezoid rule over the fractions
+themselves (linear axis):
+
+    CPR = sum_i (p_{i+1} - p_i) (f_i + f_{i+1}) / 2                     (higher is better)
+    CMD = sum_i (p_{i+1} - p_i) (|1 - f_i| + |1 - f_{i+1}|) / 2         (lower is better)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+import torch
+from torch import Tensor
+
+from ..errors import CheckFailedError
+from .edge_patching import EdgePatcher
+from .graph import Circuit, ComponentGraph
+
+MIB_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+def _ranked(graph: ComponentGraph, scores: Tensor, absolute: bool) -> tuple[Tensor, Tensor]:
+    """(flat indices of the existing edges, best first; their keys)."""
+    key = (scores.abs() if absolute else scores).detach().float().cpu()
+    flat = graph.mask.flatten().nonzero()[:, 0]
+    values = key.flatten()[flat]
+    order = torch.sort(values, descending=True, stable=True).indices
+    return flat[order], values[order]
+
+
+def top_n(graph: ComponentGraph, scores: Tensor, n: int, absolute: bool = True) -> Tensor:
+    """[n_senders, n_receivers] bool: the n best edges."""
+    flat, _ = _ranked(graph, scores, absolute)
+    kept = torch.zeros(graph.n_senders * graph.n_receivers, dtype=torch.bool)
+    kept[flat[: max(0, n)]] = True
+    return kept.view(graph.n_senders, graph.n_receivers)
+
+
+def above(graph: ComponentGraph, scores: Tensor, threshold: float, absolute: bool = True) -> Tensor:
+    """[n_senders, n_receivers] bool: the edges whose (absolute) score reaches `threshold`."""
+    key = (scores.abs() if absolute else scores).detach().float().cpu()
+    return graph.mask & (key >= threshold)
+
+
+def faithfulness(m_circuit: float, m_empty: float, m_full: float) -> float:
+    gap = m_full - m_empty
+    if gap == 0:
+        raise CheckFailedError(
+            f"the metric is the same on the clean and the corrupt prompts ({m_full:.4g}): faithfulness "
+            "divides by their difference", code="no_clean_corrupt_gap",
+            remedy="use a metric and counterfactuals for which the model behaves differently on the two")
+    return (m_circuit - m_empty) / gap
+
+
+def trapezoid(xs: Sequence[float], ys: Sequence[float]) -> float:
+    return sum((xs[i + 1] - xs[i]) * (ys[i] + ys[i + 1]) / 2 for i in range(len(xs) - 1))
+
+
+def cpr(fractions: Sequence[float], f: Sequence[float]) -> float:
+    """Area under the faithfulness curve (MIB's CPR)."""
+    return trapezoid(fractions, f)
+
+
+def cmd(fractions: Sequence[float], f: Sequence[float]) -> float:
+    """Area between the faithfulness curve and 1 (MIB's CMD), pointwise |1 - f| then trapezoids."""
+    return trapezoid(fractions, [abs(1 - v) for v in f])
+
+
+def faithfulness_curve(patcher: EdgePatcher, scores: Tensor, fractions: Sequence[float] = MIB_FRACTIONS,
+                       absolute: bool = True, progress_fn=None) -> tuple[pd.DataFrame, dict[str, float]]:
+    """One row per fraction (n edges requested, kept after pruning, metric, faithfulness) and
+    {cpr, cmd, m_full, m_empty}."""
+    graph = patcher.graph
+    m_full, m_empty = float(patcher.full.mean()), float(patcher.empty.mean())
+    rows = []
+    items = list(fractions)
+    for p in (progress_fn(items) if progress_fn else items):
+        n = int(p * graph.n_edges)
+        kept = top_n(graph, scores, n, absolute)
+        m = patcher.mean(kept)
+        rows.append({"fraction": p, "n_edges": n, "n_edges_pruned": Circuit(graph, kept=kept).pruned().n_kept,
+                     "metric": m, "faithfulness": faithfulness(m, m_empty, m_full)})
+    frame = pd.DataFrame(rows)
+    f = list(frame["faithfulness"]) if len(frame) else []
+    summary = {"cpr": cpr(items, f) if len(items) > 1 else float("nan"),
+               "cmd": cmd(items, f) if len(items) > 1 else float("nan"), "m_full": m_full, "m_empty": m_empty}
+    return frame, summary

@@ -1,0 +1,244 @@
+"""The `circuits` operation: edge scores (EAP, EAP-IG, exact patching) or ACDC on the component
+graph, a circuit chosen from them, and its faithfulness (curve, CPR, CMD) by edge patching.
+
+Conventions (docs/circuits.md): graph and names in entoscope.circuits.graph; scores in
+entoscope.circuits.eap (score = (s_corrupt - s_clean) . d metric / d input(r), summed over
+positions, averaged over prompts: negative when patching the edge lowers the metric); edge
+patching in entoscope.circuits.edge_patching; selection, faithfulness, CPR, CMD in
+entoscope.circuits.faithfulness; ACDC in entoscope.circuits.acdc.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import pandas as pd
+import torch
+from pydantic import Field, field_validator
+from torch import Tensor
+
+from ..data.examples import Dataset
+from ..data.tokenized import Batch, make_batches, pad_id, tokenize_data
+from ..errors import ConfigError
+from ..metrics import Metric
+from ..models.adapter import ModelAdapter
+from ..models.split_inputs import check_split, refuse_unsplittable
+from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
+from ..results.page import figure_div, write_page
+from ..results.result import Result
+from .acdc import acdc
+from .eap import Rule, edge_scores
+from .edge_patching import EdgePatcher
+from .faithfulness import MIB_FRACTIONS, above, faithfulness, faithfulness_curve, top_n
+from .graph import Circuit, ComponentGraph
+from .page import circuit_figure, faithfulness_figure
+
+Method = Literal["eap", "eap_ig", "exact", "acdc"]
+ROWS_PER_PASS = 32  # EAP-IG: prompts x integration points in one forward/backward pass
+
+
+@register_operation
+class Circuits(Operation):
+    """Circuit discovery: EAP / EAP-IG / exact edge scores or ACDC, with edge-patching faithfulness.
+
+    method:         "eap" (Syed et al. 2023), "eap_ig" (Hanna et al. 2024), "exact" (patch each edge
+                    alone: one forward pass per edge per batch) or "acdc" (Conmy et al. 2023).
+    metric:         the task metric (logit_diff, prob_diff, logprob, kl, ... or a registered one).
+    steps, rule:    EAP-IG's integration: steps and the Riemann rule (left, right, midpoint, trapezoid).
+    selection:      "top_n" (n_edges best by |score|; default 5% of the edges) or "threshold".
+    faithfulness:   fractions of edges for the faithfulness curve (MIB's grid by default; [] for none).
+    acdc_threshold: ACDC removes an edge whose damage to the metric is below this.
+    max_forward_passes: ACDC's budget of batched forward passes.
+    """
+
+    name = "circuits"
+    method: Method = Field(default="eap_ig", description="eap | eap_ig | exact | acdc")
+    metric: Metric = Field(default_factory=lambda: Metric(type="logit_diff"), description="task metric")
+    steps: int = Field(default=5, ge=1, le=1000, description="EAP-IG integration steps")
+    rule: Rule = Field(default="left", description="EAP-IG Riemann rule: left | right | midpoint | trapezoid")
+    selection: Literal["top_n", "threshold"] = Field(default="top_n", description="how the circuit is chosen")
+    n_edges: int | None = Field(default=None, ge=0, description="edges kept by top_n (default: 5% of the edges)")
+    threshold: float | None = Field(default=None, description="score threshold for selection=threshold")
+    absolute: bool = Field(default=True, description="rank and threshold by |score| (ACDC: |change| for task metrics)")
+    faithfulness: list[float] = Field(default_factory=lambda: list(MIB_FRACTIONS),
+                                      description="fractions of edges of the faithfulness curve")
+    acdc_threshold: float = Field(default=0.01, ge=0, description="ACDC: remove an edge whose damage is below this")
+    max_forward_passes: int | None = Field(default=None, ge=1, description="ACDC's budget of batched forward passes")
+    answer_scoring: Literal["single", "first_token"] = "single"
+
+    @field_validator("faithfulness")
+    @classmethod
+    def _fractions(cls, v: list[float]) -> list[float]:
+        if any(not 0 < p <= 1 for p in v) or any(a >= b for a, b in zip(v, v[1:])):
+            raise ValueError("fractions must be in (0, 1] and strictly increasing")
+        return v
+
+    # ------------------------------------------------------------------ prepare
+    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared:
+        assert data is not None
+        metric_fn = self.metric.function()  # an unknown metric is refused here
+        is_kl = self.metric.type == "kl"
+        if self.selection == "threshold" and self.threshold is None and self.method != "acdc":
+            raise ConfigError("selection 'threshold' needs a threshold", code="threshold_missing",
+                              remedy="give threshold: VALUE, or use selection: top_n")
+        refuse_unsplittable(model)
+        graph = ComponentGraph.from_structure(model.structure)
+        if self.n_edges is not None and self.n_edges > graph.n_edges:
+            raise ConfigError(f"n_edges={self.n_edges} but this model's graph has {graph.n_edges} edges",
+                              code="too_many_edges", remedy=f"use n_edges <= {graph.n_edges}")
+        td = tokenize_data(model, data, prepend_bos=self.prepend_bos, pairs=True,
+                           answers=data.has_answers or not is_kl, answer_scoring=self.answer_scoring)
+        s = model.structure
+        T = max(td.lengths)
+        d = s.d_model
+        # sender deltas (and their copies), logits, and what a backward pass keeps per layer
+        activations = 4 * T * (3 * s.d_vocab + s.n_layers * (20 * d + 4 * s.n_heads * T + 2 * s.d_mlp))
+        per_example = 4 * T * graph.n_senders * d * 3 + activations
+        if self.method in ("exact", "acdc") or self.faithfulness:
+            per_example += 4 * T * graph.n_senders * d  # corrupt sender outputs kept for patching
+        bs = self.choose_batch_size(per_example, len(td))
+        batches = make_batches(td, bs, pad_id(model))
+        for b in batches:
+            if b.answers is None:  # kl needs no answers
+                b.answers = b.wrong_answers = torch.full((len(b), 1), -1, dtype=torch.long)
+        nb = len(batches)
+        fwd, bwd, notes = 0, 0, []
+        if self.method in ("eap", "eap_ig"):
+            n_points = 1 if self.method == "eap" else self.steps + (1 if self.rule == "trapezoid" else 0)
+            fwd, bwd = nb * (2 + n_points), nb * n_points
+            if self.method == "eap" and is_kl:
+                notes.append("EAP with kl: the gradient of KL(clean || model) is zero on the clean run, so every "
+                             "score is 0; use eap_ig")
+        patching = self.method in ("exact", "acdc") or bool(self.faithfulness)
+        if patching:
+            fwd += 2 * nb
+        if self.method == "exact":
+            fwd += graph.n_edges * nb
+            notes.append(f"exact: one forward pass per edge ({graph.n_edges}) per batch")
+        if self.method == "acdc":
+            budget = self.max_forward_passes or graph.n_edges * nb
+            fwd += budget
+            notes.append(f"ACDC: at most {budget} forward passes (one per tried edge per batch)")
+        fwd += nb * (len(self.faithfulness) + 1 if self.method != "acdc" else 1)
+        rows = bs
+        if self.method == "eap_ig":  # integration points stacked in one pass, up to 32 rows
+            rows = max(bs, min(ROWS_PER_PASS, bs * (self.steps + 1)) // bs * bs)
+        plan = Plan(self.name, rows=graph.n_edges, forward_passes=fwd, backward_passes=bwd,
+                    batch_sizes=[len(b) for b in batches], examples=len(td),
+                    peak_memory_bytes=model_bytes(model) + bs * per_example + (rows - bs) * activations, notes=notes,
+                    files=["table.csv", "table.parquet", "index.html", "manifest.json", "circuit.json",
+                           "circuit.graphml", "circuit.html", "summary.json"]
+                    + (["faithfulness.csv"] if self.faithfulness and self.method != "acdc" else [])
+                    + (["acdc_decisions.csv"] if self.method == "acdc" else []))
+        return Prepared(model, data, plan, {"batches": batches, "graph": graph, "metric": metric_fn, "kl": is_kl})
+
+    # ------------------------------------------------------------------ execute
+    def execute(self, prepared: Prepared, *, quiet: bool = False) -> Result:
+        model, st = prepared.model, prepared.state
+        batches: list[Batch] = st["batches"]
+        graph: ComponentGraph = st["graph"]
+        check_split(model, batches[0].tokens)
+        patcher = None
+        if self.method in ("exact", "acdc") or self.faithfulness:
+            patcher = EdgePatcher(model, graph, batches, st["metric"])
+        summary: dict[str, Any] = {"method": self.method, "metric": self.metric.type, "n_edges_total": graph.n_edges}
+        curve = decisions = None
+        if self.method == "acdc":
+            assert patcher is not None
+            outcome = acdc(patcher, self.acdc_threshold, kl=st["kl"], absolute=self.absolute,
+                           max_forward_passes=self.max_forward_passes, quiet=quiet)
+            circuit, decisions = outcome.circuit, outcome.decisions
+            summary.update({"acdc_forward_passes": outcome.forward_passes,
+                            "acdc_budget_exhausted": outcome.budget_exhausted})
+        else:
+            scores = self._scores(model, graph, batches, st["metric"], patcher, quiet)
+            circuit = Circuit(graph, scores, self._select(graph, scores))
+            if patcher is not None and self.faithfulness:
+                curve, numbers = faithfulness_curve(
+                    patcher, circuit.scores, self.faithfulness, self.absolute,  # type: ignore[arg-type]
+                    progress_fn=lambda items: progress(items, total=len(items), desc="faithfulness", quiet=quiet))
+                summary.update(numbers)
+        per_prompt = None
+        summary["n_kept"] = circuit.n_kept
+        summary["n_kept_pruned"] = circuit.pruned().n_kept
+        if patcher is not None:
+            values = patcher.per_prompt(circuit.kept)
+            m_full, m_empty, m_circ = float(patcher.full.mean()), float(patcher.empty.mean()), float(values.mean())
+            summary.update({"m_full": m_full, "m_empty": m_empty, "m_circuit": m_circ,
+                            "faithfulness": faithfulness(m_circ, m_empty, m_full)})
+            per_prompt = pd.DataFrame({"example": range(len(values)), "metric_clean": patcher.full.tolist(),
+                                       "metric_corrupt": patcher.empty.tolist(), "metric_circuit": values.tolist()})
+        data_name = prepared.data.name if prepared.data is not None else "data"
+        return CircuitResult(self.name, circuit.table(), per_prompt=per_prompt, figures=_figures,
+                             title=f"circuit ({self.method}, {self.metric.type}) on {data_name}",
+                             extra={"circuit": circuit, "curve": curve, "summary": summary, "decisions": decisions})
+
+    def _scores(self, model: ModelAdapter, graph: ComponentGraph, batches: list[Batch], metric: Any,
+                patcher: EdgePatcher | None, quiet: bool) -> Tensor:
+        if self.method in ("eap", "eap_ig"):
+            return edge_scores(model, batches, metric, method=self.method,  # type: ignore[arg-type]
+                               steps=self.steps, rule=self.rule, rows_per_pass=ROWS_PER_PASS, quiet=quiet)
+        assert patcher is not None
+        return exact_scores(patcher, quiet=quiet)
+
+    def _select(self, graph: ComponentGraph, scores: Tensor) -> Tensor:
+        if self.selection == "threshold":
+            assert self.threshold is not None
+            return above(graph, scores, self.threshold, self.absolute)
+        n = self.n_edges if self.n_edges is not None else max(1, round(0.05 * graph.n_edges))
+        return top_n(graph, scores, n, self.absolute)
+
+
+def exact_scores(patcher: EdgePatcher, quiet: bool = False) -> Tensor:
+    """score(s -> r) = m(every edge kept but s -> r) - m(clean), averaged over prompts."""
+    graph = patcher.graph
+    scores = torch.zeros(graph.n_senders, graph.n_receivers)
+    m_full = float(patcher.full.mean())
+    for s, r in progress(graph.mask.nonzero().tolist(), total=graph.n_edges, desc="exact", quiet=quiet):
+        kept = graph.mask.clone()
+        kept[s, r] = False
+        scores[s, r] = patcher.mean(kept) - m_full
+    return scores
+
+
+class CircuitResult(Result):
+    """A Result that also saves the circuit (MIB JSON, GraphML, its drawing), the summary, the
+    faithfulness curve and ACDC's decisions."""
+
+    @property
+    def circuit(self) -> Circuit:
+        return self.extra["circuit"]
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        return self.extra["summary"]
+
+    def save_extra(self, folder: Path, files: list[str]) -> None:
+        self.circuit.save_json(folder / "circuit.json")
+        self.circuit.save_graphml(folder / "circuit.graphml")
+        js = "plotly.min.js" if (folder / "plotly.min.js").exists() else "../plotly.min.js"
+        write_page(folder / "circuit.html", self.title, [("circuit", figure_div(circuit_figure(self.circuit)))],
+                   js_relpath=js)
+        (folder / "summary.json").write_text(json.dumps(self.summary, indent=2, default=float), encoding="utf-8")
+        files += ["circuit.json", "circuit.graphml", "circuit.html", "summary.json"]
+        if self.extra.get("curve") is not None:
+            self.extra["curve"].to_csv(folder / "faithfulness.csv", index=False)
+            files.append("faithfulness.csv")
+        if self.extra.get("decisions") is not None:
+            self.extra["decisions"].to_csv(folder / "acdc_decisions.csv", index=False)
+            files.append("acdc_decisions.csv")
+
+
+def _figures(result: Result) -> list[tuple[str, Any]]:
+    circuit: Circuit = result.extra["circuit"]
+    s = result.extra["summary"]
+    title = f"circuit: {circuit.n_kept} of {circuit.graph.n_edges} edges"
+    if "faithfulness" in s:
+        title += f", faithfulness {s['faithfulness']:.3f}"
+    figs = [(title, circuit_figure(circuit, title=title))]
+    curve = result.extra.get("curve")
+    if curve is not None and len(curve):
+        figs.append((f"faithfulness curve (CPR {s['cpr']:.3f}, CMD {s['cmd']:.3f})", faithfulness_figure(curve)))
+    return figs
