@@ -50,7 +50,7 @@ def _lens_section(model: Any, folder: Path, quick: bool) -> tuple[str, str]:
 
     op = Lens(sites=Sites(activation="resid_post", over=["layer", "position"], positions="-8:"))
     result = op.run(model, {"task": "ioi", "n": 8 if quick else 32, "seed": 7}, quiet=True)
-    result.save(folder)
+    result.save(folder, assets_dir=folder.parent)
     return ("logit lens on IOI (last 8 positions)", section_html(result))
 
 
@@ -62,5 +62,5 @@ def _head_section(model: Any, folder: Path, quick: bool) -> tuple[str, str]:
     data = {"task": "repeated_tokens", "n": 8 if quick else 32, "seed": 3,
             "params": {"length": 20, "bos_token_id": a.bos_token_id}}
     result = HeadScores(period=20).run(model, data, quiet=True)
-    result.save(folder)
+    result.save(folder, assets_dir=folder.parent)
     return ("attention head scores on repeated random tokens (period 20)", section_html(result))

@@ -45,7 +45,7 @@ def circuits_section(model: Any, folder: Path, quick: bool) -> tuple[str, str]:
     n_edges = 20
     op = Circuits(method="eap_ig", steps=5, metric="logit_diff", n_edges=n_edges)
     result = op.run(model, {"task": "induction", "n": 16 if quick else 48, "seed": 11}, quiet=True)
-    result.save(folder)
+    result.save(folder, assets_dir=folder.parent)
     s = result.summary
     edges, _ = k_composition_edges(model, n=8 if quick else 16)
     ranks = result.table.set_index("edge")["rank"]

@@ -16,7 +16,7 @@ def dla_section(model: Any, folder: Path, quick: bool) -> tuple[str, str]:
 
     data = {"task": "ioi", "n": 8 if quick else 32, "seed": 7}
     result = DirectLogitAttribution(metric="logit_diff").run(model, data, quiet=True)
-    result.save(folder)
+    result.save(folder, assets_dir=folder.parent)
     identity = result.extra["identity"]
     figs = "".join(figure_div(fig) for _, fig in result.figures())
     top = result.table.reindex(result.table["mean"].abs().sort_values(ascending=False).index)

@@ -85,7 +85,9 @@ def _looks_like_hub_id(name: str) -> bool:
 def _load_folder(folder: Path, *, backend: Backend, compat: bool, device: str | None,
                  dtype: torch.dtype, name: str) -> Any:
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # a 3 MB model needs no "Loading weights" bar
     hf_model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype,
                                                     attn_implementation="eager")
     tokenizer = AutoTokenizer.from_pretrained(str(folder))

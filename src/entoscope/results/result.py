@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -47,11 +48,12 @@ class Result:
             raise ValueError(f"{self.operation} has no figure")
         return figs[0][1]
 
-    def save(self, folder: str | Path, *, shared_assets: bool = True) -> Path:
+    def save(self, folder: str | Path, *, assets_dir: str | Path | None = None) -> Path:
         """Write table.csv, table.parquet (+ per_prompt.*), index.html and manifest.json into `folder`.
 
-        plotly.min.js is written once into the parent folder (the run folder) and shared by every
-        page saved beside this one; `shared_assets=False` puts it in `folder` itself.
+        plotly.min.js is written once into `assets_dir` (default: the parent folder, i.e. the run
+        folder) and shared by every page saved there; pages saved deeper (a report's sections and
+        their examples) pass the report's folder as `assets_dir`.
         """
         out = Path(folder)
         out.mkdir(parents=True, exist_ok=True)
@@ -62,9 +64,9 @@ class Result:
             frame.to_csv(out / f"{name}.csv", index=False)
             _parquet_safe(frame).to_parquet(out / f"{name}.parquet", index=False)
             files += [f"{name}.csv", f"{name}.parquet"]
-        js_dir = out.parent if shared_assets else out
-        ensure_plotly_js(js_dir)
-        rel = "../plotly.min.js" if shared_assets else "plotly.min.js"
+        assets = Path(assets_dir) if assets_dir is not None else out.parent
+        ensure_plotly_js(assets)
+        rel = Path(os.path.relpath(assets.resolve() / "plotly.min.js", out.resolve())).as_posix()
         sections = [(t, figure_div(f)) for t, f in self.figures()]
         sections.append(("table", table_html(self.table)))
         summary = {k: self.manifest.get(k) for k in ("operation", "config", "timings", "created")} \
