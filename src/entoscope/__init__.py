@@ -16,6 +16,7 @@ from .lens import Lens, ParameterLens, TunedLens
 from .metrics import Metric
 from .models import ActName, CachedModel, Intervention, ModelAdapter, adapt, load_model
 from .operation import Operation, Plan
+from .patching import Patching
 from .probing import Probing
 from .registry import register
 from .results import Result
@@ -24,5 +25,5 @@ from .sites import Sites
 __version__ = "0.1.0.dev0"
 __all__ = ["ActName", "CachedModel", "Circuits", "Dataset", "DataSpec", "DirectLogitAttribution", "EntoscopeError", "Example", "HeadScores",
            "InformationFlowRoutes", "Intervention", "Lens",
-           "Metric", "ModelAdapter", "Operation", "ParameterLens", "Plan", "Probing", "Result", "Sites", "TunedLens", "adapt",
+           "Metric", "ModelAdapter", "Operation", "ParameterLens", "Patching", "Plan", "Probing", "Result", "Sites", "TunedLens", "adapt",
            "errors", "load_data", "load_model", "register", "tasks"]

@@ -182,7 +182,7 @@ def _train_lens(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import circuits, lens, probing  # noqa: F401  (register the operations)
+    from . import circuits, lens, patching, probing  # noqa: F401  (register the operations)
 
     p = argparse.ArgumentParser(prog="entoscope", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

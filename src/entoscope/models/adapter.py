@@ -313,19 +313,18 @@ class ModelAdapter:
         for act in acts:
             for base in self._sources(act):
                 hooks_needed[self._hook(base)] = base
-        if not ivs and not grad:
-            with torch.no_grad():
+        with torch.set_grad_enabled(grad):  # derived reads (result, unfolded norms) too
+            if not ivs and not grad:
                 logits, cache = self.runner.run_with_cache(
                     tokens, names_filter=sorted(hooks_needed), return_type="logits")
-            raw = {base: cache[h] for h, base in hooks_needed.items()}
-        else:
-            raw = {}
-            fwd_hooks = self._intervention_hooks(ivs)
-            for h, base in hooks_needed.items():
-                fwd_hooks.append((h, self._saver(raw, base)))
-            with torch.set_grad_enabled(grad):
+                raw = {base: cache[h] for h, base in hooks_needed.items()}
+            else:
+                raw = {}
+                fwd_hooks = self.intervention_hooks(ivs)
+                for h, base in hooks_needed.items():
+                    fwd_hooks.append((h, self._saver(raw, base)))
                 logits = self.tl.run_with_hooks(tokens, fwd_hooks=fwd_hooks, return_type="logits")
-        out = {act: self._derive(act, raw) for act in acts}
+            out = {act: self._derive(act, raw) for act in acts}
         return RunOutput(logits, out)
 
     def _sources(self, act: ActName) -> list[ActName]:
@@ -358,7 +357,8 @@ class ModelAdapter:
             return x
         return hook
 
-    def _intervention_hooks(self, ivs: Sequence[Intervention]) -> list[tuple[str, Callable]]:
+    def intervention_hooks(self, ivs: Sequence[Intervention]) -> list[tuple[str, Callable]]:
+        """(hook name, hook function) pairs that apply `ivs` (canonical names) in a backend run."""
         hooks: list[tuple[str, Callable]] = []
         for iv in ivs:
             act = iv.act

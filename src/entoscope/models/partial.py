@@ -1,0 +1,213 @@
+"""Runs that start part-way through the model, and the two attention taps patching needs.
+
+A patch at layer L leaves every earlier layer unchanged, and under causal attention a patch at
+position p leaves every earlier position unchanged. A HookedTransformer can start its forward at
+block L from a given residual stream (`start_at_layer`) and let the new positions attend to the
+unchanged ones through a frozen key/value cache, so a patched run only computes blocks L.. at
+positions p..; its logits are then read at the answer positions only (final norm and unembedding
+on those rows). TransformerBridge hands the layer loop to HuggingFace and refuses start_at_layer:
+there every run is a full forward, stopped after the last block so that only the answer rows are
+unembedded. `prefix_support(model)` says which path a model gets.
+
+The key/value cache holds what the attention's k and v hooks return (before rotary, which the
+attention applies to the whole key axis each run). That is what TransformerLens caches for the
+architectures listed in `_KV_AS_HOOKED`; others (query/key norms, clipped qkv, attention sinks,
+log-n scaling) start at a layer but not at a position.
+
+Rotated queries and keys (`rot_q`, `rot_k`) are not canonical activations; they are read here
+only to patch one query head's own copy of a shared key under grouped-query attention.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from .adapter import Intervention, ModelAdapter
+from .names import ActName, parse_name
+
+PrefixSupport = Literal["positions", "layers", "none"]
+TAPS = ("rot_q", "rot_k")  # readable and writable here, by layer: ActName("rot_k", L)
+_KV_AS_HOOKED = ("GPT2LMHeadModel", "GPTNeoXForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM",
+                 "MistralForCausalLM")  # the families entoscope builds and tests; others start at a layer only
+
+
+def prefix_support(model: ModelAdapter) -> PrefixSupport:
+    """How much of an unchanged prefix a patched run can skip on this model."""
+    if model.backend != "hooked":
+        return "none"
+    cfg = model.tl.cfg
+    if str(getattr(cfg, "positional_embedding_type", "standard")) not in ("standard", "rotary", "alibi"):
+        return "none"  # shortformer: positions are re-added at every layer from outside the residual
+    if getattr(cfg, "attention_dir", "causal") != "causal":
+        return "none"
+    quirks = (getattr(cfg, "use_qk_norm", False), getattr(cfg, "clip_qkv", None) is not None,
+              getattr(cfg, "use_attention_sinks", False), getattr(cfg, "use_logn_attn", False),
+              getattr(cfg, "use_split_qkv_input", False), getattr(cfg, "use_attn_in", False))
+    arch = str(getattr(cfg, "original_architecture", ""))
+    if any(quirks) or arch not in _KV_AS_HOOKED:
+        return "layers"
+    return "positions"
+
+
+@dataclass
+class Start:
+    """Where a batch of runs starts: block `layer`, positions `position`.. (0, 0 with tokens: a full run).
+
+    resid:  [R, T - position, d_model] the residual stream entering block `layer` at those positions.
+    keys, values: per block from `layer` on, [R, position, n_kv_heads, d_head]: the unchanged positions.
+    """
+
+    layer: int
+    position: int
+    resid: Tensor
+    keys: list[Tensor] = field(default_factory=list)
+    values: list[Tensor] = field(default_factory=list)
+
+
+def prefix_reads(model: ModelAdapter, layers: Sequence[int], positions: bool) -> list[ActName]:
+    """What a base run must read so that runs can start at any of `layers` (and positions)."""
+    reads = {ActName("resid_pre", L) for L in layers}
+    if positions and layers:
+        for L in range(min(layers), model.structure.n_layers):
+            reads |= {ActName("k", L), ActName("v", L)}
+    return sorted(reads)
+
+
+def slice_start(cache: dict[ActName, Tensor], rows: Tensor, layer: int, position: int, n_layers: int) -> Start:
+    """The Start of runs of `rows` (indices into the cached base runs) at `layer`, `position`."""
+    resid = cache[ActName("resid_pre", layer)][rows, position:]
+    keys, values = [], []
+    if position > 0:
+        keys = [cache[ActName("k", L)][rows, :position] for L in range(layer, n_layers)]
+        values = [cache[ActName("v", L)][rows, :position] for L in range(layer, n_layers)]
+    return Start(layer, position, resid, keys, values)
+
+
+def _tap_hook(act: ActName) -> str:
+    return f"blocks.{act.layer}.attn.hook_{act.kind}"
+
+
+def _act(name: ActName | str) -> ActName:
+    if isinstance(name, ActName):
+        return name
+    kind, _, layer = str(name).partition(".")
+    return ActName(kind, int(layer)) if kind in TAPS else parse_name(name)
+
+
+def _hooks(model: ModelAdapter, interventions: Sequence[Intervention]) -> list[tuple[str, Callable]]:
+    canonical, taps = [], []
+    for iv in interventions:
+        act = _act(iv.act)
+        if act.kind in TAPS:
+            taps.append((_tap_hook(act), lambda x, hook=None, fn=iv.fn: fn(x)))
+        else:
+            canonical.append(Intervention(model.resolve(act), iv.fn))
+    return model.intervention_hooks(canonical) + taps
+
+
+def has_taps(model: ModelAdapter, layer: int) -> bool:
+    """Whether rotated queries/keys can be tapped at `layer` (rotary models)."""
+    return _tap_hook(ActName("rot_k", layer)) in model.tl.hook_dict
+
+
+def logits_at(model: ModelAdapter, positions: Tensor, *, tokens: Tensor | None = None, start: Start | None = None,
+              interventions: Sequence[Intervention] = (), grad: bool = False) -> Tensor:
+    """Logits [R, d_vocab] at `positions` (indices into the run's own position axis) of a batch of runs.
+
+    Either `tokens` [R, T] (a full forward, any backend) or `start` (HookedTransformer only: blocks
+    start.layer.. on positions start.position..). Interventions may name `rot_q.L` / `rot_k.L`.
+    """
+    hooks = _hooks(model, interventions)
+    tl = model.tl
+    rows = torch.arange(len(positions), device=model.device)
+    last = model.structure.n_layers
+    with torch.set_grad_enabled(grad):
+        if start is None:
+            assert tokens is not None
+            if any(_act(iv.act).kind in ("final_scale", "logits") for iv in interventions):
+                logits = tl.run_with_hooks(tokens.to(model.device), fwd_hooks=hooks, return_type="logits")
+                return logits[rows, positions.to(model.device)]
+            resid = _final_residual(tl, tokens.to(model.device), hooks, f"blocks.{last - 1}.hook_resid_post")
+        else:
+            past = None
+            if start.position > 0:
+                past = [None] * last
+                for i, (k, v) in enumerate(zip(start.keys, start.values)):
+                    past[start.layer + i] = _kv_entry(k, v)
+            resid = tl.run_with_hooks(start.resid, start_at_layer=start.layer, stop_at_layer=last,
+                                      past_kv_cache=past, fwd_hooks=hooks)
+        return _unembed_rows(model, resid[rows, positions.to(model.device)])
+
+
+class _FinalResidual(Exception):
+    """Raised by a hook to end a forward once the last block's output is known (as TransformerLens's
+    own stop_at_layer does): the final norm and unembedding then run on the answer rows only."""
+
+
+def _final_residual(tl: Any, tokens: Tensor, hooks: list[tuple[str, Callable]], name: str) -> Tensor:
+    kept: dict[str, Tensor] = {}
+
+    def grab(x: Tensor, hook: Any = None) -> None:
+        kept["x"] = x
+        raise _FinalResidual
+
+    try:
+        tl.run_with_hooks(tokens, fwd_hooks=hooks + [(name, grab)], return_type=None)
+    except _FinalResidual:
+        pass
+    return kept["x"]
+
+
+def _unembed_rows(model: ModelAdapter, final: Tensor) -> Tensor:
+    """Logits [R, d_vocab] of final residual rows [R, d_model] (not tl.unembed: TransformerLens's copies
+    W_U.T, d_model x d_vocab, on every call)."""
+    tl = model.tl
+    normed = tl.ln_final(final[:, None])[:, 0]
+    logits = normed @ model.weights.W_U.to(normed.dtype) + model.weights.b_U.to(normed.dtype)
+    cap = float(getattr(tl.cfg, "output_logits_soft_cap", -1.0) or -1.0)
+    if cap > 0:
+        logits = cap * torch.tanh(logits / cap)
+    return logits
+
+
+def read_run(model: ModelAdapter, tokens: Tensor, reads: Sequence[ActName]) -> tuple[Tensor, dict[ActName, Tensor]]:
+    """One plain run: (logits [B, T, V], activations). With taps (rot_q/rot_k) every read is recorded by hooks."""
+    if not any(a.kind in TAPS for a in reads):
+        with torch.no_grad():  # ModelAdapter.run derives `result` outside its own no_grad
+            out = model.run(tokens, reads)
+        return out.logits, dict(out.acts)
+    store: dict[ActName, Tensor] = {}
+    ivs = [Intervention(a, _recorder(store, a)) for a in reads]
+    with torch.no_grad():
+        logits = model.tl.run_with_hooks(tokens.to(model.device), fwd_hooks=_hooks(model, ivs), return_type="logits")
+    return logits, store
+
+
+def _recorder(store: dict[ActName, Tensor], act: ActName) -> Callable[[Tensor], Tensor]:
+    def fn(x: Tensor) -> Tensor:
+        store[act] = x
+        return x
+    return fn
+
+
+def attention_scale(model: ModelAdapter) -> float:
+    """The divisor of q.k in attention scores (checked against the scores wherever it is used)."""
+    scale = float(getattr(model.tl.cfg, "attn_scale", -1.0) or -1.0)
+    use = bool(getattr(model.tl.cfg, "use_attn_scale", True))
+    if not use:
+        return 1.0
+    return scale if scale > 0 else model.structure.d_head ** 0.5
+
+
+def _kv_entry(keys: Tensor, values: Tensor) -> Any:
+    try:
+        from transformer_lens.cache.key_value_cache_entry import TransformerLensKeyValueCacheEntry
+    except ImportError:  # older releases
+        from transformer_lens.past_key_value_caching import (  # type: ignore[no-redef]
+            HookedTransformerKeyValueCacheEntry as TransformerLensKeyValueCacheEntry)
+    return TransformerLensKeyValueCacheEntry(keys, values, frozen=True)

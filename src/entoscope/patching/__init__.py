@@ -1,0 +1,7 @@
+"""Activation patching over datasets: exact (batched, prefix reuse), attribution, integrated gradients."""
+
+from . import report  # noqa: F401  (registers the report section)
+from .operation import Patching
+from .values import PatchInputs, PatchValue, patch_value
+
+__all__ = ["PatchInputs", "PatchValue", "Patching", "patch_value"]

@@ -1,0 +1,204 @@
+"""Exact patching, batched: many (prompt, patch) rows in one forward, each starting where it can.
+
+Every row is one example patched at one unit. Rows are sorted by the first layer their patch can
+change and, under causal attention, the first position; a batch of rows then runs blocks L.. on
+positions P.. only (HookedTransformer: `models.partial`), from the base runs' cached residual
+stream and keys/values, and reads logits at the answer positions alone. Which rows share a batch
+is chosen per layer by a small dynamic programme over the start positions: a batch costs a fixed
+overhead plus rows x (T - P) token-blocks. On a backend that cannot start part-way
+(TransformerBridge) every batch is a full forward of the rows' base prompts.
+
+All writes into one activation are one intervention that indexes rows (`writes.Edits`); values
+come from the unpatched runs (`writes.slot_values`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..errors import CheckFailedError
+from ..models.names import ActName
+from ..models.partial import attention_scale, logits_at, slice_start
+from .references import Chunk
+from .slots import Slots, grid_index, make_slots, row_starts
+from .writes import Edits, Setup, score_rows, slot_values
+
+OVERHEAD_TOKENS = 64  # what one more forward costs, in rows x positions (weights read, Python, hooks)
+
+
+@dataclass
+class RowBatch:
+    """Rows (example in the chunk, unit) run together from block `layer` (-1: a full run), position `position`."""
+
+    ex: Tensor
+    unit: Tensor
+    layer: int
+    position: int
+
+    def __len__(self) -> int:
+        return len(self.ex)
+
+
+def schedule(setup: Setup, base_len: Tensor, max_rows: int) -> list[RowBatch]:
+    """Every (example, unit) row of a chunk, in batches of at most `max_rows`."""
+    C, U = len(base_len), setup.n_units
+    ex = torch.arange(C).repeat_interleave(U)
+    unit = torch.arange(U).repeat(C)
+    if setup.path == "none":
+        return [RowBatch(ex[i:i + max_rows], unit[i:i + max_rows], -1, 0) for i in range(0, len(ex), max_rows)]
+    layer = setup.unit_layer[unit]
+    if setup.path == "positions":
+        start = torch.minimum(row_starts(setup.groups, ex, unit, base_len), base_len[ex] - 1)
+        start = torch.where(layer < 0, torch.zeros_like(start), start)
+    else:
+        start = torch.zeros_like(ex)
+    T = int(base_len.max())
+    order = torch.argsort(layer * (T + 1) + start, stable=True)
+    ex, unit, layer, start = ex[order], unit[order], layer[order], start[order]
+    batches = []
+    for L in torch.unique(layer).tolist():
+        sel = (layer == L).nonzero().flatten()
+        lo = int(sel[0])
+        for a, b in _split(start[sel], T, max_rows, full=L < 0):
+            for i in range(lo + a, lo + b, max_rows):
+                j = min(i + max_rows, lo + b)
+                batches.append(RowBatch(ex[i:j], unit[i:j], int(L), 0 if L < 0 else int(start[i])))
+    return batches
+
+
+def _split(starts: Tensor, T: int, max_rows: int, full: bool) -> list[tuple[int, int]]:
+    """Split sorted start positions into runs [a, b) minimising sum(overhead + rows x (T - first start))."""
+    n = len(starts)
+    values, counts = torch.unique_consecutive(starts, return_counts=True)
+    k = len(values)
+    if full or k == 1 or k > 512:
+        return [(0, n)]
+    cum = [0] + torch.cumsum(counts, 0).tolist()
+    v = values.tolist()
+    best = [0.0] + [math.inf] * k
+    back = [0] * (k + 1)
+    for j in range(1, k + 1):
+        for i in range(j):
+            rows = cum[j] - cum[i]
+            cost = best[i] + math.ceil(rows / max_rows) * OVERHEAD_TOKENS + rows * (T - v[i])
+            if cost < best[j]:
+                best[j], back[j] = cost, i
+    cuts, j = [], k
+    while j > 0:
+        cuts.append((cum[back[j]], cum[j]))
+        j = back[j]
+    return cuts[::-1]
+
+
+def exact_chunk(setup: Setup, chunk: Chunk, batches: list[RowBatch], tick: Callable[[], None]) -> Tensor:
+    """Patched metric of every (example, unit) of the chunk: [C, U] (float64)."""
+    model = setup.model
+    out = torch.full((len(chunk), setup.n_units), float("nan"), dtype=torch.float64)
+    base = chunk.acts["base"]
+    with torch.no_grad():
+        for b in batches:
+            edits = build_edits(setup, chunk, b)
+            positions = chunk.last[b.ex] - b.position
+            ivs = edits.interventions()
+            if b.layer < 0:
+                logits = logits_at(model, positions, tokens=chunk.base_tokens[b.ex], interventions=ivs)
+            else:
+                start = slice_start(base, b.ex.to(model.device), b.layer, b.position, model.structure.n_layers)
+                logits = logits_at(model, positions, start=start, interventions=ivs)
+            out[b.ex, b.unit] = score_rows(setup.metric, chunk, b.ex, logits).double().cpu()
+            tick()
+    return out
+
+
+def build_edits(setup: Setup, chunk: Chunk, b: RowBatch) -> Edits:
+    """One intervention per activation for the batch: every slot's value written where it belongs."""
+    edits = Edits()
+    T = chunk.base_tokens.shape[1]
+    sizes = setup.sizes(T)
+    for gi, g in enumerate(setup.groups):
+        slots = make_slots(g, b.ex, b.unit, chunk.base_len)
+        if not len(slots):
+            continue
+        values = slot_values(setup, chunk, slots, gi)
+        if not g.query_head:
+            edits.write(g.act, grid_index(slots, slots.row, sizes, run_offset=b.position), values)
+        elif g.act.kind == "v":
+            _query_head_v(edits, slots, values, T)
+        else:
+            _query_head_k(setup, edits, slots, values, T, rotary=setup.value_names[gi].kind == "rot_k")
+    return edits
+
+
+def _key_positions(slots: Slots, T: int) -> Tensor:
+    """[N, K] key positions a query-head k/v slot patches (one, or every position)."""
+    j = slots.group.axes.index("pos")
+    if slots.group.whole[j]:
+        return torch.arange(T).expand(len(slots), T)
+    return slots.target[:, j:j + 1]
+
+
+def _query_head_v(edits: Edits, slots: Slots, values: Tensor, T: int) -> None:
+    """Query head h's own copy of v: z_h += sum over patched keys of pattern_h(q, key) (v_new - v)."""
+    L = slots.group.act.layer
+    row, head = slots.row, slots.head
+    kv = slots.target[:, slots.group.axes.index("kv_head")]
+    keys = _key_positions(slots, T)
+    new = values.reshape(len(slots), keys.shape[1], -1)
+    pattern, v_name = ActName("pattern", L), ActName("v", L)
+    edits.capture(pattern)
+    edits.capture(v_name)
+
+    def edit(z: Tensor, seen: dict[ActName, Tensor]) -> Tensor:
+        p, v = seen[pattern], seen[v_name]
+        dev = z.device
+        r, h, k = row.to(dev), head.to(dev), keys.to(dev)
+        old = v[r[:, None], k - (p.shape[-1] - v.shape[1]), kv.to(dev)[:, None]]  # [N, K, d_head]
+        weight = p[r[:, None], h[:, None], :, k]  # [N, K, Tq]
+        change = torch.einsum("nkq,nkd->nqd", weight, new.to(dev, z.dtype) - old)
+        tq = torch.arange(z.shape[1], device=dev)
+        return z.index_put((r[:, None], tq[None, :], h[:, None]), change, accumulate=True)
+    edits.derive(ActName("z", L), edit)
+
+
+def _query_head_k(setup: Setup, edits: Edits, slots: Slots, values: Tensor, T: int, rotary: bool) -> None:
+    """Query head h's own copy of k: scores_h(q, key) += q_h . (k_new - k) / scale at the patched keys.
+
+    Under rotary the values are rotated keys (read from the hook after rotary), so q and k are the
+    rotated ones; the scale is checked against the run's own scores before any edit."""
+    L = slots.group.act.layer
+    row, head = slots.row, slots.head
+    kv = slots.target[:, slots.group.axes.index("kv_head")]
+    keys = _key_positions(slots, T)
+    new = values.reshape(len(slots), keys.shape[1], -1)
+    q_name = ActName("rot_q" if rotary else "q", L)
+    k_name = ActName("rot_k" if rotary else "k", L)
+    edits.capture(q_name)
+    edits.capture(k_name)
+    scale = attention_scale(setup.model)
+
+    def edit(scores: Tensor, seen: dict[ActName, Tensor]) -> Tensor:
+        q, k = seen[q_name], seen[k_name]
+        dev = scores.device
+        r, h, key = row.to(dev), head.to(dev), keys.to(dev)
+        Tq, Tk = scores.shape[-2], scores.shape[-1]
+        old = k[r[:, None], key - (Tk - k.shape[1]), kv.to(dev)[:, None]]  # [N, K, d_head]
+        qh = q[r, :, h]  # [N, Tq, d_head]
+        own = torch.einsum("nqd,nkd->nqk", qh, old) / scale
+        seen_scores = scores[r[:, None], h[:, None], :, key].transpose(1, 2)  # [N, Tq, K]
+        causal = key[:, None, :] <= (torch.arange(Tq, device=dev) + Tk - Tq)[None, :, None]
+        gap = (own - seen_scores).abs().masked_fill(~causal, 0).max() if causal.any() else own.new_zeros(())
+        if float(gap) > 1e-3 * (1 + float(own.abs().max())):
+            raise CheckFailedError(
+                f"patching a query head's own key copy at layer {L}: q.k/{scale:.4g} differs from this model's "
+                f"attention scores by {float(gap):.3g}", code="query_head_scores_mismatch",
+                remedy="use kv_mode: group on this model (its attention scores are not q.k/sqrt(d_head))")
+        change = torch.einsum("nqd,nkd->nqk", qh, new.to(dev, qh.dtype) - old) / scale
+        tq = torch.arange(Tq, device=dev)
+        return scores.index_put((r[:, None, None], h[:, None, None], tq[None, :, None], key[:, None, :]),
+                                change.to(scores.dtype), accumulate=True)
+    edits.derive(ActName("attn_scores", L), edit)

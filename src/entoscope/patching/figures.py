@@ -1,0 +1,81 @@
+"""Figures of a patching result: the site heatmap (layer x position with the first prompt's tokens on
+the axis, or layer x head), and the per-prompt drill-down (prompts x sites)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..results.result import Result
+
+MAX_DRILL_SITES = 400
+
+
+def _colour(values: np.ndarray) -> dict[str, Any]:
+    finite = values[np.isfinite(values)]
+    bound = float(np.abs(finite).max()) if finite.size else 1.0
+    return {"colorscale": "RdBu", "zmid": 0, "zmin": -bound or -1, "zmax": bound or 1}
+
+
+def _position_labels(result: Result, positions: list[int]) -> list[str]:
+    tokens = result.extra.get("first_tokens") or []
+    labels = []
+    for p in positions:
+        tok = tokens[p] if tokens and -len(tokens) <= p < len(tokens) else ""
+        labels.append(f"{p}: {tok!r}" if tok else str(p))
+    return labels
+
+
+def patching_figures(result: Result) -> list[tuple[str, Any]]:
+    import plotly.graph_objects as go
+
+    t = result.table
+    what = result.extra.get("value_label", "value")
+    figs: list[tuple[str, Any]] = []
+    has = {c for c in ("layer", "position", "head", "kv_head", "neuron") if c in t and t[c].notna().all()}
+    if {"layer", "position"} <= has and len(has) == 2:
+        grid = t.pivot_table(index="layer", columns="position", values="value", aggfunc="first")
+        cols = [int(c) for c in grid.columns]
+        fig = go.Figure(go.Heatmap(z=grid.values, x=_position_labels(result, cols), y=list(grid.index),
+                                   texttemplate="%{z:.2f}", **_colour(grid.values), colorbar={"title": what}))
+        fig.update_layout(xaxis_title="position: token of the first prompt's base run", yaxis_title="layer",
+                          height=160 + 32 * len(grid))
+        figs.append((f"{what} by layer and position", fig))
+    elif "layer" in has and ("head" in has or "kv_head" in has) and len(has) == 2:
+        head = "head" if "head" in has else "kv_head"
+        grid = t.pivot_table(index="layer", columns=head, values="value", aggfunc="first")
+        fig = go.Figure(go.Heatmap(z=grid.values, x=[f"h{int(h)}" for h in grid.columns], y=list(grid.index),
+                                   texttemplate="%{z:.2f}", **_colour(grid.values), colorbar={"title": what}))
+        fig.update_layout(xaxis_title=head.replace("_", "/"), yaxis_title="layer", height=160 + 32 * len(grid))
+        figs.append((f"{what} by layer and head", fig))
+    elif {"layer", "head", "position"} <= has:
+        rows = t.assign(lh=t["layer"].astype(int).astype(str) + "." + t["head"].astype(int).astype(str))
+        grid = rows.pivot_table(index="lh", columns="position", values="value", aggfunc="first", sort=False)
+        cols = [int(c) for c in grid.columns]
+        fig = go.Figure(go.Heatmap(z=grid.values, x=_position_labels(result, cols), y=list(grid.index),
+                                   **_colour(grid.values), colorbar={"title": what}))
+        fig.update_layout(xaxis_title="position", yaxis_title="layer.head", height=160 + 14 * len(grid))
+        figs.append((f"{what} by head and position", fig))
+    else:
+        fig = go.Figure(go.Bar(x=t["site"].astype(str), y=t["value"],
+                               error_y={"type": "data", "array": t["value_std"].fillna(0)}))
+        fig.update_layout(xaxis_title="site", yaxis_title=what, height=360)
+        figs.append((f"{what} by site", fig))
+    pp = result.per_prompt
+    if pp is not None and len(pp) and t["site"].nunique() <= MAX_DRILL_SITES:
+        column = result.extra.get("per_prompt_column", "difference")
+        grid = pp.pivot_table(index="example", columns="site", values=column, aggfunc="first", sort=False)
+        grid = grid[[s for s in t["site"] if s in grid.columns]]
+        fig = go.Figure(go.Heatmap(z=grid.values, x=list(grid.columns), y=[f"#{i}" for i in grid.index],
+                                   **_colour(grid.values), colorbar={"title": column}))
+        fig.update_layout(xaxis_title="site", yaxis_title="prompt", height=160 + 14 * len(grid))
+        figs.append((f"per prompt: {column} (NaN: pair with equal clean and corrupt metric)", fig))
+    return figs
+
+
+def degenerate_note(n_degenerate: int, n: int) -> str:
+    if not n_degenerate:
+        return ""
+    return (f" — {n_degenerate} of {n} pairs have equal clean and corrupt metric: their normalised values "
+            "are NaN (column degenerate)")

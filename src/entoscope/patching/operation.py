@@ -1,0 +1,420 @@
+"""The patching operation: activation patching over a dataset, exact or from gradients.
+
+Conventions (docs/patching.md has them all, with the papers):
+- denoising runs the corrupt (counterfactual) prompt and patches in values from the clean prompt;
+  noising runs the clean prompt and patches in values from the corrupt one. "base" is the run
+  being patched, "source" the other run of the pair. Answers are the clean prompt's.
+- the metric is read at the answer position (the last token) of EVERY prompt, per prompt; the
+  table averages over the dataset and per_prompt keeps every value.
+- comparisons (compare.py): absolute m_patched; difference m_patched - m_base; normalised
+  (m_patched - m_base) / (m_source - m_base), NaN and flagged for a pair whose two metrics are equal.
+- attribution and integrated gradients estimate m_patched - m_base (attribution.py: sign, rule).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from pydantic import Field
+
+from ..data.examples import Dataset
+from ..data.tokenized import length_batches, pad_id, tokenize_data
+from ..errors import ConfigError, DataError, SiteError
+from ..metrics import Metric
+from ..models.adapter import ModelAdapter
+from ..models.names import ActName
+from ..models.partial import has_taps, prefix_reads, prefix_support
+from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
+from ..results.result import Result
+from ..sites import Sites
+from .attribution import attribution_chunk, ig_chunk
+from .compare import per_pair, prompt_table, site_table
+from .exact import schedule, exact_chunk
+from .figures import degenerate_note, patching_figures
+from .references import Pairs, check_alignment, choose_partners, dataset_means, new_chunk, run_base, run_sources
+from .slots import SHIFTED_AXES, member_groups, unit_layers, unit_members
+from .values import get_patch_value
+from .writes import Setup
+
+FLOAT = 4  # bytes per activation element assumed by the memory estimates
+
+
+@register_operation
+class Patching(Operation):
+    """Activation patching over a dataset: exact, attribution or integrated gradients.
+
+    method:          "exact" (run the patched model), "attribution" (gradient x activation difference,
+                     Nanda 2023) or "integrated_gradients" (ig_steps points along the straight path).
+    direction:       "denoising" (run corrupt, patch in clean) or "noising" (run clean, patch in corrupt).
+    sites:           what to patch: a Sites grid (layer x position, layer x head, ...), groups patched
+                     together, or coordinates.
+    metric:          logit_diff, logit, prob, logprob, prob_diff, kl (to the unpatched run), top1, or yours.
+    comparison:      the table's `value`: normalized (0 = no effect, 1 = full recovery), difference, absolute.
+    patch:           the value written: source, zero, mean, resample, scaled, noise, or yours (kind "patch").
+    patch_params:    options of the patch value (mean: per_position; scaled: factor, of; noise: std).
+    source_position: cross-position patching: every unit reads its value at this position of the source
+                     run (negative: from its end) instead of at its own position.
+    align:           pairs of different token lengths: "none" refuses them; "start"/"end" align positions
+                     on the first/last tokens.
+    kv_mode:         grouped-query attention: a k/v site picked by query head patches its whole key/value
+                     group ("group") or only that query head's own copy ("query_head", exact only).
+    ig_steps, ig_rule: integrated gradients: number of points and where they sit (left, right, midpoint).
+    prefix_reuse:    start patched runs at the first changed layer (and position): auto, positions, layers, off.
+    min_gap:         a pair with |m_source - m_base| <= min_gap has no normalised value.
+    per_prompt:      keep the per-prompt table.
+    batch_size:      rows (prompt x patch) per patched forward; default from memory_budget_mb.
+    """
+
+    name = "patching"
+    method: Literal["exact", "attribution", "integrated_gradients"] = "exact"
+    direction: Literal["denoising", "noising"] = "denoising"
+    sites: Sites = Field(default_factory=lambda: Sites(activation="resid_pre", over=["layer", "position"]))
+    metric: Metric = Field(default_factory=Metric)
+    comparison: Literal["normalized", "difference", "absolute"] = "normalized"
+    patch: str = "source"
+    patch_params: dict[str, Any] = Field(default_factory=dict)
+    source_position: int | None = None
+    align: Literal["none", "start", "end"] = "none"
+    kv_mode: Literal["group", "query_head"] = "group"
+    ig_steps: int = Field(default=16, ge=1, le=4096)
+    ig_rule: Literal["left", "right", "midpoint"] = "midpoint"
+    prefix_reuse: Literal["auto", "positions", "layers", "off"] = "auto"
+    answer_scoring: Literal["single", "first_token"] = "single"
+    min_gap: float = Field(default=1e-6, ge=0)
+    per_prompt: bool = True
+
+    # ------------------------------------------------------------------ prepare: every check, and the plan
+    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared:
+        assert data is not None
+        value = get_patch_value(self.patch)
+        params = value.check_params(self.patch_params)
+        needs = value.runs(params)
+        self._check_data(data, needs)
+        td = tokenize_data(model, data, prepend_bos=self.prepend_bos, pairs=data.has_counterfactuals,
+                           answers=data.has_answers, answer_scoring=self.answer_scoring,
+                           align="refuse" if self.align == "none" else "end")
+        metric = self.metric.function()
+        self._check_metric(metric, model, td)
+        pairs = Pairs.from_data(td, self.direction)
+        base_len = pairs.base_lengths()
+        siteset = self.sites.resolve(model, base_len.tolist())
+        members = unit_members(siteset, model.structure, self.kv_mode)
+        groups = member_groups(members)
+        self._check_sites(model, groups, value, params)
+        self._check_positions(groups, pairs, needs, params)
+        value_names = [ActName("rot_k", g.act.layer) if g.query_head and g.act.kind == "k"
+                       and model.structure.positional == "rotary" else g.act for g in groups]
+        setup = Setup(model, groups, value_names, len(siteset), unit_layers(members), value, params, needs, metric,
+                      self.align, self.source_position, self.seed, self._path(model), pairs.source is not None)
+        reads = self._reads(model, setup)
+        lengths = [max(len(b), len(s)) for b, s in zip(pairs.base, pairs.source_role)]
+        T = max(lengths)
+        per_example = _bytes_per_example(model, reads, T)
+        if self.method == "attribution":
+            per_example += _backward_bytes(model, T)
+        chunk_size = max(1, min(len(td), 64, int(self.memory_budget_mb * 2**20 / 2) // max(1, per_example)))
+        if self.method == "attribution" and self.batch_size is not None:
+            chunk_size = min(len(td), self.batch_size)
+        chunks = length_batches(lengths, chunk_size)
+        rows = self._row_batch(model, T, setup)
+        schedules = [schedule(setup, base_len[idx], rows) for idx in chunks] if self.method == "exact" else []
+        plan = self._plan(model, td, siteset, setup, chunks, schedules, rows, per_example, T)
+        state = {"td": td, "pairs": pairs, "siteset": siteset, "setup": setup, "reads": reads, "chunks": chunks,
+                 "schedules": schedules, "rows": rows, "pad": pad_id(model), "mean_chunk": chunk_size,
+                 "ticks": self._ticks(chunks, schedules, rows, groups)}
+        return Prepared(model, data, plan, state)
+
+    def _check_metric(self, metric: Any, model: ModelAdapter, td: Any) -> None:
+        _probe_metric(metric, model, td)
+        zero_gradient = {"kl": "kl is zero with zero gradient at the base run (its minimum)",
+                         "top1": "top1 is piecewise constant: its gradient is zero almost everywhere"}
+        refused = ("kl", "top1") if self.method == "attribution" else ("top1",) if self.method != "exact" else ()
+        if self.metric.type in refused:
+            raise ConfigError(f"{self.method} of {self.metric.type} estimates nothing: "
+                              f"{zero_gradient[self.metric.type]}", code="metric_without_gradient",
+                              remedy="use method: exact with this metric, or a smooth metric (logit_diff, logprob, "
+                              "prob, prob_diff)")
+
+    def _check_positions(self, groups: list, pairs: Pairs, needs: frozenset[str], params: dict[str, Any]) -> None:
+        """Every patched position has a position to read in its source run (pairs, partners, means)."""
+        base_len = pairs.base_lengths()
+        if self.source_position is not None:
+            _check_source_position(groups)
+        if "source" in needs:
+            check_alignment(groups, base_len, pairs.source_lengths(), self.align, self.source_position, "pair")
+        if "resample" in needs:
+            pairs.partner = choose_partners(pairs, self.seed, same_length=self.align == "none")
+            partner_len = pairs.source_lengths()[torch.tensor(pairs.partner)]
+            check_alignment(groups, base_len, partner_len, self.align, self.source_position,
+                            "resample partner of example")
+        if "mean" in needs and params.get("per_position", True) and \
+                int(base_len.max()) > int(pairs.source_lengths().max()):
+            raise ConfigError("some base prompts are longer than every source-role prompt: the mean at their last "
+                              "positions would average nothing", code="mean_positions_missing",
+                              remedy="patch_params: {per_position: false}, or data whose runs have equal lengths")
+
+    def _ticks(self, chunks: list[list[int]], schedules: list, rows: int, groups: list) -> int:
+        """Batched patched runs in all (the progress bar's length)."""
+        if self.method == "exact":
+            return sum(len(sch) for sch in schedules)
+        if self.method == "attribution":
+            return len(chunks)
+        return sum(-(-len(c) * self.ig_steps // rows) for c in chunks) * len({g.act for g in groups})
+
+    def _check_data(self, data: Dataset, needs: frozenset[str]) -> None:
+        if data.has_counterfactuals:
+            return
+        why = [w for w, on in (("patch: source takes values from the other run of each pair", "source" in needs),
+                               ("comparison: normalized divides by the gap between the two runs",
+                                self.comparison == "normalized"),
+                               ("direction: denoising runs the corrupt prompt", self.direction == "denoising")) if on]
+        if why:
+            raise DataError(f"this patching config needs counterfactual prompts ({'; '.join(why)}), and "
+                            f"{data.name!r} has none", code="data_no_counterfactuals",
+                            remedy="use a task with counterfactuals (ioi, induction, facts, greater_than), or, to "
+                            "ablate plain prompts: direction: noising, comparison: difference, patch: zero/mean/"
+                            "resample/noise/scaled")
+
+    def _check_sites(self, model: ModelAdapter, groups: list, value: Any, params: dict[str, Any]) -> None:
+        query_head = any(g.query_head for g in groups)
+        for g in groups:
+            if g.act.kind == "logits":
+                raise SiteError("logits cannot be patched", code="site_not_writable",
+                                remedy="patch resid_post of the last layer")
+            if g.act.kind != "result":
+                model.hook_name(g.act)  # refuses what cannot be written on this model
+            if g.query_head and g.act.kind == "k" and model.structure.positional == "rotary":
+                if not has_taps(model, g.act.layer):
+                    raise ConfigError("this model does not expose rotated keys, needed to patch one query head's "
+                                      "own key copy", code="query_head_unsupported", remedy="use kv_mode: group")
+                if self.source_position is not None or self.align == "end":
+                    raise ConfigError("a query head's own key copy under rotary is patched with the source key at "
+                                      "the same position (rotary encodes the position)",
+                                      code="query_head_cross_position",
+                                      remedy="drop source_position / align: end, or use kv_mode: group")
+        if query_head and self.method != "exact":
+            raise ConfigError(f"kv_mode: query_head is patched exactly only, not with {self.method}",
+                              code="query_head_exact_only", remedy="use method: exact, or kv_mode: group")
+        if self.method == "integrated_gradients" and value.per_row:
+            raise ConfigError(f"patch {value.name!r} draws a different value per prompt and unit, so there is no "
+                              "single path to integrate along", code="ig_per_row_patch",
+                              remedy="use method: attribution or exact with this patch, or another patch value")
+        kinds = {g.act.kind for g in groups}
+        if self.patch == "mean" and not params.get("per_position", True) and kinds & {"pattern", "attn_scores"}:
+            raise ConfigError("a mean over all positions of an attention pattern has no meaning",
+                              code="mean_over_positions_pattern", remedy="keep per_position: true")
+
+    def _path(self, model: ModelAdapter) -> str:
+        support = prefix_support(model)
+        if self.prefix_reuse == "off" or self.method == "attribution":
+            return "none"
+        if self.prefix_reuse == "auto":
+            return support if self.method == "exact" else ("layers" if support != "none" else "none")
+        rank = {"none": 0, "layers": 1, "positions": 2}
+        if rank[support] < rank[self.prefix_reuse]:
+            raise ConfigError(f"prefix_reuse: {self.prefix_reuse} is not possible on this model (it supports "
+                              f"{support!r})", code="prefix_reuse_unsupported",
+                              remedy="use prefix_reuse: auto (TransformerBridge always runs full forwards; a "
+                              "HookedTransformer starts at a layer)")
+        if self.method == "integrated_gradients":
+            return "layers"
+        return self.prefix_reuse
+
+    def _reads(self, model: ModelAdapter, setup: Setup) -> dict[str, list[ActName]]:
+        names = sorted(set(setup.value_names))
+        base: set[ActName] = set()
+        if setup.path != "none":  # exact runs start at each unit's first layer, IG at each activation's
+            starts = setup.unit_layer.tolist() if self.method == "exact" else [g.act.layer for g in setup.groups]
+            layers = sorted({int(L) for L in starts if L is not None and L >= 0})
+            base |= set(prefix_reads(model, layers, positions=setup.path == "positions"))
+        if self.method != "exact":
+            base |= {g.act for g in setup.groups}
+        if "base" in setup.needs:
+            base |= set(names)
+        return {"base": sorted(base), "source": names if "source" in setup.needs else [],
+                "resample": names if "resample" in setup.needs else [], "mean": names if "mean" in setup.needs else []}
+
+    def _row_batch(self, model: ModelAdapter, T: int, setup: Setup) -> int:
+        if self.batch_size is not None:
+            return self.batch_size
+        s = model.structure
+        per_token = FLOAT * (s.d_model * 12 + s.d_mlp * 3 + s.n_heads * T * 3)
+        per_row = T * per_token + FLOAT * s.d_vocab * (T if setup.path == "none" else 1)
+        if self.method == "exact":
+            per_row += T * FLOAT * s.d_model * 2 * (2 if setup.path == "positions" else 1) * s.n_layers // 2
+        else:
+            per_row += _backward_bytes(model, T)
+        budget = int(self.memory_budget_mb * 2**20 / 2)
+        return max(1, min(1024, budget // max(1, per_row)))
+
+    def _plan(self, model: ModelAdapter, td: Any, siteset: Any, setup: Setup, chunks: list[list[int]],
+              schedules: list, rows: int, per_example: int, T: int) -> Plan:
+        E, U = len(td), len(siteset)
+        references = 1 + int(setup.with_source) + int("resample" in setup.needs)
+        mean = E if "mean" in setup.needs else 0
+        sizes = [len(c) for c in chunks] * references
+        notes = [siteset.note] if siteset.note else []
+        notes.append(self._roles_note(setup))
+        if self.method == "exact":
+            batches = [len(b) for sch in schedules for b in sch]
+            forward, backward = E * references + mean + E * U, 0
+            sizes += batches
+            notes.append(_path_note(setup.path))
+        elif self.method == "attribution":
+            forward, backward = E * references + mean, E
+            notes.append("attribution: per batch of prompts, one forward with gradients, one backward and one "
+                         "source forward, whatever the number of sites")
+        else:
+            acts = len({g.act for g in setup.groups})
+            runs = E * self.ig_steps * acts
+            forward, backward = E * references + mean + runs, runs
+            sizes += [min(rows, E * self.ig_steps)] * max(1, -(-runs // rows))
+            notes.append(f"integrated gradients: {self.ig_steps} points, {self.ig_rule} rule, alpha = "
+                         f"{_alpha_text(self.ig_rule)}; {_path_note(setup.path)}")
+        if any(g.query_head for g in setup.groups):
+            notes.append("k/v: each query head's own copy is patched (kv_mode query_head)")
+        elif {g.act.kind for g in setup.groups} & {"k", "v"} and model.structure.group_size > 1:
+            notes.append(f"k/v: grouped-query attention ({model.structure.group_size} query heads per key/value "
+                         "head): a k/v site patches the whole key/value group")
+        peak = model_bytes(model) + max(len(c) for c in chunks) * per_example + rows * per_example // max(1, T)
+        files = ["table.csv", "table.parquet"] + (["per_prompt.csv", "per_prompt.parquet"] if self.per_prompt
+                                                   else []) + ["index.html", "manifest.json"]
+        return Plan(self.name, rows=U, forward_passes=forward, backward_passes=backward, batch_sizes=sizes,
+                    peak_memory_bytes=int(peak), notes=notes, examples=E, files=files)
+
+    def _roles_note(self, setup: Setup) -> str:
+        if not setup.with_source:
+            return "no counterfactuals: each prompt is the run being patched"
+        if self.direction == "denoising":
+            return "denoising: the corrupt (counterfactual) prompt runs; values come from the clean prompt"
+        return "noising: the clean prompt runs; values come from the corrupt (counterfactual) prompt"
+
+    # ------------------------------------------------------------------ execute
+    def execute(self, prepared: Prepared, *, quiet: bool = False) -> Result:
+        model, st = prepared.model, prepared.state
+        setup: Setup = st["setup"]
+        pairs: Pairs = st["pairs"]
+        reads = st["reads"]
+        E, U = len(pairs.base), setup.n_units
+        if reads["mean"]:
+            setup.means = dataset_means(model, pairs, reads["mean"], bool(setup.params.get("per_position", True)),
+                                        st["mean_chunk"], st["pad"])
+        patched = torch.empty(E, U, dtype=torch.float64)
+        m_base = torch.empty(E, dtype=torch.float64)
+        m_source = torch.empty(E, dtype=torch.float64)
+        bar = iter(progress(range(st["ticks"]), total=st["ticks"], desc="patching", quiet=quiet))
+        tick = lambda: next(bar, None)  # noqa: E731  (one step per batched patched run)
+        for ci, idx in enumerate(st["chunks"]):
+            chunk = new_chunk(pairs, idx, st["pad"])
+            if self.method == "attribution":
+                estimate = attribution_chunk(setup, chunk, pairs, reads, st["pad"])
+                result = chunk.m_base.double().cpu()[:, None] + estimate
+                tick()
+            else:
+                with torch.no_grad():
+                    run_base(model, chunk, reads["base"], setup.metric)
+                    run_sources(model, chunk, pairs, reads, setup.metric, st["pad"], with_source=setup.with_source)
+                if self.method == "exact":
+                    result = exact_chunk(setup, chunk, st["schedules"][ci], tick)
+                else:
+                    estimate = ig_chunk(setup, chunk, self.ig_steps, self.ig_rule, st["rows"], tick)
+                    result = chunk.m_base.double().cpu()[:, None] + estimate
+            patched[idx] = result
+            m_base[idx] = chunk.m_base.double().cpu()
+            m_source[idx] = chunk.m_source.double().cpu()
+        return self._result(model, st, patched, m_base, m_source)
+
+    def _result(self, model: ModelAdapter, st: dict[str, Any], patched: torch.Tensor, m_base: torch.Tensor,
+                m_source: torch.Tensor) -> Result:
+        siteset, pairs = st["siteset"], st["pairs"]
+        values = per_pair(patched, m_base, m_source, self.min_gap)
+        sites = siteset.frame()
+        extra_cols: dict[str, Any] = {"method": self.method}
+        if siteset.kind.name in ("k", "v"):
+            grouped = model.structure.group_size > 1
+            extra_cols["kv_copy"] = "query head's own copy" if (self.kv_mode == "query_head" and grouped) \
+                else "key/value head (whole group)" if grouped else "key/value head"
+        table = site_table(values, sites, self.comparison, extra_cols)
+        per_prompt = None
+        if self.per_prompt:
+            positions, tokens = _patched_tokens(model, siteset, pairs)
+            per_prompt = prompt_table(values, sites, np.arange(len(pairs.base)), positions, tokens)
+        n_deg = int(values["degenerate"].sum())
+        vocab = model.vocab_strings()
+        label = f"{self.comparison} {self.metric.type}"
+        title = (f"{self.method.replace('_', ' ')} patching ({self.direction}, patch {self.patch}) of "
+                 f"{siteset.kind.name}: {label}" + degenerate_note(n_deg, len(pairs.base)))
+        extra = {"patched": patched, "m_base": m_base, "m_source": m_source, "n_degenerate": n_deg,
+                 "degenerate": values["degenerate"], "value_label": label,
+                 "per_prompt_column": {"absolute": "patched_metric"}.get(self.comparison, self.comparison),
+                 "first_tokens": [vocab[t] for t in pairs.base[0]], "path": st["setup"].path,
+                 "partners": pairs.partner}
+        return Result(self.name, table, per_prompt=per_prompt, figures=patching_figures, title=title, extra=extra)
+
+
+# ---------------------------------------------------------------------- helpers
+def _probe_metric(metric: Any, model: ModelAdapter, td: Any) -> None:
+    """Call the metric once on stand-in logits so that a metric the data cannot serve is refused now."""
+    V = model.structure.d_vocab
+    answers = torch.tensor([td.answers[0] or [-1]]) if td.answers else torch.tensor([[-1]])
+    wrong = torch.tensor([td.wrong_answers[0] or [-1]]) if td.wrong_answers else torch.tensor([[-1]])
+    logits = torch.zeros(1, V)
+    out = metric(logits, answers, wrong, logits)
+    if not isinstance(out, torch.Tensor) or out.shape != (1,):
+        raise ConfigError(f"the metric returned {getattr(out, 'shape', type(out))} for one prompt",
+                          code="metric_shape", remedy="a metric returns one value per row: shape [B]")
+
+
+def _check_source_position(groups: list) -> None:
+    for g in groups:
+        axes = [j for j, a in enumerate(g.axes) if a in SHIFTED_AXES]
+        if not axes or g.whole[axes[0]]:
+            raise SiteError("source_position needs every patched site at one position (it says where in the "
+                            "source run each value is read)", code="source_position_needs_position",
+                            remedy="add position to sites.over, or give positions in coordinates")
+
+
+def _bytes_per_example(model: ModelAdapter, reads: dict[str, list[ActName]], T: int) -> int:
+    total = 0
+    for run, names in reads.items():
+        for name in names:
+            kind = {"rot_k": "k", "rot_q": "q"}.get(name.kind, name.kind)
+            total += int(np.prod(list(model.axis_sizes(kind, T).values()))) * FLOAT
+    return total + 2 * T * model.structure.d_vocab * FLOAT
+
+
+def _backward_bytes(model: ModelAdapter, T: int) -> int:
+    """Activations one prompt keeps for a backward pass (every block's, roughly)."""
+    s = model.structure
+    return s.n_layers * T * FLOAT * (s.d_model * 16 + s.d_mlp * 4 + s.n_heads * T * 4)
+
+
+def _patched_tokens(model: ModelAdapter, siteset: Any, pairs: Pairs) -> tuple[np.ndarray, np.ndarray]:
+    """[E, U] absolute position each unit patches in each base prompt, and the token there ('' if none)."""
+    vocab = model.vocab_strings()
+    E, U = len(pairs.base), len(siteset)
+    unit_pos = np.array([np.nan if (p := (u.get("pos") if u.get("pos") is not None else u.get("query_pos"))) is None
+                         else p for u in siteset.units], dtype=float)
+    lengths = np.array([len(b) for b in pairs.base], dtype=float)[:, None]
+    pos = np.where(unit_pos[None, :] < 0, unit_pos[None, :] + lengths, unit_pos[None, :])
+    tokens = np.full((E, U), "", dtype=object)
+    if np.isfinite(unit_pos).any():
+        cols = np.isfinite(unit_pos)
+        for e in range(E):  # one lookup per example, vectorised over units
+            ids = np.asarray(pairs.base[e])
+            tokens[e, cols] = [vocab[i] for i in ids[pos[e, cols].astype(int)]]
+    return pos, tokens
+
+
+def _path_note(path: str) -> str:
+    return {"positions": "patched runs start at the first changed layer and position (HookedTransformer "
+                         "start_at_layer + frozen key/value cache); logits read at the answer positions only",
+            "layers": "patched runs start at the first changed layer (HookedTransformer start_at_layer)",
+            "none": "every patched run is a full forward (this backend cannot start part-way, or prefix_reuse: off)",
+            }[path]
+
+
+def _alpha_text(rule: str) -> str:
+    return {"left": "k/m for k = 0..m-1", "right": "k/m for k = 1..m", "midpoint": "(k + 1/2)/m for k = 0..m-1"}[rule]
