@@ -35,6 +35,8 @@ def patching_section(model: Any, folder: Path, quick: bool) -> tuple[str, str]:
     for i, (title, config, data) in enumerate(_examples(quick)):
         result = Patching(**config).run(model, data, quiet=True)
         where = Path(folder) if i == 0 else Path(folder) / f"example{i}"
-X
+        result.save(where, assets_dir=Path(folder).parent)
+        # the section is shown on the report page one folder up: link from there
+        link = "" if i == 0 else f'<p><a href="{Path(folder).name}/{where.name}/index.html">full results</a></p>'
         parts.append(f"<h3>{title}</h3>" + section_html(result, max_rows=6) + link)
     return ("activation patching (exact, denoising)", "".join(parts))
