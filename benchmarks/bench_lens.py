@@ -1,8 +1,9 @@
 """Logit lens over all layers x positions for 64 prompts on a GPT-2-small-sized random model,
 against a plain TransformerLens loop (run_with_cache + accumulated_resid(apply_ln=True) + W_U per
-prompt) in the same script. Threads: 2 (the machine's cores), set below.
+prompt) in the same script. Threads: --threads (default 1; two busy threads on a shared 2-core machine
+are erratic), set for torch before anything runs.
 
-    python benchmarks/bench_lens.py [--quick]
+    python benchmarks/bench_lens.py [--threads 1] [--quick]
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ def tl_loop(model, prompts, k):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="8 prompts instead of 64")
+    ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
-    threads = set_threads(2)
+    threads = set_threads(args.threads)
     import entoscope as es
 
     n = 8 if args.quick else 64

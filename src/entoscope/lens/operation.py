@@ -113,8 +113,10 @@ class Lens(Operation):
         for batch in progress(st["batches"], total=len(st["batches"]), desc="lens", quiet=quiet):
             out = model.run(batch.tokens, st["reads"])
             vectors, scales, positions = _gather(model, out.acts, rows, kind, batch.lengths, self.component_scale)
-            final_logp = out.logits.log_softmax(-1)
+            final_logp = out.logits.float().log_softmax(-1)
+            final_p = final_logp.exp()
             b_idx = torch.arange(len(batch))
+            tokens = batch.tokens.tolist()
             for start in range(0, len(rows), st["chunk"]):
                 sl = slice(start, start + st["chunk"])
                 vec = vectors[sl]  # [U, B, d_model]
@@ -125,31 +127,36 @@ class Lens(Operation):
                     logits = decode_states(model, vec)
                 else:
                     logits = decode_components(model, vec, None if scales is None else scales[sl])
-                logp = logits.log_softmax(-1).double()  # [U, B, V]
+                logits = logits.float()
+                logp = logits.log_softmax(-1)  # [U, B, V]
+                p = logp.exp()
                 pos = positions[sl]  # [U, B]
-                ref = final_logp[b_idx[None, :], pos].double()  # [U, B, V]
-                kl = (ref.exp() * (ref - logp)).sum(-1)
-                prob_sum[sl] += logp.exp().sum(1)
-                top_p, top_i = logp.exp().topk(k, dim=-1)
+                # KL(final || lens) = sum_v p_final (log p_final - log p_lens)
+                kl = (final_p[b_idx[None, :], pos] * (final_logp[b_idx[None, :], pos] - logp)).sum(-1)
+                prob_sum[sl] += p.sum(1, dtype=prob_sum.dtype)
+                top_lp, top_i = logp.topk(k, dim=-1)
+                top_p, top_i = top_lp.exp().tolist(), top_i.tolist()
+                kl, pos_l = kl.tolist(), pos.tolist()
                 target = None
                 if batch.answers is not None:
                     target = batch.answers[:, 0]
                     t_logit = logits.gather(-1, target[None, :, None].expand(logits.shape[0], -1, 1))[..., 0]
-                    t_logp = logp.gather(-1, target[None, :, None].expand(logp.shape[0], -1, 1))[..., 0]
-                    t_rank = (logits > t_logit[..., None]).sum(-1)
+                    t_prob = p.gather(-1, target[None, :, None].expand(p.shape[0], -1, 1))[..., 0].tolist()
+                    t_rank = (logits > t_logit[..., None]).sum(-1).tolist()
+                    t_logit, target = t_logit.tolist(), target.tolist()
                 for u in range(logits.shape[0]):
                     r = rows[start + u]
                     for j, ex in enumerate(batch.index):
-                        rec = {"example": ex, **r["cols"], "token_position": int(pos[u, j]),
-                               "token": vocab[int(batch.tokens[j, pos[u, j]])],
-                               "kl_to_final": float(kl[u, j])}
+                        rec = {"example": ex, **r["cols"], "token_position": pos_l[u][j],
+                               "token": vocab[tokens[j][pos_l[u][j]]],
+                               "kl_to_final": kl[u][j]}
                         for t in range(k):
-                            rec[f"top{t + 1}_token"] = vocab[int(top_i[u, j, t])]
-                            rec[f"top{t + 1}_prob"] = float(top_p[u, j, t])
+                            rec[f"top{t + 1}_token"] = vocab[top_i[u][j][t]]
+                            rec[f"top{t + 1}_prob"] = top_p[u][j][t]
                         if target is not None:
-                            rec.update({"target": vocab[int(target[j])],
-                                        "target_rank": int(t_rank[u, j]), "target_prob": float(t_logp[u, j].exp()),
-                                        "target_logit": float(t_logit[u, j])})
+                            rec.update({"target": vocab[target[j]],
+                                        "target_rank": t_rank[u][j], "target_prob": t_prob[u][j],
+                                        "target_logit": t_logit[u][j]})
                         records.append(rec)
 
 
