@@ -307,6 +307,24 @@ def test_right_padded_batch_equals_one_prompt_runs(tiny):
         torch.testing.assert_close(out["pattern.0"][row, :, :n, :n], alone["pattern.0"][0], atol=1e-6, rtol=0)
 
 
+def test_a_run_without_logits_stops_after_the_last_block_read(tiny):
+    a = adapt(tiny)
+    x = tokens(a)
+    full = a.run(x, ["resid_post.0", "z.0"])
+    calls = []
+    handle = a.tl.blocks[-1].register_forward_hook(lambda *args: calls.append(1))
+    try:
+        short = a.run(x, ["resid_post.0", "z.0"], logits=False)
+        assert short.logits is None
+        assert calls == []  # the last block never ran (the tiny models have 2+ layers)
+        for name in ("resid_post.0", "z.0"):
+            torch.testing.assert_close(short[name], full[name], atol=1e-6, rtol=0)
+        everything = a.run(x, ["resid_post.0", "final_scale"], logits=False)  # a read after the blocks
+        assert everything.logits is None and calls == [1]
+    finally:
+        handle.remove()
+
+
 # ---------------------------------------------------------------- names
 def test_aliases_resolve_to_canonical_names():
     assert parse_name("blocks.5.hook_resid_post") == ActName("resid_post", 5)

@@ -58,9 +58,10 @@ class Intervention:
 
 @dataclass
 class RunOutput:
-    """What a run returns: the logits [batch, pos, vocab] and the activations asked for."""
+    """What a run returns: the logits [batch, pos, vocab] (None for a run with logits=False) and the
+    activations asked for."""
 
-    logits: Tensor
+    logits: Tensor | None
     acts: dict[ActName, Tensor] = field(default_factory=dict)
 
     def __getitem__(self, name: ActName | str) -> Tensor:
@@ -298,8 +299,11 @@ class ModelAdapter:
 
     # ------------------------------------------------------------------ runs
     def run(self, tokens: Tensor, read: Iterable[ActName | str] = (), *,
-            interventions: Sequence[Intervention] = (), grad: bool = False) -> RunOutput:
+            interventions: Sequence[Intervention] = (), grad: bool = False, logits: bool = True) -> RunOutput:
         """One batched forward pass: logits and the activations named in `read`.
+
+        With logits=False a read-only run stops after the last block it reads (TransformerLens's
+        stop_at_layer), skipping the later blocks, the final norm and the unembedding; `.logits` is None.
 
         Without interventions or gradients the run goes through `run_with_cache` (so a CachedModel
         serves it from disk); otherwise through `run_with_hooks`, never cached. With `grad=True`
@@ -314,18 +318,26 @@ class ModelAdapter:
             for base in self._sources(act):
                 hooks_needed[self._hook(base)] = base
         with torch.set_grad_enabled(grad):  # derived reads (result, unfolded norms) too
+            stop = None if logits or ivs or grad else self._stop_layer(list(hooks_needed.values()))
             if not ivs and not grad:
-                logits, cache = self.runner.run_with_cache(
-                    tokens, names_filter=sorted(hooks_needed), return_type="logits")
+                kw = {} if stop is None else {"stop_at_layer": stop}
+                out_logits, cache = self.runner.run_with_cache(
+                    tokens, names_filter=sorted(hooks_needed), return_type="logits", **kw)
                 raw = {base: cache[h] for h, base in hooks_needed.items()}
             else:
                 raw = {}
                 fwd_hooks = self.intervention_hooks(ivs)
                 for h, base in hooks_needed.items():
                     fwd_hooks.append((h, self._saver(raw, base)))
-                logits = self.tl.run_with_hooks(tokens, fwd_hooks=fwd_hooks, return_type="logits")
+                out_logits = self.tl.run_with_hooks(tokens, fwd_hooks=fwd_hooks, return_type="logits")
             out = {act: self._derive(act, raw) for act in acts}
-        return RunOutput(logits, out)
+        return RunOutput(out_logits if logits else None, out)
+
+    def _stop_layer(self, reads: list[ActName]) -> int | None:
+        """The block after the last one `reads` needs, or None when a read comes after every block."""
+        if any(a.layer is None and a.kind not in ("embed", "pos_embed") for a in reads):
+            return None
+        return max((a.layer + 1 for a in reads if a.layer is not None), default=1)
 
     def _sources(self, act: ActName) -> list[ActName]:
         if act.kind == "logits":

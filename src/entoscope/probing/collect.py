@@ -167,7 +167,7 @@ def collect(model: ModelAdapter, batches: list[Batch], units: list[UnitRead], po
     with torch.no_grad():
         for b in progress(batches, total=len(batches), desc=desc, quiet=quiet):
             ivs = interventions(b) if interventions is not None else ()
-            out = model.run(b.tokens, reads, interventions=ivs)
+            out = model.run(b.tokens, reads, interventions=ivs, logits=metric is not None)
             pooled: dict[ActName, Tensor] = {}
             b_at = None if at is None else at[b.index]
             rows = torch.tensor(b.index, device=dev)
