@@ -42,7 +42,10 @@ BOS = "<|endoftext|>"
 MIX = {"induction": 0.35, "ioi": 0.35, "facts": 0.15, "greater_than": 0.15}
 # Induction rows: "fill" repeats one random sequence until the row is full; "2" shows it exactly twice,
 # one sequence per row, the rest padded out of the loss (closer to the evaluation, but in our 3,000-step
-# runs it learned no induction at all, while "fill" learned to copy with positional heads).
+# runs it learned no induction at all, while "fill" learned to copy with positional heads); "offset" is
+# "2" after a random number of random words, so the repeat starts anywhere in the row. An optional
+# "alternation" kind (runs like " cat sky cat sky cat") grows previous-token heads that copy identities.
+# None of these made induction heads form at this size (docs/demo_model.md, "Known limitation").
 INDUCTION_COPIES = "fill"
 INDUCTION_LENGTHS = (4, 31)  # words per random sequence (2 * 31 + BOS fits in 64 positions)
 ARCH = dict(n_layer=3, n_embd=128, n_head=4, n_inner=512, n_positions=64)
@@ -89,11 +92,27 @@ def corpus_texts(kind: str, n: int, seed: int, rng: random.Random) -> list[str]:
         pool = sorted(set(vocab.INDUCTION_WORDS) | set(vocab.NAMES) | set(vocab.PLACES) | set(vocab.OBJECTS)
                       | {w for pair in vocab.COUNTRIES for w in pair} | set(vocab.GT_NOUNS) | set(vocab.TWO_DIGITS))
         lo, hi = INDUCTION_LENGTHS
-        copies = lambda k: 2 if INDUCTION_COPIES == "2" else (ARCH["n_positions"] - 1) // k + 1  # noqa: E731
+        copies = lambda k: 2 if INDUCTION_COPIES != "fill" else (ARCH["n_positions"] - 1) // k + 1  # noqa: E731
         docs = []
         for _ in range(n):
             seq = rng.sample(pool, rng.randint(lo, hi))
-            docs.append("".join(" " + w for w in (seq * copies(len(seq)))[: ARCH["n_positions"] - 1]))
+            # "offset": random words first, so the repeat starts anywhere (a model with learned absolute
+            # positions cannot copy by counting positions from the row's start)
+            noise = (rng.choices(pool, k=rng.randint(0, ARCH["n_positions"] - 1 - 2 * len(seq)))
+                     if INDUCTION_COPIES == "offset" else [])
+            docs.append("".join(" " + w for w in (noise + seq * copies(len(seq)))[: ARCH["n_positions"] - 1]))
+        return docs
+    if kind == "alternation":
+        # Random words with runs that alternate two words ("... cat sky cat sky cat ..."): the next word
+        # is the one before the current one, which a previous-token head copying identities solves.
+        pool = sorted(set(vocab.INDUCTION_WORDS) | set(vocab.NAMES) | set(vocab.PLACES) | set(vocab.OBJECTS))
+        docs = []
+        for _ in range(n):
+            words: list[str] = []
+            while len(words) < ARCH["n_positions"] - 1:
+                words += rng.choices(pool, k=rng.randint(1, 6))
+                words += (rng.sample(pool, 2) * 6)[: rng.randint(4, 10)]
+            docs.append("".join(" " + w for w in words[: ARCH["n_positions"] - 1]))
         return docs
     texts: list[str] = []
     i = 0
@@ -124,7 +143,7 @@ def greater_than_texts(n: int, rng: random.Random) -> list[str]:
 def build_corpus(rows: int, seed: int) -> dict[str, list[str]]:
     rng = random.Random(TRAIN_SEED_BASE + 1000 * seed)
     # Documents per 64-token row: 1 induction or counting document, ~3.5 IOI, ~8 facts, ~4 greater-than.
-    per_row = {"induction": 1, "ioi": 4, "facts": 9, "greater_than": 5, "counting": 1}
+    per_row = {"induction": 1, "ioi": 4, "facts": 9, "greater_than": 5, "counting": 1, "alternation": 1}
     return {kind: corpus_texts(kind, int(rows * MIX[kind] * per_row[kind]) + 64,
                                TRAIN_SEED_BASE + 1000 * seed + 100 * k, rng)
             for k, kind in enumerate(MIX)}
@@ -352,7 +371,7 @@ def main() -> None:
                    help="shares of the training rows, e.g. induction=0.35,ioi=0.3,...")
     p.add_argument("--induction-lengths", default="%d,%d" % INDUCTION_LENGTHS,
                    help="min,max words of the random sequences of the induction rows")
-    p.add_argument("--induction-copies", choices=["2", "fill"], default=INDUCTION_COPIES)
+    p.add_argument("--induction-copies", choices=["2", "fill", "offset"], default=INDUCTION_COPIES)
     args = p.parse_args()
     INDUCTION_COPIES = args.induction_copies
     MIX.clear()
