@@ -11,7 +11,6 @@ import copy
 import json
 import logging
 import multiprocessing as mp
-import os
 import random
 import struct
 import threading

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import entoscope as es
-from entoscope.data import Dataset, Example
+from entoscope.data import Dataset
 from entoscope.lens.tuned import TunedLens
 from entoscope.models import adapt, load_model
 

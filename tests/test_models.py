@@ -11,7 +11,7 @@ from entoscope.errors import SiteError, UnknownNameError, UnsupportedModelError
 from entoscope.models import ActName, Intervention, adapt, parse_name
 from entoscope.models.tiny import tiny_hf_model
 
-from conftest import available_variants, get_tiny, has_hooked_transformer
+from conftest import get_tiny, has_hooked_transformer
 
 PROMPTS = ["When Mary and John went to the store, John gave a drink to",
            "The capital of France is"]
