@@ -41,20 +41,25 @@ def test_demo_task_thresholds(demo):
     assert scores["greater_than"]["prob_diff"] > 0.5
 
 
-@pytest.mark.xfail(strict=True, reason="open in issue 2: the shipped demo model has no induction head yet (best score ~0.1); see docs/demo_model.md, Known gap")
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="open in issue 2: the shipped demo model has no induction head yet (best score ~0.1); see docs/demo_model.md, Known limitation")
 def test_demo_has_an_induction_head(demo):
     # repeated random WORDS (each one token), period = sequence length: the head-detector's
-    # induction target, query q attends to q - period + 1
+    # induction target, query q attends to q - period + 1. Two periods, and the SAME head must pass
+    # both: a head that looks back a fixed distance scores high for one period only (a positional
+    # shortcut this small GPT-2 readily learns, docs/demo_model.md).
     a = adapt(demo)
-    prompts = []
-    for ex in es.tasks.induction(n=32, seed=4321, length=12):
-        seq = a.tokenize("".join(" " + w for w in ex.meta["words"]), prepend_bos=False)
-        assert len(seq) == 12  # every word is one token
-        prompts.append(es.Example(tuple([a.bos_token_id] + seq + seq)))
-    table = es.HeadScores(kinds=["induction"], period=12).run(demo, es.Dataset("rep", tuple(prompts)),
-                                                               quiet=True).table
-    best = table.score.max()
-    assert best > 0.8, f"best induction score {best:.3f}"
+    per_period = []
+    for period in (12, 7):
+        prompts = []
+        for ex in es.tasks.induction(n=32, seed=4321, length=period):
+            seq = a.tokenize("".join(" " + w for w in ex.meta["words"]), prepend_bos=False)
+            assert len(seq) == period  # every word is one token
+            prompts.append(es.Example(tuple([a.bos_token_id] + seq + seq)))
+        table = es.HeadScores(kinds=["induction"], period=period).run(
+            demo, es.Dataset("rep", tuple(prompts)), quiet=True).table
+        per_period.append(table.set_index(["layer", "head"]).score)
+    both = per_period[0].combine(per_period[1], min)
+    assert both.max() > 0.8, f"best induction score over both periods {both.max():.3f} (head {both.idxmax()})"
 
 
 def test_offline_hub_name_is_a_clear_error():

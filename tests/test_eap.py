@@ -233,7 +233,7 @@ def demo():
     return es.load_model("demo")
 
 
-@pytest.mark.xfail(strict=True, reason="open in issue 2: the shipped demo model has no induction head yet (best score ~0.1); see docs/demo_model.md, Known gap")
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="open in issue 2: the shipped demo model has no induction head yet (best score ~0.1); see docs/demo_model.md, Known limitation")
 def test_demo_induction_circuit_has_the_k_composition_edge_near_the_top(demo):
     from entoscope.circuits.report import k_composition_edges
 
