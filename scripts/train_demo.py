@@ -43,7 +43,8 @@ MIX = {"induction": 0.35, "ioi": 0.35, "facts": 0.15, "greater_than": 0.15}
 # Induction rows: "fill" repeats one random sequence until the row is full; "2" shows it exactly twice,
 # one sequence per row, the rest padded out of the loss (closer to the evaluation, but in our 3,000-step
 # runs it learned no induction at all, while "fill" learned to copy with positional heads); "offset" is
-# "2" after a random number of random words, so the repeat starts anywhere in the row. An optional
+# "2" after a random number of random words, so the repeat starts anywhere in the row; "edits" is "2"
+# with up to two words inserted into or dropped from the copy. An optional
 # "alternation" kind (runs like " cat sky cat sky cat") grows previous-token heads that copy identities.
 # None of these made induction heads form at this size (docs/demo_model.md, "Known limitation").
 INDUCTION_COPIES = "fill"
@@ -100,7 +101,19 @@ def corpus_texts(kind: str, n: int, seed: int, rng: random.Random) -> list[str]:
             # positions cannot copy by counting positions from the row's start)
             noise = (rng.choices(pool, k=rng.randint(0, ARCH["n_positions"] - 1 - 2 * len(seq)))
                      if INDUCTION_COPIES == "offset" else [])
-            docs.append("".join(" " + w for w in (noise + seq * copies(len(seq)))[: ARCH["n_positions"] - 1]))
+            words = noise + seq * copies(len(seq))
+            if INDUCTION_COPIES == "edits":
+                # the copy with up to two words inserted or dropped: copying by a fixed offset breaks
+                # after an edit, matching the current word (induction) does not
+                copy = list(seq)
+                for _ in range(rng.randint(0, 2)):
+                    i = rng.randint(1, len(copy) - 1)
+                    if rng.random() < 0.5:
+                        copy.insert(i, rng.choice(pool))
+                    else:
+                        del copy[i]
+                words = seq + copy
+            docs.append("".join(" " + w for w in words[: ARCH["n_positions"] - 1]))
         return docs
     if kind == "alternation":
         # Random words with runs that alternate two words ("... cat sky cat sky cat ..."): the next word
@@ -371,7 +384,7 @@ def main() -> None:
                    help="shares of the training rows, e.g. induction=0.35,ioi=0.3,...")
     p.add_argument("--induction-lengths", default="%d,%d" % INDUCTION_LENGTHS,
                    help="min,max words of the random sequences of the induction rows")
-    p.add_argument("--induction-copies", choices=["2", "fill", "offset"], default=INDUCTION_COPIES)
+    p.add_argument("--induction-copies", choices=["2", "fill", "offset", "edits"], default=INDUCTION_COPIES)
     args = p.parse_args()
     INDUCTION_COPIES = args.induction_copies
     MIX.clear()
