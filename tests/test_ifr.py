@@ -197,3 +197,16 @@ def test_demo_ioi_graphs_save_as_graphml_and_json(tmp_path):
         again = nx.node_link_graph(data, edges="edges")
         assert sorted(again.edges(keys=True)) == sorted(g.edges(keys=True))
         assert len(result.per_prompt[result.per_prompt.example == i]) == g.number_of_edges()
+
+
+def test_report_section_saves_every_route(tmp_path):
+    from entoscope.circuits.report_ifr import ifr_section
+
+    title, html = ifr_section(load_model("demo"), tmp_path / "ifr", True)
+    assert "IOI" in title and "<table" in html
+    graphs = sorted((tmp_path / "ifr" / "graphs").glob("*.graphml"))
+    assert len(graphs) == 4  # quick: 4 prompts
+    for path in graphs:
+        g = nx.read_graphml(path, force_multigraph=True)
+        assert g.number_of_edges() > 0
+        assert all(float(d["importance"]) > float(g.graph["tau"]) for _, _, d in g.edges(data=True))

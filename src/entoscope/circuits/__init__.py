@@ -3,6 +3,7 @@ EAP / EAP-IG, edge patching and faithfulness, ACDC."""
 
 from . import report as _circuits_report  # noqa: F401  (registers the "circuits" report section)
 from . import report_dla  # noqa: F401  (registers the "dla" report section)
+from . import report_ifr  # noqa: F401  (registers the "ifr" report section)
 from .dla import DirectLogitAttribution
 from .graph import Circuit, ComponentGraph
 from .head_scores import HeadScores
