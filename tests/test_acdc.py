@@ -12,21 +12,14 @@ from entoscope.circuits.edge_patching import EdgePatcher
 from entoscope.circuits.graph import ComponentGraph
 from entoscope.circuits.operation import Circuits
 from entoscope.data import Dataset, Example
-from entoscope.data.tokenized import Batch
 from entoscope.metrics import kl, logit_diff
 from entoscope.models import adapt
 
-from conftest import get_tiny
+from conftest import get_tiny, random_pair_batch
 
 
 def _pair(seed=0, B=4, T=7):
-    g = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(1, 300, (B, T), generator=g)
-    corrupt = tokens.clone()
-    corrupt[:, 1:5] = torch.randint(1, 300, (B, 4), generator=g)
-    lengths = torch.full((B,), T)
-    return Batch(list(range(B)), tokens, lengths, corrupt, lengths.clone(),
-                 torch.randint(1, 300, (B, 1), generator=g), torch.randint(1, 300, (B, 1), generator=g))
+    return random_pair_batch(seed, B, T, corrupt_to=5)
 
 
 @pytest.fixture(scope="module")

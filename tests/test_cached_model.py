@@ -24,20 +24,13 @@ from entoscope.models import cached as cached_mod
 from entoscope.models.cached import CachedModel, read_entry, write_entry
 from entoscope.models.fingerprint import forget, model_fingerprint
 
+from conftest import has_hooked_transformer, needs_hooked
+
 # One intra-op thread: results are then bit-reproducible between the calls a test compares, and
 # the 2-core CI machine is not oversubscribed by the worker processes.
 torch.set_num_threads(1)
 
-def _has_hooked() -> bool:
-    try:
-        from transformer_lens import HookedTransformer  # noqa: F401
-        return True
-    except ImportError:  # transformer-lens 4.x
-        return False
-
-
-HAS_HOOKED = _has_hooked()
-needs_hooked = pytest.mark.skipif(not HAS_HOOKED, reason="this transformer-lens has no HookedTransformer")
+HAS_HOOKED = has_hooked_transformer()
 # The quick default model: a HookedTransformer where there is one, else a compat bridge.
 DEFAULT = ("gpt2", "hooked", False) if HAS_HOOKED else ("gpt2", "bridge", True)
 VARIANTS = [("gpt2", "bridge", False), ("gpt2", "bridge", True),

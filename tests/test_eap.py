@@ -13,22 +13,15 @@ from entoscope.circuits.edge_patching import EdgePatcher
 from entoscope.circuits.graph import Circuit, ComponentGraph
 from entoscope.circuits.operation import Circuits, exact_scores
 from entoscope.data import Dataset, Example
-from entoscope.data.tokenized import Batch
 from entoscope.errors import ConfigError, DataError, UnknownNameError
 from entoscope.metrics import at_positions, logit_diff
 from entoscope.models import adapt
 
-from conftest import get_tiny, has_hooked_transformer
+from conftest import get_tiny, has_hooked_transformer, random_pair_batch
 
 
 def _pair(seed=0, B=4, T=8):
-    g = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(1, 300, (B, T), generator=g)
-    corrupt = tokens.clone()
-    corrupt[:, 1:4] = torch.randint(1, 300, (B, 3), generator=g)
-    lengths = torch.full((B,), T)
-    return Batch(list(range(B)), tokens, lengths, corrupt, lengths.clone(),
-                 torch.randint(1, 300, (B, 1), generator=g), torch.randint(1, 300, (B, 1), generator=g))
+    return random_pair_batch(seed, B, T, corrupt_to=4)
 
 
 def _metric_sum(logits, b):

@@ -10,22 +10,15 @@ from entoscope.circuits.faithfulness import (MIB_FRACTIONS, above, cmd, cpr, fai
                                              top_n)
 from entoscope.circuits.graph import Circuit, ComponentGraph
 from entoscope.data import Dataset, Example
-from entoscope.data.tokenized import Batch, make_batches, tokenize_data
+from entoscope.data.tokenized import make_batches, tokenize_data
 from entoscope.metrics import logit_diff
 from entoscope.models import adapt
 
-from conftest import get_tiny, has_hooked_transformer
+from conftest import get_tiny, has_hooked_transformer, random_pair_batch
 
 
 def _pair(seed=0, B=3, T=7):
-    g = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(1, 300, (B, T), generator=g)
-    corrupt = tokens.clone()
-    corrupt[:, 1:4] = torch.randint(1, 300, (B, 3), generator=g)
-    answers = torch.randint(1, 300, (B, 1), generator=g)
-    wrong = torch.randint(1, 300, (B, 1), generator=g)
-    lengths = torch.full((B,), T)
-    return Batch(list(range(B)), tokens, lengths, corrupt, lengths.clone(), answers, wrong)
+    return random_pair_batch(seed, B, T, corrupt_to=4)
 
 
 def test_all_edges_kept_is_the_clean_run_and_none_the_corrupt_run(tiny):

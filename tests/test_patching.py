@@ -13,10 +13,9 @@ from entoscope.models import adapt, load_model
 from entoscope.models.tiny import tiny_model
 from entoscope.patching import Patching, patch_value
 
-from conftest import has_hooked_transformer
+from conftest import has_hooked_transformer, needs_hooked
 
 BACKENDS = [("bridge", False), ("bridge", True)] + ([("hooked", False)] if has_hooked_transformer() else [])
-needs_hooked = pytest.mark.skipif(not has_hooked_transformer(), reason="transformer-lens 4.x has no HookedTransformer")
 
 
 def same_length(data, k, model):
@@ -289,9 +288,8 @@ def test_pairs_of_different_lengths_align_on_their_ends():
 
 
 # ---------------------------------------------------------------------- grouped-query attention
+@needs_hooked  # the reference is a HookedTransformer with ungrouped key/value heads
 def test_query_head_copies_of_k_and_v_equal_transformer_lens_ungrouped():
-    if not has_hooked_transformer():
-        pytest.skip("the reference is a HookedTransformer with ungrouped key/value heads")
     reference = tiny_model("llama", "hooked")
     reference.set_ungroup_grouped_query_attention(True)  # hook_k/hook_v then have one head per query head
     data = random_pairs(2, [8], seed=6)

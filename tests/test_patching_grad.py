@@ -10,10 +10,9 @@ from entoscope.models.loading import from_hf
 from entoscope.models.tiny import tiny_hf_model, tiny_tokenizer, tokenizer_dir
 from entoscope.patching import Patching
 
-from conftest import has_hooked_transformer
+from conftest import needs_hooked
 from test_patching import BACKENDS, random_pairs, same_length
 
-needs_hooked = pytest.mark.skipif(not has_hooked_transformer(), reason="transformer-lens 4.x has no HookedTransformer")
 RESID1 = es.Sites(activation="resid_pre", over=["layer", "position"], layers=[1])
 
 

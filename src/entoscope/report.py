@@ -43,6 +43,19 @@ def section_html(result: Any, max_rows: int = 12) -> str:
     return body + table_html(result.table, max_rows=max_rows)
 
 
+def examples_html(run: Any, examples: list[tuple[str, Any, Any]], folder: Path, *, max_rows: int) -> str:
+    """Run each (title, config, data) example with `run(config, data) -> Result`; the first Result is saved
+    in `folder`, the others in folder/example<i> with a link from the report page (one folder up)."""
+    parts = []
+    for i, (title, config, data) in enumerate(examples):
+        result = run(config, data)
+        where = Path(folder) if i == 0 else Path(folder) / f"example{i}"
+        result.save(where, assets_dir=Path(folder).parent)
+        link = "" if i == 0 else f'<p><a href="{Path(folder).name}/{where.name}/index.html">full results</a></p>'
+        parts.append(f"<h3>{title}</h3>" + section_html(result, max_rows=max_rows) + link)
+    return "".join(parts)
+
+
 @register("report_section", "lens")
 def _lens_section(model: Any, folder: Path, quick: bool) -> tuple[str, str]:
     from .lens import Lens

@@ -138,7 +138,8 @@ def pad(seqs: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
     return tokens, torch.tensor([len(s) for s in seqs], dtype=torch.long)
 
 
-def _pad_answers(rows: list[list[int]]) -> Tensor:
+def pad_answers(rows: list[list[int]]) -> Tensor:
+    """Answer-id lists -> [n, widest] long tensor, -1 where a row is shorter."""
     width = max(1, max(len(r) for r in rows))
     out = torch.full((len(rows), width), -1, dtype=torch.long)
     for i, r in enumerate(rows):
@@ -166,8 +167,8 @@ def make_batches(td: TokenizedData, batch_size: int, pad_id: int) -> list[Batch]
         if td.counterfactuals is not None:
             b.cf_tokens, b.cf_lengths = pad([td.counterfactuals[i] for i in idx], pad_id)
         if td.answers is not None:
-            b.answers = _pad_answers([td.answers[i] for i in idx])
-            b.wrong_answers = _pad_answers([td.wrong_answers[i] for i in idx])  # type: ignore[index]
+            b.answers = pad_answers([td.answers[i] for i in idx])
+            b.wrong_answers = pad_answers([td.wrong_answers[i] for i in idx])  # type: ignore[index]
         batches.append(b)
     return batches
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ..data.tokenized import TokenizedData, pad
+from ..data.tokenized import TokenizedData, pad, pad_answers
 from ..errors import DataError, SiteError
 from ..metrics import MetricFn, at_positions
 from ..models.adapter import ModelAdapter
@@ -100,20 +100,12 @@ class Chunk:
         return len(self.index)
 
 
-def _answers(rows: list[list[int]]) -> Tensor:
-    width = max(1, max(len(r) for r in rows))
-    out = torch.full((len(rows), width), -1, dtype=torch.long)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-    return out
-
-
 def new_chunk(pairs: Pairs, idx: list[int], pad_id: int) -> Chunk:
     """The base tokens and answers of examples `idx` (right-padded); no run yet."""
     base_tokens, base_len = pad([pairs.base[i] for i in idx], pad_id)
     empty = torch.empty(0)
-    return Chunk(torch.tensor(idx), base_tokens, base_len, _answers([pairs.answers[i] for i in idx]),
-                 _answers([pairs.wrong[i] for i in idx]), empty, empty, empty)
+    return Chunk(torch.tensor(idx), base_tokens, base_len, pad_answers([pairs.answers[i] for i in idx]),
+                 pad_answers([pairs.wrong[i] for i in idx]), empty, empty, empty)
 
 
 def score(metric: MetricFn, chunk: Chunk, logits_at: Tensor, reference: Tensor) -> Tensor:

@@ -31,15 +31,11 @@ def _examples(quick: bool) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
 @register("report_section", "probing")
 def probing_section(model: Any, folder: Path, quick: bool) -> tuple[str, str]:
     """Probe the model for two task properties; the first Result is saved in `folder`, the other below it."""
-    from ..report import section_html
+    from ..report import examples_html
     from .operation import Probing
 
-    parts = []
-    for i, (title, config, data) in enumerate(_examples(quick)):
-        result = Probing(**config).run(model, data, quiet=True)
-        where = Path(folder) if i == 0 else Path(folder) / f"example{i}"
-        result.save(where, assets_dir=Path(folder).parent)
-        # the section is shown on the report page one folder up: link from there
-        link = "" if i == 0 else f'<p><a href="{Path(folder).name}/{where.name}/index.html">full results</a></p>'
-        parts.append(f"<h3>{title}</h3>" + section_html(result, max_rows=12) + link)
-    return ("probing: held-out scores against a control task, by layer", "".join(parts))
+    def run(config: dict, data: Any) -> Any:
+        return Probing(**config).run(model, data, quiet=True)
+
+    html = examples_html(run, _examples(quick), folder, max_rows=12)
+    return ("probing: held-out scores against a control task, by layer", html)
