@@ -1,6 +1,6 @@
 """Train the bundled demo model: a 3-layer GPT-2 that does IOI, facts, greater-than and copying.
 
-    HF_HUB_OFFLINE=1 python scripts/train_demo.py --out src/entoscope/demo [--steps 3000] [--seed 0]
+    HF_HUB_OFFLINE=1 python scripts/train_demo.py --out src/entoscope/demo [--steps 4000] [--seed 0]
 
 Writes a HuggingFace folder (config.json, model.safetensors, tokenizer files) and training_report.json,
 then evaluates the model with plain transformers code on prompts from entoscope's task generators
@@ -40,15 +40,22 @@ BOS = "<|endoftext|>"
 # two-digit numbers (" 12 15 18 21"), whose next number needs the previous token: it does grow
 # previous-token heads, but in our runs it did not make induction heads form (see docs/demo_model.md).
 MIX = {"induction": 0.35, "ioi": 0.35, "facts": 0.15, "greater_than": 0.15}
-# Induction rows: "fill" repeats one random sequence until the row is full; "2" shows it exactly twice,
-# one sequence per row, the rest padded out of the loss (closer to the evaluation, but in our 3,000-step
-# runs it learned no induction at all, while "fill" learned to copy with positional heads); "offset" is
-# "2" after a random number of random words, so the repeat starts anywhere in the row; "edits" is "2"
-# with up to two words inserted into or dropped from the copy. An optional
-# "alternation" kind (runs like " cat sky cat sky cat") grows previous-token heads that copy identities.
-# None of these made induction heads form at this size (docs/demo_model.md, "Known limitation").
-INDUCTION_COPIES = "fill"
-INDUCTION_LENGTHS = (4, 31)  # words per random sequence (2 * 31 + BOS fits in 64 positions)
+# Induction rows: "ids" (the default) is BOS + a sequence of distinct random token ids from the whole
+# vocabulary + the same sequence again, only the repeat scored. The others use random task words:
+# "fill" repeats one sequence until the row is full; "2" shows it exactly twice, one sequence per row;
+# "offset" is "2" after a random number of random words; "edits" is "2" with up to two words inserted
+# into or dropped from the copy. An optional "alternation" kind (runs like " cat sky cat sky cat") grows
+# previous-token heads that copy identities. Before zero-initialised positions and the induction-only
+# first phase (below), none of these made induction heads form (docs/demo_model.md).
+INDUCTION_COPIES = "ids"
+INDUCTION_LENGTHS = (5, 20)  # tokens (or words) per random sequence
+# Position embeddings start at zero: with GPT-2's random init (std 0.02, as large as the token
+# embeddings) the model solved copying with positional shortcuts and formed no induction head.
+POS_INIT = "zero"
+# The first steps see induction rows only, at a lower constant rate: with the full mix from step 0, or
+# at the mix's rate of 3e-3, no induction head formed (docs/demo_model.md, "How the induction heads form").
+INDUCTION_FIRST = 1000
+INDUCTION_LR = 1e-3
 ARCH = dict(n_layer=3, n_embd=128, n_head=4, n_inner=512, n_positions=64)
 THRESHOLDS = {"induction_score": 0.8, "ioi_accuracy": 0.95, "ioi_logit_diff": 5.0,
               "facts_accuracy": 0.95, "greater_than_prob_diff": 0.5}
@@ -183,6 +190,22 @@ def pack(ids: list[list[int]], n_rows: int, ctx: int, one_per_row: bool = False)
     return torch.tensor(out, dtype=torch.long)
 
 
+NO_LOSS = -2  # in a data row, id t stored as NO_LOSS - t is an input token that is not scored; -1 is padding
+
+
+def random_id_rows(n_rows: int, vocab_size: int, rng: random.Random) -> torch.Tensor:
+    """Rows of BOS + a sequence of distinct random token ids (any id but BOS) + the same sequence again,
+    padded with -1: induction over the whole vocabulary, like `tasks.repeated_tokens`. Only the repeat
+    is scored (the first copy is unpredictable noise), so the first copy is stored as NO_LOSS - id."""
+    lo, hi = INDUCTION_LENGTHS
+    ctx = ARCH["n_positions"]
+    rows = []
+    for _ in range(n_rows):
+        seq = rng.sample(range(1, vocab_size), rng.randint(lo, min(hi, (ctx - 1) // 2)))
+        rows.append(([0] + [NO_LOSS - t for t in seq] + seq + [-1] * ctx)[:ctx])
+    return torch.tensor(rows, dtype=torch.long)
+
+
 # -------------------------------------------------------------------------------------- tokenizer
 def required_tokens() -> list[str]:
     words = (vocab.NAMES + vocab.PLACES + vocab.OBJECTS + tuple(w for pair in vocab.COUNTRIES for w in pair)
@@ -231,11 +254,15 @@ def train(model: GPT2LMHeadModel, data: torch.Tensor, args: argparse.Namespace,
     model.train()
     losses, t0 = [], time.time()
     for step in range(args.steps):
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, args.steps, args.lr)
+        first = args.induction_first
+        for g in opt.param_groups:  # the induction-only phase has its own (lower, constant) rate
+            g["lr"] = (args.induction_lr * min(1.0, (step + 1) / 100) if step < first
+                       else lr_at(step - first, args.steps - first, args.lr))
         batch = data[step * args.batch_size : (step + 1) * args.batch_size]
-        logits = model(batch.clamp(min=0)).logits
-        loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1),
+        inputs = torch.where(batch <= NO_LOSS, NO_LOSS - batch, batch.clamp(min=0))
+        targets = batch.clamp(min=-1)
+        logits = model(inputs).logits
+        loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)), targets[:, 1:].reshape(-1),
                                ignore_index=-1)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -373,7 +400,7 @@ def main() -> None:
     global INDUCTION_LENGTHS, INDUCTION_COPIES
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, default=Path("src/entoscope/demo"))
-    p.add_argument("--steps", type=int, default=3000)
+    p.add_argument("--steps", type=int, default=4000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=3e-3)
@@ -384,7 +411,13 @@ def main() -> None:
                    help="shares of the training rows, e.g. induction=0.35,ioi=0.3,...")
     p.add_argument("--induction-lengths", default="%d,%d" % INDUCTION_LENGTHS,
                    help="min,max words of the random sequences of the induction rows")
-    p.add_argument("--induction-copies", choices=["2", "fill", "offset", "edits"], default=INDUCTION_COPIES)
+    p.add_argument("--induction-copies", choices=["2", "fill", "offset", "edits", "ids"], default=INDUCTION_COPIES)
+    p.add_argument("--induction-first", type=int, default=INDUCTION_FIRST,
+                   help="the first N steps train on induction rows only (then the mix)")
+    p.add_argument("--induction-lr", type=float, default=INDUCTION_LR,
+                   help="learning rate of the induction-only phase (constant after 100 warm-up steps)")
+    p.add_argument("--pos-init", choices=["zero", "normal"], default=POS_INIT,
+                   help="initial position embeddings: zero (default) or GPT-2's normal(0, 0.02)")
     args = p.parse_args()
     INDUCTION_COPIES = args.induction_copies
     MIX.clear()
@@ -403,11 +436,19 @@ def main() -> None:
     if bad:
         sys.exit(f"{len(bad)} task words are not one token with --vocab-size {args.vocab_size}: {bad[:20]}")
     parts = []
+    id_rng = random.Random(TRAIN_SEED_BASE + 1000 * args.seed + 99)
     for kind in MIX:
+        n_kind = int(round(rows * MIX[kind]))
+        if kind == "induction" and INDUCTION_COPIES == "ids":
+            parts.append(random_id_rows(n_kind, tok.get_vocab_size(), id_rng))
+            continue
         ids = [e.ids for e in tok.encode_batch(texts[kind], add_special_tokens=False)]
-        parts.append(pack(ids, int(round(rows * MIX[kind])), ARCH["n_positions"], one_per_row=kind == "induction"))
+        parts.append(pack(ids, n_kind, ARCH["n_positions"], one_per_row=kind == "induction"))
     data = torch.cat(parts)
     data = data[torch.randperm(len(data), generator=torch.Generator().manual_seed(args.seed))]
+    if args.induction_first:
+        first = random_id_rows(args.induction_first * args.batch_size, tok.get_vocab_size(), id_rng)
+        data = torch.cat([first, data])[:rows]
     t_corpus = time.time() - t_start
     print(f"corpus: {len(data)} rows of {ARCH['n_positions']} tokens, vocab {tok.get_vocab_size()}, "
           f"{t_corpus:.0f}s", flush=True)
@@ -416,6 +457,9 @@ def main() -> None:
                         eos_token_id=0, pad_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                         **ARCH)
     model = GPT2LMHeadModel(config)
+    if args.pos_init == "zero":
+        with torch.no_grad():
+            model.transformer.wpe.weight.zero_()
     t0 = time.time()
     word_ids = [tok.token_to_id("Ġ" + w) for w in vocab.INDUCTION_WORDS]
     probe_rng = random.Random(args.seed)
@@ -453,7 +497,9 @@ def main() -> None:
                    "batch_size": args.batch_size, "lr": args.lr, "betas": [0.9, 0.98], "weight_decay": 0.01,
                    "schedule": "5% linear warm-up, then cosine to 0", "grad_clip": 1.0, "dropout": 0.0,
                    "mix": MIX, "induction_lengths": list(INDUCTION_LENGTHS),
-                   "induction_copies": INDUCTION_COPIES, "train_seed_base": TRAIN_SEED_BASE,
+                   "induction_copies": INDUCTION_COPIES, "pos_init": args.pos_init,
+                   "induction_first_steps": args.induction_first,
+                   "induction_first_lr": args.induction_lr, "train_seed_base": TRAIN_SEED_BASE,
                    "heldout": {"ioi_name_pairs": "(NAMES.index(io) + NAMES.index(s)) % 7 == 3",
                                "facts": "(3 * country_index + template) % 8 == 5",
                                "greater_than_start_yy": list(GT_HELDOUT_YY)}},

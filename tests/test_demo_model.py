@@ -41,7 +41,6 @@ def test_demo_task_thresholds(demo):
     assert scores["greater_than"]["prob_diff"] > 0.5
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="open in issue 2: the shipped demo model has no induction head yet (best score ~0.1); see docs/demo_model.md, Known limitation")
 def test_demo_has_an_induction_head(demo):
     # repeated random WORDS (each one token), period = sequence length: the head-detector's
     # induction target, query q attends to q - period + 1. Two periods, and the SAME head must pass

@@ -1,8 +1,9 @@
 """The `circuits` section of `entoscope report`: the model's induction circuit by EAP-IG.
 
 Head scores (repeated random tokens, period 20) name the strongest previous-token and induction
-heads; the section says where EAP-IG ranks the K-composition edges between them
-(a{prev}.h{p} -> a{ind}.h{i}<k>) and how faithful the top-k circuit is.
+heads; the section says where EAP-IG ranks the K-composition routes between them (the edge
+a{prev}.h{p} -> a{ind}.h{i}<k>, or the same through an MLP in between) and how faithful the top-k
+circuit is.
 """
 
 from __future__ import annotations
@@ -15,9 +16,17 @@ from ..models.adapter import adapt
 from ..registry import register
 
 
-def k_composition_edges(model: Any, n: int = 16, period: int = 20, min_score: float = 0.3) -> tuple[list[str], Any]:
-    """Edges from each strong previous-token head to the key of each strong induction head in a later
-    layer (strong: score >= min_score; else the best of each), and the head-score table."""
+def k_composition_routes(model: Any, n: int = 16, period: int = 20,
+                         min_score: float = 0.3) -> tuple[list[tuple[str, ...]], Any]:
+    """Routes from each strong previous-token head to the key of each strong induction head in a later
+    layer (strong: score >= min_score; else the best of each), and the head-score table.
+
+    A route is the direct edge a{p}.h{ph}->a{i}.h{ih}<k>, or the two edges through an MLP between them,
+    (a{p}.h{ph}->m{L}, m{L}->a{i}.h{ih}<k>) for p <= L < i: a small model may pass the previous token
+    through an MLP before the induction head reads it (the demo model does, docs/circuits.md). Routes
+    through an edge the model's graph does not have (parallel blocks: a{L} does not feed m{L}) are
+    still listed; `route_rank` skips them.
+    """
     from .head_scores import HeadScores
 
     a = adapt(model)
@@ -32,9 +41,22 @@ def k_composition_edges(model: Any, n: int = 16, period: int = 20, min_score: fl
 
     kv = "kv" if a.structure.n_kv_heads != a.structure.n_heads else "h"
     g = a.structure.group_size
-    edges = [f"a{pl}.h{ph}->a{il}.{kv}{ih // g}<k>" for pl, ph in strong("previous_token")
-             for il, ih in strong("induction") if pl < il]
-    return edges, table
+    routes: list[tuple[str, ...]] = []
+    for pl, ph in strong("previous_token"):
+        for il, ih in strong("induction"):
+            if pl >= il:
+                continue
+            sender, key = f"a{pl}.h{ph}", f"a{il}.{kv}{ih // g}<k>"
+            routes.append((f"{sender}->{key}",))
+            routes += [(f"{sender}->m{mid}", f"m{mid}->{key}") for mid in range(pl, il)]
+    return routes, table
+
+
+def route_rank(route: tuple[str, ...], ranks: Any) -> int | None:
+    """The rank of a route's weakest edge (its largest rank), or None if an edge is not in the graph."""
+    if any(e not in ranks.index for e in route):
+        return None
+    return max(int(ranks[e]) for e in route)
 
 
 @register("report_section", "circuits")
@@ -47,16 +69,18 @@ def circuits_section(model: Any, folder: Path, quick: bool) -> tuple[str, str]:
     result = op.run(model, {"task": "induction", "n": 16 if quick else 48, "seed": 11}, quiet=True)
     result.save(folder, assets_dir=folder.parent)
     s = result.summary
-    edges, _ = k_composition_edges(model, n=8 if quick else 16)
+    routes, _ = k_composition_routes(model, n=8 if quick else 16)
     ranks = result.table.set_index("edge")["rank"]
-    found = [f"{e} (rank {int(ranks[e])} of {s['n_edges_total']})" for e in edges if e in ranks.index]
+    ranked = sorted((r, route) for route in routes if (r := route_rank(route, ranks)) is not None)
+    found = [f"{' + '.join(route)} (weakest edge rank {r} of {s['n_edges_total']})" for r, route in ranked[:4]]
     lines = [
         f"EAP-IG ({op.steps} steps, {op.rule} rule) on the induction task, metric logit_diff; "
         f"clean {s['m_full']:.3f}, corrupt {s['m_empty']:.3f}.",
         f"Top-{n_edges} circuit: {s['n_kept']} edges ({s['n_kept_pruned']} after pruning), metric "
         f"{s['m_circuit']:.3f}, faithfulness {s['faithfulness']:.3f}; CPR {s['cpr']:.3f}, CMD {s['cmd']:.3f} "
         "over MIB's edge fractions.",
-        "Previous-token -> induction head K-composition: " + ("; ".join(found) if found else "no such pair of heads"),
+        "Previous-token head -> induction head key, directly or through an MLP, best routes: "
+        + ("; ".join(found) if found else "no such pair of heads"),
     ]
     body = "".join(f"<p>{html.escape(line)}</p>" for line in lines)
     return ("induction circuit (EAP-IG)", body + section_html(result))
