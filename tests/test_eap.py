@@ -244,3 +244,13 @@ def test_demo_induction_circuit_has_a_k_composition_route_near_the_top(demo):
     assert ranked, f"no route is in the graph: {routes}"
     assert min(ranked) <= 0.05 * len(ranks), f"best route's weakest edge rank {min(ranked)} of {len(ranks)}"
     assert result.summary["faithfulness"] > 0.3
+
+def test_route_rank_is_the_weakest_edge_and_none_outside_the_graph():
+    import pandas as pd
+
+    from entoscope.circuits.report import route_rank
+
+    ranks = pd.Series({"a0.h1->m0": 2, "m0->a1.h0<k>": 9, "a0.h1->a1.h0<k>": 30})
+    assert route_rank(("a0.h1->m0", "m0->a1.h0<k>"), ranks) == 9
+    assert route_rank(("a0.h1->a1.h0<k>",), ranks) == 30
+    assert route_rank(("a0.h1->m1", "m1->a1.h0<k>"), ranks) is None
