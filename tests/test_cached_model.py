@@ -11,6 +11,7 @@ import copy
 import json
 import logging
 import multiprocessing as mp
+import os
 import random
 import struct
 import threading
@@ -636,3 +637,22 @@ def test_eight_processes_hammering_the_same_keys(tmp_path, quick):
     keys = [(TOKENS[i:i + 2], names) for i in range(2) for names in (NAMES, None)]
     for t, n in keys:
         _same(_cached(cm, t, names_filter=n), _fresh(quick, t, names_filter=n))
+
+
+def test_cache_stats_skips_an_entry_removed_after_the_listing(tmp_path, quick, monkeypatch):
+    import entoscope.models.cached as cached_module
+
+    cm = CachedModel(quick, tmp_path)
+    _cached(cm, names_filter=NAMES)
+    real = list(os.scandir(cm.cache_folder))
+    real_bytes = sum(e.stat().st_size for e in real if e.name.endswith(".safetensors"))
+
+    class Gone:  # listed, then deleted by another process before stat()
+        name = "0" * 32 + "-gone.safetensors"
+
+        def stat(self):
+            raise FileNotFoundError(self.name)
+
+    monkeypatch.setattr(cached_module.os, "scandir", lambda folder: real + [Gone()])
+    stats = cm.cache_stats()
+    assert stats["entries"] == 1 and stats["disk_bytes"] == real_bytes

@@ -522,8 +522,12 @@ class CachedModel:
         if folder is not None and folder.is_dir():
             for e in os.scandir(folder):
                 if e.name.endswith(_SUFFIX) and not e.name.startswith("."):
+                    try:
+                        size = e.stat().st_size
+                    except FileNotFoundError:  # removed by another process since the listing
+                        continue
                     entries += 1
-                    disk += e.stat().st_size
+                    disk += size
         out["entries"], out["disk_bytes"] = entries, disk
         return out
 
