@@ -43,12 +43,13 @@ def section_html(result: Any, max_rows: int = 12) -> str:
     return body + table_html(result.table, max_rows=max_rows)
 
 
-def examples_html(run: Any, examples: list[tuple[str, Any, Any]], folder: Path, *, max_rows: int) -> str:
-    """Run each (title, config, data) example with `run(config, data) -> Result`; the first Result is saved
-    in `folder`, the others in folder/example<i> with a link from the report page (one folder up)."""
+def examples_html(operation: Any, model: Any, examples: list[tuple[str, Any, Any]], folder: Path, *,
+                  max_rows: int) -> str:
+    """Run each (title, config, data) example as `operation(**config).run(model, data)`; the first Result is
+    saved in `folder`, the others in folder/example<i> with a link from the report page (one folder up)."""
     parts = []
     for i, (title, config, data) in enumerate(examples):
-        result = run(config, data)
+        result = operation(**config).run(model, data, quiet=True)
         where = Path(folder) if i == 0 else Path(folder) / f"example{i}"
         result.save(where, assets_dir=Path(folder).parent)
         link = "" if i == 0 else f'<p><a href="{Path(folder).name}/{where.name}/index.html">full results</a></p>'

@@ -31,8 +31,5 @@ def patching_section(model: Any, folder: Path, quick: bool) -> tuple[str, str]:
     from ..report import examples_html
     from .operation import Patching
 
-    def run(config: dict, data: Any) -> Any:
-        return Patching(**config).run(model, data, quiet=True)
-
-    html = examples_html(run, _examples(quick), folder, max_rows=6)
+    html = examples_html(Patching, model, _examples(quick), folder, max_rows=6)
     return ("activation patching (exact, denoising)", html)

@@ -34,8 +34,5 @@ def probing_section(model: Any, folder: Path, quick: bool) -> tuple[str, str]:
     from ..report import examples_html
     from .operation import Probing
 
-    def run(config: dict, data: Any) -> Any:
-        return Probing(**config).run(model, data, quiet=True)
-
-    html = examples_html(run, _examples(quick), folder, max_rows=12)
+    html = examples_html(Probing, model, _examples(quick), folder, max_rows=12)
     return ("probing: held-out scores against a control task, by layer", html)
