@@ -19,11 +19,12 @@ from typing import Any, Union
 
 import pandas as pd
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
+from .config_model import ConfigModel
 from .errors import SiteError
 from .models.adapter import ModelAdapter
-from .models.names import KINDS, Kind, parse_name
+from .models.names import KINDS, ActName, Kind, parse_name
 
 Selection = Union[str, int, list[int]]  # "all", "2:5", "-3:", 4, [0, 2, -1]
 
@@ -91,7 +92,7 @@ class SiteSet:
         return pd.DataFrame(rows)
 
 
-class Sites(BaseModel):
+class Sites(ConfigModel):
     """Which activations an operation reads or writes, as a grid, a filter, groups or a list.
 
     activation: a kind (resid_pre, resid_mid, resid_post, attn_out, mlp_out, z, q, k, v, pattern,
@@ -107,7 +108,6 @@ class Sites(BaseModel):
     coords:     an explicit list of single coordinates, instead of the grid.
     """
 
-    model_config = ConfigDict(extra="forbid")
 
     activation: str
     over: list[str] = Field(default_factory=lambda: ["layer"])
@@ -137,6 +137,8 @@ class Sites(BaseModel):
     def resolve(self, model: ModelAdapter, lengths: list[int] | None = None) -> SiteSet:
         """Validate against the model (and the prompts' token lengths) and list the units."""
         kind, fixed_layer = self.kind()
+        if fixed_layer is not None:  # blocks.9.hook_resid_post on a 3-layer model; final_resid = layer -1
+            fixed_layer = model.resolve(ActName(kind.name, fixed_layer)).layer
         s = model.structure
         if kind.name == "resid_mid" and s.parallel:
             model.resolve("resid_mid.0")  # raises the no_resid_mid refusal
@@ -195,14 +197,55 @@ class Sites(BaseModel):
             if not m:
                 raise SiteError(f"{field}={value!r} is not a selection", code="bad_selection",
                                 remedy="use 'all', an index, a list of indices, or a range 'a:b'")
-            start = int(m.group(1)) if m.group(1) else 0
-            stop = int(m.group(2)) if m.group(2) else size
-            if axis in _POSITION_AXES and (start < 0 or stop < 0):
-                return list(range(start, stop if m.group(2) else 0))
-            idx = list(range(size))[slice(start, stop)]
+            start = int(m.group(1)) if m.group(1) else None
+            stop = int(m.group(2)) if m.group(2) else None
+            if axis in _POSITION_AXES:
+                idx = self._position_range(field, value, start, stop, size, lengths)
+            else:
+                idx = self._index_range(field, value, start, stop, axis, size)
         else:
             idx = [value] if isinstance(value, int) else list(value)
         return [self._check(axis, i, sizes, lengths) for i in idx]
+
+    @staticmethod
+    def _index_range(field: str, value: str, start: int | None, stop: int | None, axis: str, size: int) -> list[int]:
+        """A range over layers/heads/neurons: Python's meaning, but bounds past the end are refused."""
+        for bound in (start, stop):
+            if bound is not None and not -size <= bound <= size:
+                raise SiteError(f"{field}={value!r} reaches past the model's {size} {axis}s", code="site_out_of_range",
+                                remedy=f"bounds must be in -{size}..{size}")
+        return list(range(size))[slice(start, stop)]
+
+    @staticmethod
+    def _position_range(field: str, value: str, start: int | None, stop: int | None, size: int,
+                        lengths: list[int] | None) -> list[int]:
+        """A range of positions. Non-negative bounds are token indices; negative ones count from each
+        prompt's end (so `-3:` is the last three tokens of every prompt). A bound past the shortest
+        prompt is refused rather than clipped or wrapped into other tokens."""
+        shortest = min(lengths) if lengths else size
+        where = f"the shortest prompt ({shortest} tokens)" if lengths else f"the context ({size})"
+        from_end = start is not None and start < 0
+        for bound in (start, stop):
+            if bound is not None and not -shortest <= bound <= shortest:
+                raise SiteError(f"{field}={value!r}: {bound} is outside {where}", code="site_out_of_range",
+                                remedy=f"bounds must be in -{shortest}..{shortest} (negative counts from each "
+                                "prompt's end)")
+        if from_end and stop is not None and stop >= 0 or not from_end and stop is not None and stop < 0:
+            if lengths and len(set(lengths)) == 1:  # one length: both kinds of bound name the same tokens
+                n = lengths[0]
+                return list(range(n))[slice(start, stop)]
+            raise SiteError(f"{field}={value!r} mixes a bound from the start with one from the end, which names "
+                            "a different number of tokens in prompts of different lengths", code="bad_selection",
+                            remedy="use two non-negative bounds (token indices) or two negative ones (from each "
+                            "prompt's end), e.g. '-5:' or '2:6'")
+        if from_end:
+            idx = list(range(start, stop if stop is not None else 0))  # type: ignore[arg-type]
+        else:
+            idx = list(range(start or 0, stop if stop is not None else shortest))
+        if not idx:
+            raise SiteError(f"{field}={value!r} selects no position", code="empty_selection",
+                            remedy="a range 'a:b' needs a < b")
+        return idx
 
     def _check(self, axis: str, i: int, sizes: dict[str, int], lengths: list[int] | None) -> int:
         size = sizes[axis]

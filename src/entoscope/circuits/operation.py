@@ -218,9 +218,8 @@ class CircuitResult(Result):
     def save_extra(self, folder: Path, files: list[str]) -> None:
         self.circuit.save_json(folder / "circuit.json")
         self.circuit.save_graphml(folder / "circuit.graphml")
-        js = "plotly.min.js" if (folder / "plotly.min.js").exists() else "../plotly.min.js"
         write_page(folder / "circuit.html", self.title, [("circuit", figure_div(circuit_figure(self.circuit)))],
-                   js_relpath=js)
+                   js_relpath=self.js_relpath)
         (folder / "summary.json").write_text(json.dumps(self.summary, indent=2, default=float), encoding="utf-8")
         files += ["circuit.json", "circuit.graphml", "circuit.html", "summary.json"]
         if self.extra.get("curve") is not None:

@@ -54,6 +54,7 @@ def tokenize_data(model: ModelAdapter, data: Dataset, *, prepend_bos: bool = Tru
     prompts = [model.tokenize(e.prompt, prepend_bos=prepend_bos and isinstance(e.prompt, str)) for e in data]
     n_ctx = model.structure.n_ctx
     for i, p in enumerate(prompts):
+        check_ids(model, p, data[i].prompt, f"prompt {i}", prepend_bos)
         if len(p) > n_ctx:
             raise DataError(f"prompt {i} is {len(p)} tokens, longer than the model's context ({n_ctx})",
                             code="prompt_too_long", remedy="shorten or drop it")
@@ -67,6 +68,8 @@ def tokenize_data(model: ModelAdapter, data: Dataset, *, prepend_bos: bool = Tru
                             "add a 'counterfactual' field to each record")
         cfs = [model.tokenize(e.counterfactual, prepend_bos=prepend_bos and isinstance(e.counterfactual, str))
                for e in data]  # type: ignore[arg-type]
+        for i, c in enumerate(cfs):
+            check_ids(model, c, data[i].counterfactual, f"counterfactual {i}", prepend_bos)
         if align == "refuse":
             for i, (p, c) in enumerate(zip(prompts, cfs)):
                 if len(p) != len(c):
@@ -84,6 +87,22 @@ def tokenize_data(model: ModelAdapter, data: Dataset, *, prepend_bos: bool = Tru
         ans = [_answer_ids(model, e.answers, i, answer_scoring) for i, e in enumerate(data)]
         wrong = [_answer_ids(model, e.wrong_answers, i, answer_scoring) for i, e in enumerate(data)]
     return TokenizedData(data, prompts, cfs, ans, wrong, prepend_bos)
+
+
+def check_ids(model: ModelAdapter, ids: list[int], given: object, what: str, prepend_bos: bool) -> None:
+    """A prompt is at least one token, and every id is in the model's vocabulary."""
+    if not ids:
+        raise DataError(f"{what} is empty: it has no token to run", code="empty_prompt",
+                        remedy="give it some text, or keep prepend_bos: true (the BOS token alone is a prompt)")
+    V = model.structure.d_vocab
+    bad = [t for t in ids if not 0 <= t < V]
+    if bad:
+        raise DataError(f"{what} holds token id(s) {bad[:5]} outside the vocabulary (0..{V - 1})",
+                        code="token_out_of_range", remedy="token ids must be in 0..d_vocab - 1 of this model")
+    if isinstance(given, str) and given.strip() and len(ids) == int(prepend_bos):
+        raise DataError(f"{what} ({given[:40]!r}) tokenised to no token at all: the tokenizer has no vocabulary",
+                        code="tokenizer_empty_output",
+                        remedy="load a model whose folder has its tokenizer files (tokenizer.json or vocab.json)")
 
 
 def _answer_ids(model: ModelAdapter, tokens: tuple, index: int, scoring: AnswerScoring) -> list[int]:

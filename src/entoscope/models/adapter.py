@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from ..errors import DataError, SiteError, UnsupportedModelError
+from .guards import check_describable, check_finite_weights, evaluating, first_non_finite, raise_non_finite
 from .names import KINDS, ActName, parse_name
 from .structure import Structure
 from .weights import Weights
@@ -110,6 +111,12 @@ class ModelAdapter:
         self.structure = self._describe()
         self.weights = Weights(self.tl, self.structure)
         self._check_hooks()
+        check_finite_weights(self.tl)
+        check_describable(self)
+
+    def evaluating(self) -> Any:
+        """Context: the model in eval mode (dropout off), each module's own mode restored after."""
+        return evaluating(self.tl)
 
     # ------------------------------------------------------------------ structure
     def _describe(self) -> Structure:
@@ -319,6 +326,7 @@ class ModelAdapter:
                 hooks_needed[self._hook(base)] = base
         with torch.set_grad_enabled(grad):  # derived reads (result, unfolded norms) too
             stop = None if logits or ivs or grad else self._stop_layer(list(hooks_needed.values()))
+            fwd_hooks = self.intervention_hooks(ivs)
             if not ivs and not grad:
                 kw = {} if stop is None else {"stop_at_layer": stop}
                 out_logits, cache = self.runner.run_with_cache(
@@ -326,12 +334,34 @@ class ModelAdapter:
                 raw = {base: cache[h] for h, base in hooks_needed.items()}
             else:
                 raw = {}
-                fwd_hooks = self.intervention_hooks(ivs)
                 for h, base in hooks_needed.items():
                     fwd_hooks.append((h, self._saver(raw, base)))
                 out_logits = self.tl.run_with_hooks(tokens, fwd_hooks=fwd_hooks, return_type="logits")
             out = {act: self._derive(act, raw) for act in acts}
+        self._check_finite(tokens, fwd_hooks if ivs else [], out_logits if logits else None, out)
         return RunOutput(out_logits if logits else None, out)
+
+    def _check_finite(self, tokens: Tensor, fwd_hooks: list, logits: Tensor | None, acts: dict[ActName, Tensor]) -> None:
+        """NaN/inf in what a run returns is an error naming the first hook point where it appears."""
+        # attention scores hold -inf above the diagonal (the causal mask) by design
+        bad = [str(a) for a, t in acts.items() if a.kind != "attn_scores" and t.is_floating_point()
+               and not bool(torch.isfinite(t.detach()).all())]
+        if logits is not None and not bool(torch.isfinite(logits.detach()).all()):
+            bad.append("logits")
+        if bad:
+            raise_non_finite(f"this run's {', '.join(bad)}",
+                             first_non_finite(self.tl, tokens, fwd_hooks, self._watchable_hooks()))
+
+    def _watchable_hooks(self) -> dict[str, str]:
+        """Hook name -> canonical name of every activation this model has (where a NaN can be located)."""
+        out = {}
+        for kind, k in KINDS.items():
+            for L in range(self.structure.n_layers) if k.per_layer else [None]:
+                try:
+                    out[self.hook_name(ActName(kind, L))] = str(ActName(kind, L))
+                except Exception:  # noqa: BLE001 - a kind this model has no hook for
+                    continue
+        return {h: n for h, n in out.items() if h in self.tl.hook_dict}
 
     def _stop_layer(self, reads: list[ActName]) -> int | None:
         """The block after the last one `reads` needs, or None when a read comes after every block."""

@@ -349,7 +349,7 @@ def check_split(model: ModelAdapter, tokens: Tensor, rtol: float = 1e-3) -> None
     rest = acts[final_residual(s)] - sender_outputs(model, acts).sum(2)  # [B, T, d]: the biases
     spread = (rest - rest[:1, :1]).abs().max()
     scale = acts[final_residual(s)].abs().max().clamp(min=1e-6)
-    if spread > rtol * scale:
+    if not spread <= rtol * scale:  # NaN fails too
         raise CheckFailedError(
             f"the senders (input, heads, MLPs) do not add up to the final residual stream: what is left "
             f"varies by {float(spread):.3g} (scale {float(scale):.3g})", code="senders_incomplete",
@@ -360,7 +360,7 @@ def check_split(model: ModelAdapter, tokens: Tensor, rtol: float = 1e-3) -> None
 def _close(mine: Tensor, theirs: Tensor, what: str, rtol: float) -> None:
     err = (mine.float() - theirs.float()).abs().max()
     scale = theirs.float().abs().max().clamp(min=1e-6)
-    if err > rtol * scale:
+    if not err <= rtol * scale:  # NaN fails too
         raise CheckFailedError(
             f"recomputing {what} from the residual stream with this model's norm and weights gives "
             f"{float(err):.3g} away from the model's own value (scale {float(scale):.3g})",

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from ..errors import CheckFailedError
 from ..models.names import ActName
+from ..metrics import metric_where
 from ..models.partial import attention_scale, logits_at, slice_start
 from .references import Chunk
 from .slots import Slots, grid_index, make_slots, row_starts
@@ -110,7 +111,11 @@ def exact_chunk(setup: Setup, chunk: Chunk, batches: list[RowBatch], tick: Calla
             else:
                 start = slice_start(base, b.ex.to(model.device), b.layer, b.position, model.structure.n_layers)
                 logits = logits_at(model, positions, start=start, interventions=ivs)
-            out[b.ex, b.unit] = score_rows(setup.metric, chunk, b.ex, logits).double().cpu()
+            units = sorted(set(b.unit.tolist()))
+            sites = [setup.unit_labels[u] for u in units[:4]] if setup.unit_labels else units[:4]
+            with metric_where(f"patched rows of site(s) {', '.join(map(str, sites))}"
+                              f"{' ...' if len(units) > 4 else ''}"):
+                out[b.ex, b.unit] = score_rows(setup.metric, chunk, b.ex, logits).double().cpu()
             tick()
     return out
 

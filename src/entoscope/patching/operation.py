@@ -22,7 +22,7 @@ from pydantic import Field
 from ..data.examples import Dataset
 from ..data.tokenized import length_batches, pad_id, tokenize_data
 from ..errors import ConfigError, DataError, SiteError
-from ..metrics import Metric
+from ..metrics import Metric, metric_where
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
 from ..models.partial import has_taps, prefix_reads, prefix_support
@@ -108,6 +108,7 @@ class Patching(Operation):
                        and model.structure.positional == "rotary" else g.act for g in groups]
         setup = Setup(model, groups, value_names, len(siteset), unit_layers(members), value, params, needs, metric,
                       self.align, self.source_position, self.seed, self._path(model), pairs.source is not None)
+        setup.unit_labels = [u.label for u in siteset.units]
         reads = self._reads(model, setup)
         lengths = [max(len(b), len(s)) for b, s in zip(pairs.base, pairs.source_role)]
         T = max(lengths)
@@ -307,24 +308,31 @@ class Patching(Operation):
         bar = iter(progress(range(st["ticks"]), total=st["ticks"], desc="patching", quiet=quiet))
         tick = lambda: next(bar, None)  # noqa: E731  (one step per batched patched run)
         for ci, idx in enumerate(st["chunks"]):
-            chunk = new_chunk(pairs, idx, st["pad"])
-            if self.method == "attribution":
-                estimate = attribution_chunk(setup, chunk, pairs, reads, st["pad"])
-                result = chunk.m_base.double().cpu()[:, None] + estimate
-                tick()
-            else:
-                with torch.no_grad():
-                    run_base(model, chunk, reads["base"], setup.metric)
-                    run_sources(model, chunk, pairs, reads, setup.metric, st["pad"], with_source=setup.with_source)
-                if self.method == "exact":
-                    result = exact_chunk(setup, chunk, st["schedules"][ci], tick)
-                else:
-                    estimate = ig_chunk(setup, chunk, self.ig_steps, self.ig_rule, st["rows"], tick)
-                    result = chunk.m_base.double().cpu()[:, None] + estimate
-            patched[idx] = result
-            m_base[idx] = chunk.m_base.double().cpu()
-            m_source[idx] = chunk.m_source.double().cpu()
+            with metric_where(f"batch {ci + 1} of {len(st['chunks'])} (examples {_span(idx)})"):
+                self._chunk(model, st, setup, pairs, reads, ci, idx, tick, patched, m_base, m_source)
         return self._result(model, st, patched, m_base, m_source)
+
+    def _chunk(self, model: ModelAdapter, st: dict[str, Any], setup: Setup, pairs: Pairs, reads: dict[str, Any],
+               ci: int, idx: list[int], tick: Any, patched: torch.Tensor, m_base: torch.Tensor,
+               m_source: torch.Tensor) -> None:
+        """The unpatched runs and every patched run of one chunk of examples, into the [E, U] tables."""
+        chunk = new_chunk(pairs, idx, st["pad"])
+        if self.method == "attribution":
+            estimate = attribution_chunk(setup, chunk, pairs, reads, st["pad"])
+            result = chunk.m_base.double().cpu()[:, None] + estimate
+            tick()
+        else:
+            with torch.no_grad():
+                run_base(model, chunk, reads["base"], setup.metric)
+                run_sources(model, chunk, pairs, reads, setup.metric, st["pad"], with_source=setup.with_source)
+            if self.method == "exact":
+                result = exact_chunk(setup, chunk, st["schedules"][ci], tick)
+            else:
+                estimate = ig_chunk(setup, chunk, self.ig_steps, self.ig_rule, st["rows"], tick)
+                result = chunk.m_base.double().cpu()[:, None] + estimate
+        patched[idx] = result
+        m_base[idx] = chunk.m_base.double().cpu()
+        m_source[idx] = chunk.m_source.double().cpu()
 
     def _result(self, model: ModelAdapter, st: dict[str, Any], patched: torch.Tensor, m_base: torch.Tensor,
                 m_source: torch.Tensor) -> Result:
@@ -361,10 +369,16 @@ def _probe_metric(metric: Any, model: ModelAdapter, td: Any) -> None:
     answers = torch.tensor([td.answers[0] or [-1]]) if td.answers else torch.tensor([[-1]])
     wrong = torch.tensor([td.wrong_answers[0] or [-1]]) if td.wrong_answers else torch.tensor([[-1]])
     logits = torch.zeros(1, V)
-    out = metric(logits, answers, wrong, logits)
+    with metric_where("checked on stand-in logits (all zero) before the run"):
+        out = metric(logits, answers, wrong, logits)
     if not isinstance(out, torch.Tensor) or out.shape != (1,):
         raise ConfigError(f"the metric returned {getattr(out, 'shape', type(out))} for one prompt",
                           code="metric_shape", remedy="a metric returns one value per row: shape [B]")
+
+
+def _span(idx: list[int]) -> str:
+    shown = ", ".join(map(str, sorted(idx)[:6]))
+    return shown + (f", ... ({len(idx)} in all)" if len(idx) > 6 else "")
 
 
 def _check_source_position(groups: list) -> None:

@@ -46,6 +46,7 @@ class Setup:
     path: PrefixSupport
     with_source: bool
     means: dict[ActName, Tensor] = field(default_factory=dict)
+    unit_labels: list[str] = field(default_factory=list)  # site label of each unit (named in errors)
 
     @property
     def feature_sizes(self) -> dict[str, int]:

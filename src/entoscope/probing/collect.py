@@ -24,7 +24,7 @@ from torch import Tensor
 from ..data.examples import Dataset
 from ..data.tokenized import Batch, TokenizedData, make_batches, pad_id, tokenize_data
 from ..errors import ConfigError
-from ..metrics import at_positions
+from ..metrics import at_positions, metric_where
 from ..models.adapter import Intervention, ModelAdapter, adapt
 from ..models.names import ActName
 from ..operation import progress
@@ -182,7 +182,9 @@ def collect(model: ModelAdapter, batches: list[Batch], units: list[UnitRead], po
             if metric_out is not None:
                 assert b.answers is not None and b.wrong_answers is not None
                 logits = at_positions(out.logits, b.last)
-                vals = metric(logits, b.answers.to(logits.device), b.wrong_answers.to(logits.device), None)
+                with metric_where(f"probing batch of examples {', '.join(map(str, b.index[:6]))}"
+                                  f"{' ...' if len(b.index) > 6 else ''}"):
+                    vals = metric(logits, b.answers.to(logits.device), b.wrong_answers.to(logits.device), None)
                 metric_out[b.index] = vals.detach().double().cpu()
     assert out_store is not None, "collect got no batches"
     out_store.metric = metric_out

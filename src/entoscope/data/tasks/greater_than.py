@@ -13,7 +13,7 @@ from typing import Any
 
 from entoscope.data.examples import Dataset, Example
 from entoscope.data.tasks import vocab
-from entoscope.data.tasks._common import TaskVocabularyError, encode, single_tokens, tokenizer_name
+from entoscope.data.tasks._common import TaskParamError, TaskVocabularyError, encode, single_tokens, tokenizer_name
 
 TEMPLATES: tuple[str, ...] = (
     "The {noun} lasted from the year {start} to the year {century}",
@@ -64,7 +64,7 @@ def greater_than(n: int = 64, seed: int = 0, tokenizer: Any = None) -> Dataset:
     "01". meta: noun, century, yy, start_year, template.
     """
     if n < 0:
-        raise ValueError(f"greater_than: n must be >= 0, got {n}")
+        raise TaskParamError(f"greater_than: n must be >= 0, got {n}")
     nouns = single_tokens("greater_than", "nouns", vocab.GT_NOUNS, tokenizer, 1)
     years = _valid_years(tokenizer)
     if not years:

@@ -11,7 +11,7 @@ from typing import Any
 
 from entoscope.data.examples import Dataset, Example
 from entoscope.data.tasks import vocab
-from entoscope.data.tasks._common import single_tokens, tokenizer_name
+from entoscope.data.tasks._common import TaskParamError, single_tokens, tokenizer_name
 
 # {a} and {b} are the two names introduced, {c} the subject who gives; every name follows a space.
 TEMPLATES: tuple[str, ...] = (
@@ -41,9 +41,9 @@ def ioi(
     None gives no counterfactual.
     """
     if counterfactual not in COUNTERFACTUALS:
-        raise ValueError(f"ioi: counterfactual must be one of {COUNTERFACTUALS}, got {counterfactual!r}")
+        raise TaskParamError(f"ioi: counterfactual must be one of {COUNTERFACTUALS}, got {counterfactual!r}")
     if n < 0:
-        raise ValueError(f"ioi: n must be >= 0, got {n}")
+        raise TaskParamError(f"ioi: n must be >= 0, got {n}")
     names = single_tokens("ioi", "names", vocab.NAMES, tokenizer, 5 if counterfactual == "abc" else 2)
     places = single_tokens("ioi", "places", vocab.PLACES, tokenizer, 1)
     objects = single_tokens("ioi", "objects", vocab.OBJECTS, tokenizer, 1)
