@@ -23,6 +23,7 @@ from .data.loading import load_data
 from .errors import ConfigError, recording_warnings
 from .models.adapter import ModelAdapter, adapt
 from .registry import register
+from .stats import Stats
 
 T = TypeVar("T")
 
@@ -86,6 +87,8 @@ class Operation(ConfigModel):
     memory_budget_mb: float = Field(default=2048, gt=0, description="memory the batches may take")
     prepend_bos: bool = Field(default=True, description="prepend the BOS token to text prompts")
     seed: int = Field(default=0, description="seed of every random choice the operation makes")
+    stats: Stats = Field(default_factory=Stats, description="intervals and robust aggregation over prompts "
+                         "(n_boot, ci_level, ci_method, degenerate_share, influence_share, fdr)")
 
     # ------------------------------------------------------------------ public life
     def plan(self, model: Any, data: Any = None) -> Plan:

@@ -52,6 +52,9 @@ class Patching(Operation):
                      together, or coordinates.
     metric:          logit_diff, logit, prob, logprob, prob_diff, kl (to the unpatched run), top1, or yours.
     comparison:      the table's `value`: normalized (0 = no effect, 1 = full recovery), difference, absolute.
+    aggregate:       normalized over the dataset: "ratio_of_means" ((mean patched - mean base) / (mean source -
+                     mean base), robust to a pair with a small gap) or "mean_of_ratios" (of the non-degenerate
+                     pairs). The interval, p/q-values and influence columns: `stats` (docs/statistics.md).
     patch:           the value written: source, zero, mean, resample, scaled, noise, or yours (kind "patch").
     patch_params:    options of the patch value (mean: per_position; scaled: factor, of; noise: std).
     source_position: cross-position patching: every unit reads its value at this position of the source
@@ -82,6 +85,7 @@ class Patching(Operation):
     ig_rule: Literal["left", "right", "midpoint"] = "midpoint"
     prefix_reuse: Literal["auto", "positions", "layers", "off"] = "auto"
     answer_scoring: Literal["single", "first_token"] = "single"
+    aggregate: Literal["ratio_of_means", "mean_of_ratios"] = "ratio_of_means"
     min_gap: float = Field(default=1e-6, ge=0)
     per_prompt: bool = True
 
@@ -337,14 +341,14 @@ class Patching(Operation):
     def _result(self, model: ModelAdapter, st: dict[str, Any], patched: torch.Tensor, m_base: torch.Tensor,
                 m_source: torch.Tensor) -> Result:
         siteset, pairs = st["siteset"], st["pairs"]
-        values = per_pair(patched, m_base, m_source, self.min_gap)
+        values = per_pair(patched, m_base, m_source, self.min_gap, self.stats.degenerate_share)
         sites = siteset.frame()
         extra_cols: dict[str, Any] = {"method": self.method}
         if siteset.kind.name in ("k", "v"):
             grouped = model.structure.group_size > 1
             extra_cols["kv_copy"] = "query head's own copy" if (self.kv_mode == "query_head" and grouped) \
                 else "key/value head (whole group)" if grouped else "key/value head"
-        table = site_table(values, sites, self.comparison, extra_cols)
+        table, summary = site_table(values, sites, self.comparison, self.aggregate, self.stats, self.seed, extra_cols)
         per_prompt = None
         if self.per_prompt:
             positions, tokens = _patched_tokens(model, siteset, pairs)
@@ -358,7 +362,7 @@ class Patching(Operation):
                  "degenerate": values["degenerate"], "value_label": label,
                  "per_prompt_column": {"absolute": "patched_metric"}.get(self.comparison, self.comparison),
                  "first_tokens": [vocab[t] for t in pairs.base[0]], "path": st["setup"].path,
-                 "partners": pairs.partner}
+                 "partners": pairs.partner, "summary": summary}
         return Result(self.name, table, per_prompt=per_prompt, figures=patching_figures, title=title, extra=extra)
 
 
