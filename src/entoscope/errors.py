@@ -67,3 +67,9 @@ class CheckFailedError(EntoscopeError, ArithmeticError):
     """A run-time identity check failed: the numbers cannot be trusted, so none are returned."""
 
     code = "check_failed"
+
+
+class DictionaryError(EntoscopeError, ValueError):
+    """A sparse autoencoder or transcoder that cannot be read or used as given."""
+
+    code = "dictionary_invalid"
