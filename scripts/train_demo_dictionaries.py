@@ -26,7 +26,7 @@ except ImportError:  # run from a checkout without installing the package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     import entoscope as es
 from entoscope.dictionaries import save_dictionary
-from entoscope.dictionaries.train import TrainConfig, task_prompts, train_dictionary
+from entoscope.dictionaries.train import TrainConfig, task_data, task_prompts, train_dictionary
 
 TASKS = ["ioi", "induction", "facts", "greater_than"]
 TRAIN_SEED = 2_000_000
@@ -47,7 +47,7 @@ def main() -> None:
     model = es.load_model("demo")
     n_layers = model.cfg.n_layers
     train = task_prompts(model, TASKS, n=args.n, seed=TRAIN_SEED)
-    heldout = task_prompts(model, TASKS, n=64, seed=0)
+    heldout = task_data(model, TASKS, n=64, seed=0)
     jobs = [(f"resid_post.{L}", None, f"resid_post.{L}") for L in range(n_layers)]
     jobs += [(f"mlp_in.{L}", f"mlp_out.{L}", f"transcoder.{L}") for L in range(n_layers)]
     reports = {}
@@ -60,7 +60,9 @@ def main() -> None:
         reports[folder] = report
         q = report["quality"]
         print(f"{folder:16s} L0 {q['l0']:5.1f}  explained variance {q['explained_variance']:.3f}  "
-              f"dead {q['dead_fraction']:.1%}  ({report['seconds']} s)", flush=True)
+              f"dead {q['dead_fraction']:.1%}  answer loss {q['answer_loss_clean']:.3f} -> {q['answer_loss_spliced']:.3f} "
+              f"(zeroed {q['answer_loss_zeroed']:.3f}, recovered {q['answer_loss_recovered']:.3f})  ({report['seconds']} s)",
+              flush=True)
     summary = {"model": "demo (plain TransformerBridge activations)", "tasks": TASKS, "train_examples_per_task": args.n,
                "train_seed": TRAIN_SEED, "heldout": "the tasks' default prompts (seed 0), 64 examples each, "
                "prompts and counterfactuals, every position but the first", "threads": args.threads,

@@ -102,6 +102,7 @@ def test_pre_6_flat_layout_with_topk_as_activation_function(tmp_path):
            "hook_point_layer": 0, "activation_fn_str": "topk", "activation_fn_kwargs": {"k": 3},
            "apply_b_dec_to_input": False, "normalize_activations": "none", "dtype": "float32"}
     d = read_folder(_hand_folder(tmp_path / "old", cfg, w))
+    assert all(torch.equal(d.tensors()[k], v) for k, v in w.items())
     assert (d.architecture, d.k, d.hook_in, d.apply_b_dec_to_input, d.space) == ("topk", 3, "resid_pre.0", False,
                                                                                "processed")
     x = torch.randn(5, D_IN, generator=g)
@@ -193,3 +194,45 @@ def test_a_top_k_transcoder_is_refused_before_training():
     with pytest.raises(ConfigError) as err:
         train_dictionary(es.load_model("demo"), [[0, 5, 6]], "mlp_in.0", "mlp_out.0", TrainConfig(architecture="topk"))
     assert err.value.code == "train_architecture_unsupported"
+
+
+def test_loss_recovered_is_one_for_an_exact_dictionary_and_zero_for_an_empty_one():
+    """An SAE with W_enc = [I, -I], W_dec = [I; -I] reconstructs exactly (ReLU(x) - ReLU(-x) = x); one whose
+    decoder is zero reconstructs zero, as the zero ablation does."""
+    import entoscope as es
+    from entoscope.dictionaries.evaluate import loss_recovered
+    from entoscope.dictionaries.train import prompts_of, task_data
+
+    model = es.load_model("demo")
+    D = model.cfg.d_model
+    eye = torch.eye(D)
+    exact = Dictionary("standard", torch.cat([eye, -eye], 1), torch.cat([eye, -eye], 0), torch.zeros(D),
+                       "resid_post.1", "resid_post.1", b_enc=torch.zeros(2 * D), space="any")
+    empty = Dictionary("standard", torch.cat([eye, -eye], 1), torch.zeros(2 * D, D), torch.zeros(D),
+                       "resid_post.1", "resid_post.1", b_enc=torch.zeros(2 * D), space="any")
+    data = task_data(model, ["ioi", "facts"], n=4, seed=0)
+    prompts = prompts_of(model, data)
+    full, none = loss_recovered(model, exact, prompts, data), loss_recovered(model, empty, prompts, data)
+    for kind in ("next_token", "answer"):
+        assert full[f"{kind}_loss_spliced"] == pytest.approx(full[f"{kind}_loss_clean"], abs=1e-5)
+        assert full[f"{kind}_loss_recovered"] == pytest.approx(1.0, abs=1e-3)
+        assert none[f"{kind}_loss_spliced"] == pytest.approx(none[f"{kind}_loss_zeroed"], abs=1e-6)
+        assert none[f"{kind}_loss_recovered"] == pytest.approx(0, abs=1e-6)
+        assert none[f"{kind}_loss_zeroed"] > none[f"{kind}_loss_clean"] + 0.5
+
+
+def test_answer_loss_is_the_log_probability_of_the_answers():
+    """By hand for a few IOI prompts: -log softmax(logits at the last token)[answer]."""
+    import entoscope as es
+    from entoscope.dictionaries.evaluate import answer_loss
+    from entoscope.models.adapter import adapt
+
+    model = es.load_model("demo")
+    m = adapt(model)
+    data = es.tasks.ioi(n=3)
+    by_hand = []
+    for e in data:
+        with torch.no_grad():
+            logits = model(torch.tensor([m.tokenize(e.prompt)]), return_type="logits")[0, -1]
+        by_hand.append(-torch.log_softmax(logits, -1)[m.token_id(e.answers[0])])
+    assert answer_loss(model, [data]) == pytest.approx(float(torch.stack(by_hand).mean()), rel=1e-5)

@@ -217,3 +217,105 @@ def test_a_plain_space_dictionary_is_refused_on_processed_activations():
     with pytest.raises(DictionaryError) as err:
         es.Sites(activation="resid_post", dictionary="demo/resid_post.1").resolve(adapt(model))
     assert err.value.code == "dictionary_space_mismatch"
+
+
+def test_integrated_gradients_over_every_feature_sums_to_patching_the_whole_reconstruction(demo, ioi_tokens):
+    """Completeness: IG estimates over all features at all positions of one layer add up to the exact
+    effect of patching the dictionary's whole reconstruction there (error kept), up to the midpoint
+    rule's error, which shrinks with the number of steps."""
+    data = ioi_tokens[0]
+    every = es.Sites(activation="resid_post", dictionary="demo/resid_post.1", over=["position", "feature"])
+    whole = es.Sites(activation="resid_post", dictionary="demo/resid_post.1", over=["layer"])
+    exact = es.Patching(method="exact", sites=whole, comparison="difference").run(demo, data, quiet=True)
+    total = (exact.extra["patched"] - exact.extra["m_base"][:, None])[:, 0]
+    assert float(total.abs().min()) > 0.1  # the reconstruction carries something
+    gaps = []
+    for steps in (4, 16):
+        ig = es.Patching(method="integrated_gradients", sites=every, comparison="difference", ig_steps=steps,
+                         per_prompt=False).run(demo, data, quiet=True)
+        summed = (ig.extra["patched"] - ig.extra["m_base"][:, None]).sum(1)
+        gaps.append(float((summed - total).abs().max()))
+    assert gaps[1] < 0.02 * float(total.abs().max()) and gaps[1] < gaps[0]
+
+
+def test_top_sites_keeps_each_prompts_largest_effects(demo, ioi_tokens):
+    from entoscope.patching import top_sites
+
+    data = ioi_tokens[0]
+    sites = es.Sites(activation="resid_post", dictionary="demo", over=["layer", "position", "feature"], positions=[-1])
+    result = es.Patching(method="attribution", sites=sites, comparison="difference").run(demo, data, quiet=True)
+    top = top_sites(result, k=5)
+    diff = (result.extra["patched"] - result.extra["m_base"][:, None]).numpy()
+    assert len(top) == 5 * len(data)
+    for e in range(len(data)):
+        expect = sorted(abs(diff[e]), reverse=True)[:5]
+        got = top[top["example"] == e]["difference"].abs().tolist()
+        assert got == pytest.approx(expect)
+
+
+@needs_hooked
+def test_partial_runs_patch_features_as_full_runs_do():
+    """On a HookedTransformer, patched runs start at the feature's layer and position (cached prefix):
+    the same numbers as full forwards (prefix_reuse off), for an SAE and a transcoder."""
+    from entoscope.models.tiny import tiny_model
+
+    model = tiny_model("gpt2", "hooked", False)
+    s = adapt(model).structure
+    g = torch.Generator().manual_seed(1)
+    register_dictionary("test_partial_sae", Dictionary(
+        "jumprelu", torch.randn(s.d_model, 32, generator=g), torch.randn(32, s.d_model, generator=g),
+        torch.randn(s.d_model, generator=g), "resid_post.1", "resid_post.1", b_enc=torch.randn(32, generator=g),
+        threshold=torch.rand(32, generator=g), space="any"), replace=True)
+    register_dictionary("test_partial_tc", Dictionary(
+        "standard", torch.randn(s.d_model, 24, generator=g), torch.randn(24, s.d_model, generator=g),
+        torch.randn(s.d_model, generator=g), "mlp_in.0", "mlp_out.0", b_enc=torch.randn(24, generator=g),
+        space="any"), replace=True)
+    vocab = list(range(5, 60))
+    data = es.Dataset("random_pairs", tuple(
+        es.Example(tuple([1] + [vocab[(7 * i + j) % 55] for j in range(8)]),
+                   tuple([1] + [vocab[(11 * i + 3 * j) % 55] for j in range(8)]), answers=(vocab[i],),
+                   wrong_answers=(vocab[i + 1],)) for i in range(4)))
+    for key, activation in (("test_partial_sae", "resid_post"), ("test_partial_tc", "mlp_out")):
+        sites = es.Sites(activation=activation, dictionary=key, over=["position", "feature"], positions="3:",
+                         features=[0, 5, 9])
+        runs = {mode: es.Patching(method="exact", sites=sites, comparison="difference", prefix_reuse=mode)
+                .run(model, data, quiet=True) for mode in ("positions", "off")}
+        torch.testing.assert_close(runs["positions"].extra["patched"], runs["off"].extra["patched"],
+                                   rtol=1e-5, atol=1e-5)
+        assert runs["positions"].extra["path"] == "positions"
+        moved = runs["off"].extra["patched"] - runs["off"].extra["m_base"][:, None]
+        assert float(moved.abs().max()) > 1e-4  # the patches did something
+
+
+def test_a_release_folder_covers_its_layers_and_refuses_ambiguity(demo, tmp_path):
+    from entoscope.dictionaries import write_folder
+
+    m = adapt(demo)
+    D = m.structure.d_model
+    g = torch.Generator().manual_seed(4)
+
+    def sae(site):
+        return Dictionary("standard", torch.randn(D, 16, generator=g), torch.randn(16, D, generator=g), torch.zeros(D),
+                          site, site, b_enc=torch.zeros(16), space="plain")
+    write_folder(sae("resid_post.0"), tmp_path / "rel" / "a")
+    write_folder(sae("resid_post.2"), tmp_path / "rel" / "b")
+    release = str(tmp_path / "rel")
+    ss = es.Sites(activation="resid_post", dictionary=release, over=["layer"]).resolve(m)
+    assert ss.bases == ((0, f"{release}/a"), (2, f"{release}/b"))
+    with pytest.raises(DictionaryError) as err:
+        es.Sites(activation="resid_post", dictionary=release, layers=1).resolve(m)
+    assert err.value.code == "dictionary_site_mismatch"
+    write_folder(sae("resid_post.2"), tmp_path / "rel" / "c")
+    with pytest.raises(DictionaryError) as err:
+        es.Sites(activation="resid_post", dictionary=release, layers=2).resolve(m)
+    assert err.value.code == "dictionary_ambiguous"
+
+
+def test_feature_reads_are_served_by_a_cached_model(demo, ioi_tokens, tmp_path):
+    _, clean, *_ = ioi_tokens
+    name = ActName("features", 1, "demo/resid_post.1")
+    cached = es.CachedModel(demo, cache_dir=tmp_path / "cache")
+    first = adapt(cached).run(clean, [name]).acts[name]
+    again = adapt(cached).run(clean, [name]).acts[name]
+    assert torch.equal(first, again) and torch.equal(first, adapt(demo).run(clean, [name]).acts[name])
+    assert cached.cache_stats()["hits"] >= 1

@@ -29,8 +29,8 @@ Selection = Union[str, int, list[int]]  # "all", "2:5", "-3:", 4, [0, 2, -1]
 
 _AXIS_ALIASES = {"layer": "layer", "layers": "layer", "pos": "pos", "position": "pos", "positions": "pos",
                  "head": "head", "heads": "head", "kv_head": "kv_head", "neuron": "neuron",
-                 "neurons": "neuron", "feature": "feature", "features": "feature", "query_pos": "query_pos", "dest": "query_pos", "dest_pos": "query_pos",
-                 "key_pos": "key_pos", "src": "key_pos", "src_pos": "key_pos", "source_pos": "key_pos"}
+                 "neurons": "neuron", "feature": "feature", "features": "feature", "query_pos": "query_pos",
+                 "dest": "query_pos", "dest_pos": "query_pos", "key_pos": "key_pos", "src": "key_pos", "src_pos": "key_pos", "source_pos": "key_pos"}
 _SELECTION_FIELD = {"layer": "layers", "pos": "positions", "head": "heads", "kv_head": "heads",
                     "neuron": "neurons", "feature": "features", "query_pos": "query_positions",
                     "key_pos": "key_positions"}
@@ -216,7 +216,7 @@ class Sites(BaseModel):
     def _feature_basis(self, model: ModelAdapter, written: Kind, fixed_layer: int | None,
                        ) -> tuple[Kind, int | None, tuple[tuple[int, str], ...], int]:
         """features sites: (the features kind, the fixed layer, each layer's dictionary key, their width)."""
-        from .dictionaries.catalog import for_site, get_dictionary, is_release
+        from .dictionaries.catalog import for_site, get_dictionary, is_release, writers
 
         if not written.per_layer:
             raise SiteError(f"a dictionary on {written.name} has no layer", code="dictionary_site_unsupported",
@@ -226,6 +226,9 @@ class Sites(BaseModel):
             fixed_layer = parse_name(get_dictionary(spec).hook_out).layer  # one dictionary: its layer
         layers = [fixed_layer] if fixed_layer is not None else self._select(
             "layer", {"layer": model.structure.n_layers}, None)
+        if fixed_layer is None and self.layers == "all":  # a release: "all" = the layers it covers
+            covered = [L for L in layers if writers(spec, f"{written.name}.{L}")]
+            layers = covered or layers  # none: refused below, naming the release's members
         bases, widths = [], set()
         for L in layers:
             key, d = for_site(spec, f"{written.name}.{L}")

@@ -93,15 +93,17 @@ def for_site(spec: str | Dictionary, site: str) -> tuple[str, Dictionary]:
                                   remedy=f"use activation {d.hook_out.split('.')[0]} and layer(s) "
                                   f"{d.hook_out.split('.')[-1]} with this dictionary, or another dictionary")
         return key, d
-    found = []
-    for member in release_members(spec):
-        key = f"{spec.rstrip('/')}/{member}"
-        d = get_dictionary(key)
-        if d.hook_out == site:
-            found.append((key, d))
+    found = writers(spec, site)
     if len(found) != 1:
         what = "no dictionary" if not found else f"{len(found)} dictionaries ({', '.join(k for k, _ in found)})"
         raise DictionaryError(f"release {spec!r} has {what} writing {site}", code="dictionary_site_mismatch"
                               if not found else "dictionary_ambiguous",
                               remedy=f"name one dictionary: {', '.join(f'{spec}/{m}' for m in release_members(spec))}")
     return found[0]
+
+
+def writers(release: str, site: str) -> list[tuple[str, Dictionary]]:
+    """(key, dictionary) of every member of a release that writes `site`."""
+    members = ((f"{release.rstrip('/')}/{m}", get_dictionary(f"{release.rstrip('/')}/{m}"))
+               for m in release_members(release))
+    return [(key, d) for key, d in members if d.hook_out == site]

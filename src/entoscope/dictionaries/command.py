@@ -7,7 +7,8 @@
 Without --data the prompts are the built-in tasks' (IOI, induction, facts, greater-than: --n examples
 each, prompts and counterfactuals, seeds from --data-seed). Seeded (--seed) and single-threaded by
 default (--threads 1), so a run repeats exactly. Writes cfg.json, sae_weights.safetensors and
-training_report.json (L0, explained variance, dead features on held-out prompts: the tasks' seed-0 ones).
+training_report.json (L0, explained variance, dead features, next-token and answer loss recovered, on
+held-out prompts: the built-in tasks' seed-0 ones).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, model: Any, data_spec: Any) -> int:
     from ..models.adapter import adapt
     from .saelens import write_folder
-    from .train import TrainConfig, task_prompts, train_dictionary
+    from .train import TrainConfig, prompts_of, task_data, task_prompts, train_dictionary
 
     torch.set_num_threads(args.threads)
     m = adapt(model)
@@ -55,9 +56,8 @@ def run(args: argparse.Namespace, model: Any, data_spec: Any) -> int:
         from ..data.loading import load_data
 
         data = load_data(data_spec, tokenizer=m.tokenizer)
-        prompts = [m.tokenize(t, prepend_bos=isinstance(t, str)) for e in data
-                   for t in (e.prompt, e.counterfactual) if t is not None]
-    heldout = task_prompts(model, list(DEFAULT_TASKS), n=64, seed=0)
+        prompts = prompts_of(m, [data])
+    heldout = task_data(model, list(DEFAULT_TASKS), n=64, seed=0)
     arch = args.architecture or ("standard" if args.target and args.target != args.site else "topk")
     cfg = TrainConfig(architecture=arch, d_sae=args.d_sae, k=args.k, l1=args.l1, steps=args.steps,
                       batch_tokens=args.batch_tokens, lr=args.lr, seed=args.seed)
@@ -66,5 +66,6 @@ def run(args: argparse.Namespace, model: Any, data_spec: Any) -> int:
     (folder / "training_report.json").write_text(json.dumps(report, indent=1) + "\n")
     q = report["quality"]
     print(f"{d.hook_in} -> {d.hook_out}: {d.d_sae} features, L0 {q['l0']:.1f}, explained variance "
-          f"{q['explained_variance']:.3f}, dead {q['dead_fraction']:.1%} ({report['quality_on']}); saved {Path(folder)}")
+          f"{q['explained_variance']:.3f}, dead {q['dead_fraction']:.1%}, answer loss recovered "
+          f"{q['answer_loss_recovered']:.3f} ({report['quality_on']}); saved {Path(folder)}")
     return 0

@@ -15,9 +15,7 @@ Bricken et al. 2023): loss = ||x_out - x_hat||^2 + l1 * sum_i f_i ||W_dec,i||. B
 initialised at the mean target, decoder rows kept at unit norm after every step (top-k) or folded into
 the encoder at the end (ReLU), seeded (torch.Generator) so a run repeats exactly on one thread.
 
-Quality (`quality`), measured on held-out tokens: L0 = mean number of active features per token;
-explained variance = 1 - sum ||x_out - x_hat||^2 / sum ||x_out - mean(x_out)||^2; dead = fraction of
-features that never fire on those tokens.
+The training report's quality numbers come from evaluate.py, on held-out prompts.
 """
 
 from __future__ import annotations
@@ -30,11 +28,14 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from ..data.examples import Dataset
+from ..data.tokenized import pad, pad_id
 from ..errors import ConfigError
-from ..models.adapter import ModelAdapter, adapt
+from ..models.adapter import adapt
 from ..models.names import ActName
 from ..models.features import space_of
 from .dictionary import Dictionary
+from .evaluate import loss_recovered, quality
 
 
 @dataclass
@@ -69,14 +70,10 @@ def collect(model: Any, prompts: list[list[int]], names: list[ActName], batch: i
     """Activations [n_tokens, width] at every real token (position 0 skipped) of `prompts`, per name."""
     m = adapt(model)
     out: dict[ActName, list[Tensor]] = {n: [] for n in names}
-    pad = m.bos_token_id if m.bos_token_id is not None else 0
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     for start in range(0, len(order), batch):
-        rows = [prompts[i] for i in order[start:start + batch]]
-        T = max(len(r) for r in rows)
-        tokens = torch.tensor([r + [pad] * (T - len(r)) for r in rows])
-        lengths = torch.tensor([len(r) for r in rows])
-        real = torch.arange(T)[None, :] < lengths[:, None]
+        tokens, lengths = pad([prompts[i] for i in order[start:start + batch]], pad_id(m))
+        real = torch.arange(tokens.shape[1])[None, :] < lengths[:, None]
         if skip_first:
             real[:, 0] = False
         with torch.no_grad():
@@ -146,26 +143,13 @@ def fit(x_in: Tensor, x_out: Tensor, cfg: TrainConfig, *, sae: bool) -> tuple[di
     return out, losses
 
 
-def quality(d: Dictionary, x_in: Tensor, x_out: Tensor) -> dict[str, float]:
-    """L0, explained variance, dead fraction and MSE of a dictionary on rows x_in -> x_out."""
-    with torch.no_grad():
-        f = d.encode(x_in)
-        recon = d.decode(f)
-        resid = (x_out - recon).pow(2).sum()
-        total = (x_out - x_out.mean(0)).pow(2).sum()
-        fired = (f > 0).any(0)
-    return {"l0": float((f > 0).sum(-1).float().mean()), "explained_variance": float(1 - resid / total),
-            "dead_fraction": float(1 - fired.float().mean()), "mse_per_token": float(resid / len(x_out)),
-            "tokens": int(len(x_out))}
-
-
 def train_dictionary(model: Any, prompts: list[list[int]], site: str, target: str | None = None,
-                     config: TrainConfig | None = None, heldout: list[list[int]] | None = None,
+                     config: TrainConfig | None = None, heldout: list[Dataset] | None = None,
                      name: str = "") -> tuple[Dictionary, dict[str, Any]]:
     """Train an SAE on `site` (or a transcoder from `site` to `target`) on token-id prompts.
 
-    Returns the dictionary and its training report (config, quality on `heldout` prompts or, without
-    them, on the training tokens, the loss curve's start and end, seconds)."""
+    Returns the dictionary and its training report (config, quality on the `heldout` datasets' prompts
+    and counterfactuals or, without them, on the training tokens, the loss curve's start and end, seconds)."""
     cfg = config or TrainConfig()
     cfg.check()
     m = adapt(model)
@@ -183,25 +167,32 @@ def train_dictionary(model: Any, prompts: list[list[int]], site: str, target: st
                    b_enc=weights["b_enc"], k=cfg.k if arch == "topk" else None,
                    apply_b_dec_to_input=hook_in == hook_out, space=space_of(m), name=name)
     seconds = time.perf_counter() - start
-    test = collect(m, heldout, names) if heldout else acts
+    test = collect(m, prompts_of(m, heldout), names) if heldout else acts
+    q = quality(d, test[hook_in], test[hook_out])
+    if heldout:
+        q.update(loss_recovered(m, d, prompts_of(m, heldout), heldout))
     report = {"site": str(hook_in), "target": str(hook_out), "config": asdict(cfg),
-              "train_tokens": int(len(acts[hook_in])), "quality": quality(d, test[hook_in], test[hook_out]),
+              "train_tokens": int(len(acts[hook_in])), "quality": q,
               "quality_on": "held-out prompts" if heldout else "training tokens",
               "mse_first_steps": float(sum(losses[:20]) / max(1, len(losses[:20]))),
               "mse_last_steps": float(sum(losses[-20:]) / max(1, len(losses[-20:]))), "seconds": round(seconds, 1)}
     return d, report
 
 
-def task_prompts(model: Any, tasks: list[str], n: int, seed: int, counterfactuals: bool = True) -> list[list[int]]:
-    """Token ids of the prompts (and counterfactuals) of built-in tasks, n examples each, seeded."""
+def task_data(model: Any, tasks: list[str], n: int, seed: int) -> list[Dataset]:
+    """Built-in tasks' datasets, n examples each, seeds seed, seed + 1, ..."""
     from ..data import tasks as builtins
 
+    return [builtins.get(task, n=n, seed=seed + i, tokenizer=adapt(model).tokenizer) for i, task in enumerate(tasks)]
+
+
+def prompts_of(model: Any, datasets: list[Dataset], counterfactuals: bool = True) -> list[list[int]]:
+    """Token ids of every prompt (and counterfactual) of the datasets."""
     m = adapt(model)
-    out = []
-    for i, task in enumerate(tasks):
-        data = builtins.get(task, n=n, seed=seed + i, tokenizer=m.tokenizer)
-        for e in data:
-            for text in (e.prompt, e.counterfactual if counterfactuals else None):
-                if text is not None:
-                    out.append(m.tokenize(text, prepend_bos=isinstance(text, str)))
-    return out
+    return [m.tokenize(t, prepend_bos=isinstance(t, str)) for data in datasets for e in data
+            for t in (e.prompt, e.counterfactual if counterfactuals else None) if t is not None]
+
+
+def task_prompts(model: Any, tasks: list[str], n: int, seed: int, counterfactuals: bool = True) -> list[list[int]]:
+    """Token ids of the prompts (and counterfactuals) of built-in tasks, n examples each, seeded."""
+    return prompts_of(model, task_data(model, tasks, n, seed), counterfactuals)
