@@ -251,6 +251,10 @@ def test_top_sites_keeps_each_prompts_largest_effects(demo, ioi_tokens):
         expect = sorted(abs(diff[e]), reverse=True)[:5]
         got = top[top["example"] == e]["difference"].abs().tolist()
         assert got == pytest.approx(expect)
+    title, fig = result.figures()[0]  # the page shows the strongest feature sites, not a layer x position grid
+    mean = diff.mean(0)
+    strongest = [result.table["site"][i] for i in sorted(range(len(mean)), key=lambda i: -abs(mean[i]))[:40]]
+    assert "feature sites of largest |value|" in title and list(fig.data[0].x) == strongest
 
 
 @needs_hooked
@@ -319,3 +323,16 @@ def test_feature_reads_are_served_by_a_cached_model(demo, ioi_tokens, tmp_path):
     again = adapt(cached).run(clean, [name]).acts[name]
     assert torch.equal(first, again) and torch.equal(first, adapt(demo).run(clean, [name]).acts[name])
     assert cached.cache_stats()["hits"] >= 1
+
+
+def test_attribution_on_scalar_slots_adds_up_to_the_whole_activation(demo, ioi_tokens):
+    """Neuron (and feature) sites patch one number per slot; attribution over every neuron of a layer sums
+    to attribution of the whole activation (the first-order estimate is linear in the change)."""
+    data = ioi_tokens[0]
+    per_neuron = es.Patching(method="attribution", comparison="difference", sites=es.Sites(
+        activation="mlp_post", layers=1, over=["neuron"])).run(demo, data, quiet=True)
+    whole = es.Patching(method="attribution", comparison="difference", sites=es.Sites(
+        activation="mlp_post", layers=1, over=["layer"])).run(demo, data, quiet=True)
+    summed = (per_neuron.extra["patched"] - per_neuron.extra["m_base"][:, None]).sum(1)
+    torch.testing.assert_close(summed, (whole.extra["patched"] - whole.extra["m_base"][:, None])[:, 0],
+                               rtol=1e-6, atol=1e-6)
