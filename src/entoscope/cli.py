@@ -6,6 +6,7 @@
     entoscope run runs/x/manifest.json                  repeat a saved run
     entoscope lens --data '{task: ioi, n: 8}' --sites '{activation: resid_post, over: [layer, position]}'
     entoscope train-lens --model demo --data '{task: ioi, n: 256}' --out lenses/demo
+    entoscope train-sae --model demo --site resid_post.1 --out sae/resid_post.1   (docs/features.md)
 
 Every operation sub-command takes each config key as --key VALUE (VALUE is read as YAML, so lists
 and mappings work) plus the model options; `--plan` prints the plan and runs nothing.
@@ -246,6 +247,12 @@ def _version() -> str:
     return f"entoscope {__version__} ({', '.join(parts)})"
 
 
+def _train_sae(args: argparse.Namespace) -> int:
+    from .dictionaries import command
+
+    return command.run(args, _load(args), _data_arg(args.data))
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import circuits, lens, patching, probing  # noqa: F401  (register the operations)
 
@@ -282,6 +289,13 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--out", required=True, metavar="DIR", help="folder for the translators")
     q.add_argument("--quiet", action="store_true")
     q.set_defaults(handler=_train_lens)
+    from .dictionaries import command as sae_command
+
+    q = sub.add_parser("train-sae", help="train a sparse autoencoder or transcoder and save it (SAELens format)",
+                       description=sae_command.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _model_options(q)
+    sae_command.add_options(q)
+    q.set_defaults(handler=_train_sae)
     for cli_name, op_name in CLI_NAMES.items():
         if op_name in names("operation"):
             _op_parser(sub, cli_name, op_name)

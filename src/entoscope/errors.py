@@ -81,6 +81,12 @@ class CheckFailedError(EntoscopeError, ArithmeticError):
     code = "check_failed"
 
 
+class DictionaryError(EntoscopeError, ValueError):
+    """A sparse autoencoder or transcoder that cannot be read or used as given."""
+
+    code = "dictionary_invalid"
+
+
 class MetricError(EntoscopeError, RuntimeError):
     """A metric that failed when called, or returned something other than one value per row."""
 

@@ -30,10 +30,11 @@ Selection = Union[str, int, list[int]]  # "all", "2:5", "-3:", 4, [0, 2, -1]
 
 _AXIS_ALIASES = {"layer": "layer", "layers": "layer", "pos": "pos", "position": "pos", "positions": "pos",
                  "head": "head", "heads": "head", "kv_head": "kv_head", "neuron": "neuron",
-                 "neurons": "neuron", "query_pos": "query_pos", "dest": "query_pos", "dest_pos": "query_pos",
-                 "key_pos": "key_pos", "src": "key_pos", "src_pos": "key_pos", "source_pos": "key_pos"}
+                 "neurons": "neuron", "feature": "feature", "features": "feature", "query_pos": "query_pos",
+                 "dest": "query_pos", "dest_pos": "query_pos", "key_pos": "key_pos", "src": "key_pos", "src_pos": "key_pos", "source_pos": "key_pos"}
 _SELECTION_FIELD = {"layer": "layers", "pos": "positions", "head": "heads", "kv_head": "heads",
-                    "neuron": "neurons", "query_pos": "query_positions", "key_pos": "key_positions"}
+                    "neuron": "neurons", "feature": "features", "query_pos": "query_positions",
+                    "key_pos": "key_positions"}
 _POSITION_AXES = ("pos", "query_pos", "key_pos")
 
 Coord = tuple[tuple[str, int], ...]  # sorted (axis, index) pairs
@@ -72,9 +73,16 @@ class SiteSet:
     units: tuple[Unit, ...]
     n_layers: int
     note: str = ""
+    bases: tuple[tuple[int, str], ...] = ()  # features: (layer, dictionary key) of each layer's dictionary
 
     def __len__(self) -> int:
         return len(self.units)
+
+    def act_name(self, layer: int | None) -> ActName:
+        """The activation a unit's member at `layer` reads or writes (features: with its dictionary)."""
+        if not self.kind.per_layer:
+            return ActName(self.kind.name)
+        return ActName(self.kind.name, layer, dict(self.bases).get(layer) if layer is not None else None)
 
     def layers(self) -> list[int]:
         """Every layer some unit touches, sorted."""
@@ -84,10 +92,13 @@ class SiteSet:
     def frame(self) -> pd.DataFrame:
         """One row per unit: a column per grid axis (None for a group whose members differ) and a label."""
         rows = []
+        bases = dict(self.bases)
         for u in self.units:
             row: dict[str, Any] = {"site": u.label}
             for ax in self.over:
                 row["position" if ax == "pos" else ax] = u.get(ax)
+            if bases:
+                row["dictionary"] = bases.get(u.get("layer"), None)  # type: ignore[arg-type]
             rows.append(row)
         return pd.DataFrame(rows)
 
@@ -106,6 +117,10 @@ class Sites(ConfigModel):
     groups:     rows that each read several units together, e.g. [[{layer: 9, head: 6}, {layer: 9, head: 9}]];
                 given instead of the grid.
     coords:     an explicit list of single coordinates, instead of the grid.
+    dictionary: read and write `activation` in a dictionary's features instead (docs/features.md): a
+                dictionary (demo/resid_post.1, a SAELens folder, a registered name) or a release (demo, a
+                folder of SAELens folders: each layer's member that writes the activation). The sites
+                then have axes layer, position and feature; `features` selects features.
     """
 
 
@@ -120,6 +135,8 @@ class Sites(ConfigModel):
     exclude: list[dict[str, int]] = Field(default_factory=list)
     groups: list[list[dict[str, int]]] | None = None
     coords: list[dict[str, int]] | None = None
+    dictionary: str | None = None
+    features: Selection = "all"
 
     @field_validator("over")
     @classmethod
@@ -140,10 +157,18 @@ class Sites(ConfigModel):
         if fixed_layer is not None:  # blocks.9.hook_resid_post on a 3-layer model; final_resid = layer -1
             fixed_layer = model.resolve(ActName(kind.name, fixed_layer)).layer
         s = model.structure
+        if kind.name == "features" and self.dictionary is None:
+            raise SiteError("features sites need a dictionary", code="features_name",
+                            remedy="give the activation the dictionary reads and writes, and the dictionary: "
+                            "Sites(activation='resid_post', dictionary='demo/resid_post.1', over=['feature'])")
         if kind.name == "resid_mid" and s.parallel:
             model.resolve("resid_mid.0")  # raises the no_resid_mid refusal
         if kind.name == "pos_embed":
             model.resolve("pos_embed")
+        bases: tuple[tuple[int, str], ...] = ()
+        d_sae = 0
+        if self.dictionary is not None:
+            kind, fixed_layer, bases, d_sae = self._feature_basis(model, kind, fixed_layer)
         axes_of_kind = set(kind.axes) | ({"layer"} if kind.per_layer else set())
         if kind.name in ("k", "v"):
             axes_of_kind.add("head")  # one query head's own copy of the shared key/value head
@@ -154,7 +179,8 @@ class Sites(ConfigModel):
                                 remedy=f"{kind.name} can be split over {', '.join(valid) or 'nothing'}")
         min_len = min(lengths) if lengths else None
         sizes = {"layer": s.n_layers, "head": s.n_heads, "kv_head": s.n_kv_heads, "neuron": s.d_mlp,
-                 "pos": min_len or s.n_ctx, "query_pos": min_len or s.n_ctx, "key_pos": min_len or s.n_ctx}
+                 "pos": min_len or s.n_ctx, "query_pos": min_len or s.n_ctx, "key_pos": min_len or s.n_ctx,
+                 "feature": d_sae}
         if kind.name in ("k", "v") and "head" in self.over:
             sizes["head"] = s.n_heads
         note = ""
@@ -184,7 +210,38 @@ class Sites(ConfigModel):
         if not units:
             raise SiteError(f"the selection of {kind.name} sites is empty", code="empty_selection",
                             remedy="widen layers/positions/heads, or drop some exclusions")
-        return SiteSet(kind, tuple(self.over), tuple(units), s.n_layers, note)
+        if bases:
+            used = {dict(m)["layer"] for u in units for m in u.members}
+            bases = tuple((L, key) for L, key in bases if L in used)
+        return SiteSet(kind, tuple(self.over), tuple(units), s.n_layers, note, bases)
+
+    def _feature_basis(self, model: ModelAdapter, written: Kind, fixed_layer: int | None,
+                       ) -> tuple[Kind, int | None, tuple[tuple[int, str], ...], int]:
+        """features sites: (the features kind, the fixed layer, each layer's dictionary key, their width)."""
+        from .dictionaries.catalog import for_site, get_dictionary, is_release, writers
+
+        if not written.per_layer:
+            raise SiteError(f"a dictionary on {written.name} has no layer", code="dictionary_site_unsupported",
+                            remedy="use dictionaries on per-layer activations (resid_post, mlp_out, ...)")
+        spec = str(self.dictionary)
+        if fixed_layer is None and not is_release(spec) and self.layers == "all":
+            fixed_layer = parse_name(get_dictionary(spec).hook_out).layer  # one dictionary: its layer
+        layers = [fixed_layer] if fixed_layer is not None else self._select(
+            "layer", {"layer": model.structure.n_layers}, None)
+        if fixed_layer is None and self.layers == "all":  # a release: "all" = the layers it covers
+            covered = [L for L in layers if writers(spec, f"{written.name}.{L}")]
+            layers = covered or layers  # none: refused below, naming the release's members
+        bases, widths = [], set()
+        for L in layers:
+            key, d = for_site(spec, f"{written.name}.{L}")
+            model.resolve(ActName("features", L, key))  # the dictionary fits this model
+            bases.append((L, key))
+            widths.add(d.d_sae)
+        if len(widths) > 1:
+            raise SiteError(f"the dictionaries of these layers have different widths ({sorted(widths)}), so one "
+                            "features grid does not fit them all", code="dictionary_widths_differ",
+                            remedy="select one layer per Sites, or dictionaries of one width")
+        return KINDS["features"], fixed_layer, tuple(bases), widths.pop()
 
     def _select(self, axis: str, sizes: dict[str, int], lengths: list[int] | None) -> list[int]:
         field = _SELECTION_FIELD[axis]
@@ -262,7 +319,8 @@ class Sites(ConfigModel):
                                 remedy=f"use -{size}..{size - 1}")
             return i  # negative positions stay relative to each prompt's end
         if not -size <= i < size:
-            name = {"layer": "layers", "head": "heads", "kv_head": "key/value heads", "neuron": "neurons"}[axis]
+            name = {"layer": "layers", "head": "heads", "kv_head": "key/value heads", "neuron": "neurons",
+                    "feature": "features in its dictionary"}[axis]
             raise SiteError(f"{axis} {i} is out of range: this model has {size} {name}",
                             code="site_out_of_range", remedy=f"use 0..{size - 1} (or negative from the end)")
         return i % size
@@ -295,7 +353,7 @@ def _label(coord: Coord) -> str:
     if "layer" in d and "head" in d:
         parts.append(f"{d.pop('layer')}.{d.pop('head')}")
     short = {"layer": "L", "pos": "p", "head": "h", "kv_head": "kv", "neuron": "n", "query_pos": "q",
-             "key_pos": "k"}
+             "key_pos": "k", "feature": "f"}
     parts += [f"{short[a]}{i}" for a, i in sorted(d.items(), key=lambda x: list(short).index(x[0]))]
     return " ".join(parts) if parts else "all"
 

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from ..errors import DataError, SiteError, UnsupportedModelError
+from . import features
 from .guards import check_describable, check_finite_weights, evaluating, first_non_finite, raise_non_finite
 from .names import KINDS, ActName, parse_name
 from .structure import Structure
@@ -197,6 +198,8 @@ class ModelAdapter:
         """Canonical name for `name` (aliases accepted), validated against this model."""
         act = parse_name(name, self.structure.n_layers)
         s = self.structure
+        if act.kind == "features":
+            return features.resolve(self, act)
         if act.kind == "resid_post" and act.layer == -1:
             act = ActName("resid_post", s.n_layers - 1)
         if act.layer is not None and not 0 <= act.layer < s.n_layers:
@@ -232,6 +235,8 @@ class ModelAdapter:
     def hook_name(self, name: ActName | str) -> str:
         """The backend's hook name for an activation (derived ones have none: result, logits)."""
         act = self.resolve(name)
+        if act.kind == "features":
+            return self.hook_name(features.dictionary(act).hook_out)  # where feature writes go
         if act.kind in ("result", "logits"):
             raise SiteError(f"{act} is computed by entoscope, not read from one hook",
                             code="no_single_hook", remedy="read it through ModelAdapter.run")
@@ -372,6 +377,8 @@ class ModelAdapter:
     def _sources(self, act: ActName) -> list[ActName]:
         if act.kind == "logits":
             return []
+        if act.kind == "features":
+            return self._sources(self.resolve(features.source(act)))
         if act.kind == "result":
             return [ActName("z", act.layer)]
         if self._needs_unfolded_norm(act):
@@ -380,6 +387,8 @@ class ModelAdapter:
         return [act]
 
     def _derive(self, act: ActName, raw: dict[ActName, Tensor]) -> Tensor:
+        if act.kind == "features":
+            return features.encode(act, self._derive(self.resolve(features.source(act)), raw))
         if act.kind == "result":
             z = raw[ActName("z", act.layer)]
             return torch.einsum("bphd,hdm->bphm", z, self.weights.W_O(act.layer).to(z.dtype))
@@ -411,6 +420,9 @@ class ModelAdapter:
             if act.kind == "result":
                 hooks.extend(self._result_hooks(act, iv.fn))
                 continue
+            if act.kind == "features":
+                hooks.extend(features.hooks(self, act, iv.fn))
+                continue
             if self._needs_unfolded_norm(act):
                 raise SiteError(f"{act} cannot be written on an unprocessed HookedTransformer",
                                 code="site_not_writable", remedy="use resid_pre/resid_mid, or a processed model")
@@ -434,12 +446,17 @@ class ModelAdapter:
         return [(self._hook(ActName("z", act.layer)), keep_z), (self._hook(ActName("attn_out", act.layer)), edit_out)]
 
     # ------------------------------------------------------------------ misc
-    def axis_sizes(self, kind: str, seq_len: int | None = None) -> dict[str, int]:
-        """Size of each axis of an activation kind (the sites grid validates against these)."""
+    def axis_sizes(self, kind: str | ActName, seq_len: int | None = None) -> dict[str, int]:
+        """Size of each axis of an activation kind (the sites grid validates against these); a features
+        activation is named in full (its width is its dictionary's)."""
         s = self.structure
         sizes = {"pos": seq_len or s.n_ctx, "query_pos": seq_len or s.n_ctx, "key_pos": seq_len or s.n_ctx,
                  "d_model": s.d_model, "head": s.n_heads, "kv_head": s.n_kv_heads, "d_head": s.d_head,
                  "neuron": s.d_mlp, "vocab": s.d_vocab, "one": 1}
+        if isinstance(kind, ActName):
+            if kind.kind == "features":
+                sizes["feature"] = features.width(kind)
+            kind = kind.kind
         return {ax: sizes[ax] for ax in KINDS[kind].axes}
 
 

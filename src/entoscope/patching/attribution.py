@@ -105,7 +105,7 @@ def _contract(setup: Setup, chunk: Chunk, gradient: Callable[[ActName], Tensor])
             index = grid_index(slots, slots.ex, sizes)
             delta = slot_values(setup, chunk, slots, gi) - chunk.acts["base"][g.act][index]
             grad = gradient(g.act)[index]
-            contrib = (delta.double() * grad.double()).flatten(1).sum(1).cpu()
+            contrib = (delta.double() * grad.double()).reshape(len(slots), -1).sum(1).cpu()  # slots may be scalars
             out.index_put_((slots.ex, slots.unit), contrib, accumulate=True)
     return out
 

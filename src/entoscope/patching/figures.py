@@ -10,6 +10,7 @@ import numpy as np
 from ..results.result import Result
 
 MAX_DRILL_SITES = 400
+TOP_FEATURE_SITES = 40  # feature sites shown (largest |value|): a dictionary has hundreds per position
 
 
 def _colour(values: np.ndarray) -> dict[str, Any]:
@@ -33,8 +34,14 @@ def patching_figures(result: Result) -> list[tuple[str, Any]]:
     t = result.table
     what = result.extra.get("value_label", "value")
     figs: list[tuple[str, Any]] = []
-    has = {c for c in ("layer", "position", "head", "kv_head", "neuron") if c in t and t[c].notna().all()}
-    if {"layer", "position"} <= has and len(has) == 2:
+    has = {c for c in ("layer", "position", "head", "kv_head", "neuron", "feature") if c in t and t[c].notna().all()}
+    if "feature" in has:
+        top = t.reindex(t["value"].abs().sort_values(ascending=False).index[:TOP_FEATURE_SITES])
+        fig = go.Figure(go.Bar(x=top["site"].astype(str), y=top["value"],
+                               error_y={"type": "data", "array": top["value_std"].fillna(0)}))
+        fig.update_layout(xaxis_title="feature site (L layer, p position, f feature)", yaxis_title=what, height=360)
+        figs.append((f"{what}: the {len(top)} feature sites of largest |value| (of {len(t)})", fig))
+    elif {"layer", "position"} <= has and len(has) == 2:
         grid = t.pivot_table(index="layer", columns="position", values="value", aggfunc="first")
         cols = [int(c) for c in grid.columns]
         fig = go.Figure(go.Heatmap(z=grid.values, x=_position_labels(result, cols), y=list(grid.index),

@@ -399,7 +399,7 @@ def _bytes_per_example(model: ModelAdapter, reads: dict[str, list[ActName]], T: 
     for run, names in reads.items():
         for name in names:
             kind = {"rot_k": "k", "rot_q": "q"}.get(name.kind, name.kind)
-            total += int(np.prod(list(model.axis_sizes(kind, T).values()))) * FLOAT
+            total += int(np.prod(list(model.axis_sizes(name if kind == "features" else kind, T).values()))) * FLOAT
     return total + 2 * T * model.structure.d_vocab * FLOAT
 
 

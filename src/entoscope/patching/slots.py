@@ -54,7 +54,7 @@ def unit_members(siteset: SiteSet, s: Structure, kv_mode: str) -> list[tuple[Mem
         members = []
         for coord in unit.members:
             d = dict(coord)
-            act = ActName(kind.name, d.get("layer")) if kind.per_layer else ActName(kind.name)
+            act = siteset.act_name(d.get("layer"))
             query_head = None
             if kind.name in ("k", "v") and "head" in d:
                 if "kv_head" in d:

@@ -55,8 +55,10 @@ class Setup:
 
     def sizes(self, seq_len: int) -> dict[str, int]:
         s = self.model.structure
+        features = [g.act for g in self.groups if g.act.kind == "features"]  # one width per site set
         return {"pos": seq_len, "query_pos": seq_len, "key_pos": seq_len, "head": s.n_heads,
-                "kv_head": s.n_kv_heads, "neuron": s.d_mlp}
+                "kv_head": s.n_kv_heads, "neuron": s.d_mlp,
+                "feature": self.model.axis_sizes(features[0])["feature"] if features else 0}
 
 
 def score_rows(metric: MetricFn, chunk: Chunk, ex: Tensor, logits: Tensor) -> Tensor:
