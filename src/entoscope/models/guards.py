@@ -109,9 +109,9 @@ def check_describable(adapter: ModelAdapter) -> None:
     with torch.no_grad(), evaluating(tl):
         logits, cache = tl.run_with_cache(tokens, names_filter=list(names.values()), return_type="logits")
         logits2 = tl(other, return_type="logits")
-        resid = {k: cache[h].float() for k, h in names.items()}
-        final = adapter.weights.final_norm(resid[f"resid_post.{last}"])
-        unembedded = final @ adapter.weights.W_U.float() + adapter.weights.b_U.float()
+        resid = {k: cache[h].double() for k, h in names.items()}
+        final = adapter.weights.final_norm(resid[f"resid_post.{last}"]).double()
+        unembedded = final @ adapter.weights.W_U.double() + adapter.weights.b_U.double()
     scale = float(logits.float().abs().max()) + 1e-6
     tol = 1e-3 if logits.dtype in (torch.float32, torch.float64) else 3e-2  # half precision rounds at ~1e-3
     problems = []
@@ -123,7 +123,7 @@ def check_describable(adapter: ModelAdapter) -> None:
     if not float((summed - resid[f"resid_post.{last}"]).abs().max()) <= tol * rscale:
         problems.append("resid_post is not resid_pre + attn_out + mlp_out: the residual stream is not additive "
                         "(a post-norm block?)")
-    elif not float((unembedded - logits.float()).abs().max()) <= tol * scale:
+    elif not float((unembedded - logits.double()).abs().max()) <= tol * scale:
         problems.append("unembed(final_norm(last resid_post)) is not the model's logits")
     if problems:
         raise UnsupportedModelError(
