@@ -22,11 +22,15 @@ import torch
 from pydantic import Field, field_validator
 
 from .config_model import ConfigModel
-from .errors import SiteError
+from .data.roles import RoleTable
+from .errors import SiteError, warn
 from .models.adapter import ModelAdapter
 from .models.names import KINDS, ActName, Kind, parse_name
 
-Selection = Union[str, int, list[int]]  # "all", "2:5", "-3:", 4, [0, 2, -1]
+Selection = Union[str, int, list[Union[int, str]]]  # "all", "2:5", "-3:", 4, [0, 2, -1]; positions: "S2", "S2+1"
+ROLE_BASE = 1 << 20  # a position coordinate >= ROLE_BASE names a role (data/roles.py), not a token index
+ROLE_STRIDE = 1 << 10  # offsets from a role: -512..511
+_ROLE_REF = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:([+-])\s*(\d+))?\s*")
 
 _AXIS_ALIASES = {"layer": "layer", "layers": "layer", "pos": "pos", "position": "pos", "positions": "pos",
                  "head": "head", "heads": "head", "kv_head": "kv_head", "neuron": "neuron",
@@ -74,6 +78,7 @@ class SiteSet:
     n_layers: int
     note: str = ""
     bases: tuple[tuple[int, str], ...] = ()  # features: (layer, dictionary key) of each layer's dictionary
+    role_names: tuple[str, ...] = ()  # the roles position codes index (data/roles.py RoleTable.names)
 
     def __len__(self) -> int:
         return len(self.units)
@@ -93,10 +98,14 @@ class SiteSet:
         """One row per unit: a column per grid axis (None for a group whose members differ) and a label."""
         rows = []
         bases = dict(self.bases)
+        by_role = any(is_role(v) for u in self.units for m in u.members for a, v in m if a in _POSITION_AXES)
         for u in self.units:
             row: dict[str, Any] = {"site": u.label}
             for ax in self.over:
-                row["position" if ax == "pos" else ax] = u.get(ax)
+                value = u.get(ax)
+                if by_role and ax in _POSITION_AXES and value is not None:
+                    value = position_text(value, self.role_names)  # one column of labels: "S2", "END", "-3"
+                row["position" if ax == "pos" else ax] = value
             if bases:
                 row["dictionary"] = bases.get(u.get("layer"), None)  # type: ignore[arg-type]
             rows.append(row)
@@ -151,8 +160,9 @@ class Sites(ConfigModel):
         act = parse_name(text)
         return KINDS[act.kind], act.layer
 
-    def resolve(self, model: ModelAdapter, lengths: list[int] | None = None) -> SiteSet:
-        """Validate against the model (and the prompts' token lengths) and list the units."""
+    def resolve(self, model: ModelAdapter, lengths: list[int] | None = None, roles: RoleTable | None = None
+                ) -> SiteSet:
+        """Validate against the model (and the prompts' token lengths and roles) and list the units."""
         kind, fixed_layer = self.kind()
         if fixed_layer is not None:  # blocks.9.hook_resid_post on a 3-layer model; final_resid = layer -1
             fixed_layer = model.resolve(ActName(kind.name, fixed_layer)).layer
@@ -189,12 +199,12 @@ class Sites(ConfigModel):
                     "negative positions count from each prompt's end")
         if self.coords is not None or self.groups is not None:
             raw_groups = [[c] for c in self.coords] if self.coords is not None else self.groups
-            units = [self._unit([self._coord(c, sizes, fixed_layer, kind, lengths) for c in g])
+            units = [self._unit([self._coord(c, sizes, fixed_layer, kind, lengths, roles) for c in g], roles)
                      for g in raw_groups or []]
         else:
             # A per-layer kind with no layer axis in `over`: each row reads every selected layer at once.
             grid_axes = list(self.over)
-            choices = [self._select(ax, sizes, lengths) if not (ax == "layer" and fixed_layer is not None)
+            choices = [self._select(ax, sizes, lengths, roles) if not (ax == "layer" and fixed_layer is not None)
                        else [fixed_layer] for ax in grid_axes]
             excluded = {tuple(sorted((_axis(k), int(v)) for k, v in e.items())) for e in self.exclude}
             units = []
@@ -204,16 +214,19 @@ class Sites(ConfigModel):
                     continue
                 if kind.per_layer and "layer" not in coord:
                     layers = [fixed_layer] if fixed_layer is not None else self._select("layer", sizes, lengths)
-                    units.append(self._unit([tuple(sorted({**coord, "layer": L}.items())) for L in layers]))
+                    units.append(self._unit([tuple(sorted({**coord, "layer": L}.items())) for L in layers], roles))
                 else:
-                    units.append(self._unit([tuple(sorted(coord.items()))]))
+                    units.append(self._unit([tuple(sorted(coord.items()))], roles))
         if not units:
             raise SiteError(f"the selection of {kind.name} sites is empty", code="empty_selection",
                             remedy="widen layers/positions/heads, or drop some exclusions")
         if bases:
             used = {dict(m)["layer"] for u in units for m in u.members}
             bases = tuple((L, key) for L, key in bases if L in used)
-        return SiteSet(kind, tuple(self.over), tuple(units), s.n_layers, note, bases)
+        if roles is not None and lengths:
+            warn_mixed_roles(units, lengths, roles)
+        return SiteSet(kind, tuple(self.over), tuple(units), s.n_layers, note, bases,
+                       roles.names if roles is not None else ())
 
     def _feature_basis(self, model: ModelAdapter, written: Kind, fixed_layer: int | None,
                        ) -> tuple[Kind, int | None, tuple[tuple[int, str], ...], int]:
@@ -243,12 +256,20 @@ class Sites(ConfigModel):
                             remedy="select one layer per Sites, or dictionaries of one width")
         return KINDS["features"], fixed_layer, tuple(bases), widths.pop()
 
-    def _select(self, axis: str, sizes: dict[str, int], lengths: list[int] | None) -> list[int]:
+    def _select(self, axis: str, sizes: dict[str, int], lengths: list[int] | None,
+                roles: RoleTable | None = None) -> list[int]:
         field = _SELECTION_FIELD[axis]
         value = getattr(self, field)
         size = sizes[axis]
         if value == "all":
             return list(range(size))
+        if axis in _POSITION_AXES and (isinstance(value, list) or isinstance(value, str) and ":" not in value):
+            items = value if isinstance(value, list) else [value]
+            return [self._check(axis, role_ref(v, roles, field) if isinstance(v, str) else v, sizes, lengths, roles)
+                    for v in items]
+        if isinstance(value, list) and any(isinstance(v, str) for v in value):
+            raise SiteError(f"{field}={value!r}: names are roles, which only positions take", code="bad_selection",
+                            remedy="give indices")
         if isinstance(value, str):
             m = re.fullmatch(r"\s*(-?\d*)\s*:\s*(-?\d*)\s*", value)
             if not m:
@@ -262,7 +283,7 @@ class Sites(ConfigModel):
                 idx = self._index_range(field, value, start, stop, axis, size)
         else:
             idx = [value] if isinstance(value, int) else list(value)
-        return [self._check(axis, i, sizes, lengths) for i in idx]
+        return [self._check(axis, i, sizes, lengths, roles) for i in idx]
 
     @staticmethod
     def _index_range(field: str, value: str, start: int | None, stop: int | None, axis: str, size: int) -> list[int]:
@@ -304,8 +325,12 @@ class Sites(ConfigModel):
                             remedy="a range 'a:b' needs a < b")
         return idx
 
-    def _check(self, axis: str, i: int, sizes: dict[str, int], lengths: list[int] | None) -> int:
+    def _check(self, axis: str, i: int, sizes: dict[str, int], lengths: list[int] | None,
+               roles: RoleTable | None = None) -> int:
         size = sizes[axis]
+        if axis in _POSITION_AXES and is_role(i):
+            _check_role(i, lengths, roles)
+            return i
         if axis in _POSITION_AXES:
             if lengths:
                 for n, length in enumerate(lengths):
@@ -325,9 +350,10 @@ class Sites(ConfigModel):
                             code="site_out_of_range", remedy=f"use 0..{size - 1} (or negative from the end)")
         return i % size
 
-    def _coord(self, raw: dict[str, int], sizes: dict[str, int], fixed_layer: int | None, kind: Kind,
-               lengths: list[int] | None) -> Coord:
-        coord = {_axis(k): int(v) for k, v in raw.items()}
+    def _coord(self, raw: dict[str, Any], sizes: dict[str, int], fixed_layer: int | None, kind: Kind,
+               lengths: list[int] | None, roles: RoleTable | None = None) -> Coord:
+        coord = {_axis(k): role_ref(v, roles, k) if isinstance(v, str) and _axis(k) in _POSITION_AXES else int(v)
+                 for k, v in raw.items()}
         if fixed_layer is not None:
             coord.setdefault("layer", fixed_layer)
         if kind.per_layer and "layer" not in coord:
@@ -340,26 +366,130 @@ class Sites(ConfigModel):
             if ax != "layer" and ax not in kind.axes and not (ax == "head" and kind.name in ("k", "v")):
                 raise SiteError(f"{kind.name} has no {ax!r} axis (in {raw})", code="axis_not_in_activation",
                                 remedy=f"{kind.name} has axes {', '.join(kind.axes)}")
-        return tuple(sorted((ax, self._check(ax, i, sizes, lengths)) for ax, i in coord.items()))
+        return tuple(sorted((ax, self._check(ax, i, sizes, lengths, roles)) for ax, i in coord.items()))
 
     @staticmethod
-    def _unit(members: list[Coord]) -> Unit:
-        return Unit(tuple(members), "+".join(_label(m) for m in members))
+    def _unit(members: list[Coord], roles: RoleTable | None = None) -> Unit:
+        names = roles.names if roles is not None else ()
+        return Unit(tuple(members), "+".join(_label(m, names) for m in members))
 
 
-def _label(coord: Coord) -> str:
+def _label(coord: Coord, role_names: tuple[str, ...] = ()) -> str:
     d = dict(coord)
+    for ax in _POSITION_AXES:
+        if ax in d and is_role(d[ax]):
+            d[ax] = position_text(d[ax], role_names)  # type: ignore[assignment]
     parts = []
     if "layer" in d and "head" in d:
         parts.append(f"{d.pop('layer')}.{d.pop('head')}")
     short = {"layer": "L", "pos": "p", "head": "h", "kv_head": "kv", "neuron": "n", "query_pos": "q",
              "key_pos": "k", "feature": "f"}
-    parts += [f"{short[a]}{i}" for a, i in sorted(d.items(), key=lambda x: list(short).index(x[0]))]
+    parts += [i if isinstance(i, str) else f"{short[a]}{i}"  # a role position reads as itself: "L1 S2"
+              for a, i in sorted(d.items(), key=lambda x: list(short).index(x[0]))]
     return " ".join(parts) if parts else "all"
 
 
-def absolute_positions(position: int, lengths: torch.Tensor) -> torch.Tensor:
-    """Per-prompt token index of a (possibly negative) position: [batch] long tensor."""
-    if position >= 0:
-        return torch.full_like(lengths, position)
-    return lengths + position
+def role_code(index: int, offset: int = 0) -> int:
+    if not -ROLE_STRIDE // 2 <= offset < ROLE_STRIDE // 2:
+        raise SiteError(f"offset {offset} from a role is too large", code="bad_selection", remedy="use -512..511")
+    return ROLE_BASE + index * ROLE_STRIDE + offset + ROLE_STRIDE // 2
+
+
+def is_role(position: int) -> bool:
+    return position >= ROLE_BASE
+
+
+def decode_role(code: int) -> tuple[int, int]:
+    """(role index, offset) of a role position code."""
+    k = code - ROLE_BASE
+    return k // ROLE_STRIDE, k % ROLE_STRIDE - ROLE_STRIDE // 2
+
+
+def position_text(position: int, role_names: tuple[str, ...]) -> str:
+    """A position as a reader writes it: `3`, `-2`, `S2`, `S2+1`."""
+    if not is_role(position):
+        return str(position)
+    index, offset = decode_role(position)
+    name = role_names[index] if index < len(role_names) else f"role{index}"
+    return name + (f"{offset:+d}" if offset else "")
+
+
+def role_ref(text: str, roles: RoleTable | None, field: str) -> int:
+    """The code of a role reference `S2`, `S2+1`, `END-2` (refused where the data has no such role)."""
+    m = _ROLE_REF.fullmatch(text)
+    if not m:
+        raise SiteError(f"{field}={text!r} is neither a position, a range nor a role", code="bad_selection",
+                        remedy="use an index, a range 'a:b', or a role of the data (S2, END, S2+1)")
+    known = roles.names if roles is not None else ("END",)
+    if m.group(1) not in known:
+        raise SiteError(f"{field}: no role {m.group(1)!r} in this data", code="role_unknown",
+                        remedy=f"this data's roles: {', '.join(known)} (mark roles in prompts with [[NAME:text]] "
+                        "or give a roles field; docs/statistics.md)")
+    if roles is None:
+        raise SiteError(f"{field}: role positions need the data's roles, which this operation does not have",
+                        code="role_unknown", remedy="use token indices here")
+    offset = int(m.group(3) or 0) * (-1 if m.group(2) == "-" else 1)
+    return role_code(roles.index(m.group(1)), offset)
+
+
+def _check_role(code: int, lengths: list[int] | None, roles: RoleTable | None) -> None:
+    if roles is None or lengths is None:
+        return
+    index, offset = decode_role(code)
+    pos = roles.positions[:, index]
+    name = position_text(code, roles.names)
+    missing = (pos < 0).nonzero().flatten()
+    if len(missing):
+        raise SiteError(f"role {roles.names[index]} is missing in {len(missing)} of {len(pos)} prompts (first: prompt "
+                        f"{int(missing[0])})", code="role_missing",
+                        remedy="mark the role in every prompt, or drop the prompts without it")
+    at = pos + offset
+    bad = ((at < 0) | (at >= torch.tensor(lengths))).nonzero().flatten()
+    if len(bad):
+        e = int(bad[0])
+        raise SiteError(f"position {name} is token {int(at[e])} of prompt {e}, which has {lengths[e]} tokens",
+                        code="site_out_of_range", remedy="use a smaller offset from the role")
+
+
+def resolve_positions(codes: torch.Tensor, lengths: torch.Tensor, roles: torch.Tensor | None = None) -> torch.Tensor:
+    """Absolute token index of position codes, per prompt: codes and lengths [N], roles [N, R] (the prompts'
+    RoleTable rows). Non-negative: the index; negative: from the prompt's end; a role code: the role's token."""
+    out = torch.where(codes < 0, codes + lengths, codes)
+    role = codes >= ROLE_BASE
+    if bool(role.any()):
+        if roles is None:
+            raise SiteError("a role position without the prompts' roles", code="role_unknown",
+                            remedy="this operation cannot read role positions")
+        k = (codes - ROLE_BASE).clamp(min=0)
+        index, offset = k // ROLE_STRIDE, k % ROLE_STRIDE - ROLE_STRIDE // 2
+        at = roles.to(codes.device).gather(-1, index.clamp(max=roles.shape[-1] - 1)[..., None])[..., 0] + offset
+        out = torch.where(role, at, out)
+    return out
+
+
+def absolute_positions(position: int, lengths: torch.Tensor, roles: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-prompt token index of a (possibly negative, or role) position: [batch] long tensor."""
+    return resolve_positions(torch.full_like(lengths, position), lengths, roles)
+
+
+def warn_mixed_roles(units: list[Unit], lengths: list[int], roles: RoleTable) -> None:
+    """Warn when one numeric position holds tokens of different roles in different prompts."""
+    if not roles.has_named_roles:
+        return
+    numeric = sorted({v for u in units for m in u.members for a, v in m if a in _POSITION_AXES and not is_role(v)})
+    L = torch.tensor(lengths)
+    for p in numeric:
+        at = absolute_positions(p, L)
+        labels = []
+        for e in range(len(lengths)):
+            hit = [n for j, n in enumerate(roles.names) if int(roles.positions[e, j]) == int(at[e])]
+            labels.append(hit[0] if hit else None)
+        counts: dict[str | None, int] = {}
+        for lab in labels:
+            counts[lab] = counts.get(lab, 0) + 1
+        if len(counts) > 1:
+            what = ", ".join(f"{'role ' + k if k else 'no role'} in {v}" for k, v in
+                             sorted(counts.items(), key=lambda kv: -kv[1]))
+            warn(f"position {p} holds tokens of different roles across prompts ({what} of {len(lengths)}): "
+                 f"that column mixes different tokens. Name roles instead, e.g. positions: "
+                 f"[{', '.join(roles.names)}]", code="position_roles_differ")

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import DataError
+from .roles import check_roles, strip_markers
 
 Text = str | tuple[int, ...]
 Token = str | int
@@ -66,11 +67,30 @@ class Example:
                     raise DataError(f"{name} holds {t!r}, which is neither text nor a token id",
                                     code="answer_invalid", remedy='e.g. answers: [" Mary"] or answers: [42]')
             object.__setattr__(self, name, tuple(t if isinstance(t, str) else int(t) for t in value))
-        for name in ("prompt", "counterfactual"):
+        meta = dict(self.meta or {})
+        for name, key in (("prompt", "roles"), ("counterfactual", "cf_roles")):
             value = getattr(self, name)
             if value is None and name == "counterfactual":
                 continue
-            object.__setattr__(self, name, _text(value, name))
+            value = _text(value, name)
+            roles = check_roles(meta.get(key), name)
+            if isinstance(value, str) and "[[" in value:
+                value, marked = strip_markers(value)
+                roles = {**roles, **marked}
+            if roles:
+                meta[key] = roles
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "meta", meta)
+
+    @property
+    def roles(self) -> dict[str, Any]:
+        """The prompt's roles (docs: data/roles.py): name -> character span [start, end] or token index."""
+        return dict(self.meta.get("roles", {}))
+
+    @property
+    def cf_roles(self) -> dict[str, Any]:
+        """The counterfactual's roles (falls back to the prompt's when its has none and lengths agree)."""
+        return dict(self.meta.get("cf_roles", {}))
 
     def to_record(self) -> dict[str, Any]:
         """A JSON-serialisable dict (the manifest keeps the data a run used)."""

@@ -45,7 +45,7 @@ class RowBatch:
         return len(self.ex)
 
 
-def schedule(setup: Setup, base_len: Tensor, max_rows: int) -> list[RowBatch]:
+def schedule(setup: Setup, base_len: Tensor, max_rows: int, base_roles: Tensor | None = None) -> list[RowBatch]:
     """Every (example, unit) row of a chunk, in batches of at most `max_rows`."""
     C, U = len(base_len), setup.n_units
     ex = torch.arange(C).repeat_interleave(U)
@@ -54,7 +54,7 @@ def schedule(setup: Setup, base_len: Tensor, max_rows: int) -> list[RowBatch]:
         return [RowBatch(ex[i:i + max_rows], unit[i:i + max_rows], -1, 0) for i in range(0, len(ex), max_rows)]
     layer = setup.unit_layer[unit]
     if setup.path == "positions":
-        start = torch.minimum(row_starts(setup.groups, ex, unit, base_len), base_len[ex] - 1)
+        start = torch.minimum(row_starts(setup.groups, ex, unit, base_len, base_roles), base_len[ex] - 1)
         start = torch.where(layer < 0, torch.zeros_like(start), start)
     else:
         start = torch.zeros_like(ex)
@@ -126,7 +126,7 @@ def build_edits(setup: Setup, chunk: Chunk, b: RowBatch) -> Edits:
     T = chunk.base_tokens.shape[1]
     sizes = setup.sizes(T)
     for gi, g in enumerate(setup.groups):
-        slots = make_slots(g, b.ex, b.unit, chunk.base_len)
+        slots = make_slots(g, b.ex, b.unit, chunk.base_len, chunk.base_roles)
         if not len(slots):
             continue
         values = slot_values(setup, chunk, slots, gi)

@@ -28,7 +28,7 @@ from ..models.names import ActName
 from ..models.partial import has_taps, prefix_reads, prefix_support
 from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
 from ..results.result import Result
-from ..sites import Sites
+from ..sites import Sites, resolve_positions
 from .attribution import attribution_chunk, ig_chunk
 from .compare import per_pair, prompt_table, site_table
 from .exact import schedule, exact_chunk
@@ -103,7 +103,7 @@ class Patching(Operation):
         self._check_metric(metric, model, td)
         pairs = Pairs.from_data(td, self.direction)
         base_len = pairs.base_lengths()
-        siteset = self.sites.resolve(model, base_len.tolist())
+        siteset = self.sites.resolve(model, base_len.tolist(), pairs.base_roles)
         members = unit_members(siteset, model.structure, self.kv_mode)
         groups = member_groups(members)
         self._check_sites(model, groups, value, params)
@@ -124,7 +124,8 @@ class Patching(Operation):
             chunk_size = min(len(td), self.batch_size)
         chunks = length_batches(lengths, chunk_size)
         rows = self._row_batch(model, T, setup)
-        schedules = [schedule(setup, base_len[idx], rows) for idx in chunks] if self.method == "exact" else []
+        schedules = [schedule(setup, base_len[idx], rows, pairs.base_role_rows(idx)) for idx in chunks] \
+            if self.method == "exact" else []
         plan = self._plan(model, td, siteset, setup, chunks, schedules, rows, per_example, T)
         state = {"td": td, "pairs": pairs, "siteset": siteset, "setup": setup, "reads": reads, "chunks": chunks,
                  "schedules": schedules, "rows": rows, "pad": pad_id(model), "mean_chunk": chunk_size,
@@ -148,12 +149,13 @@ class Patching(Operation):
         if self.source_position is not None:
             _check_source_position(groups)
         if "source" in needs:
-            check_alignment(groups, base_len, pairs.source_lengths(), self.align, self.source_position, "pair")
+            check_alignment(groups, base_len, pairs.source_lengths(), self.align, self.source_position, "pair",
+                            pairs.base_role_rows(list(range(len(base_len)))))
         if "resample" in needs:
             pairs.partner = choose_partners(pairs, self.seed, same_length=self.align == "none")
             partner_len = pairs.source_lengths()[torch.tensor(pairs.partner)]
             check_alignment(groups, base_len, partner_len, self.align, self.source_position,
-                            "resample partner of example")
+                            "resample partner of example", pairs.base_role_rows(list(range(len(base_len)))))
         if "mean" in needs and params.get("per_position", True) and \
                 int(base_len.max()) > int(pairs.source_lengths().max()):
             raise ConfigError("some base prompts are longer than every source-role prompt: the mean at their last "
@@ -415,8 +417,11 @@ def _patched_tokens(model: ModelAdapter, siteset: Any, pairs: Pairs) -> tuple[np
     E, U = len(pairs.base), len(siteset)
     unit_pos = np.array([np.nan if (p := (u.get("pos") if u.get("pos") is not None else u.get("query_pos"))) is None
                          else p for u in siteset.units], dtype=float)
-    lengths = np.array([len(b) for b in pairs.base], dtype=float)[:, None]
-    pos = np.where(unit_pos[None, :] < 0, unit_pos[None, :] + lengths, unit_pos[None, :])
+    lengths = torch.tensor([len(b) for b in pairs.base], dtype=torch.long)
+    roles = pairs.base_role_rows(list(range(E)))
+    pos = np.full((E, U), np.nan)
+    for u in np.flatnonzero(np.isfinite(unit_pos)):  # per unit, vectorised over examples (roles: each its own token)
+        pos[:, u] = resolve_positions(torch.full((E,), int(unit_pos[u])), lengths, roles).numpy()
     tokens = np.full((E, U), "", dtype=object)
     if np.isfinite(unit_pos).any():
         cols = np.isfinite(unit_pos)

@@ -136,7 +136,7 @@ def ablation(m: MemberRead, directions: Tensor, pool: PoolFn, at: Tensor | None,
 
     def for_batch(b: Batch) -> list[Intervention]:
         if m.pos is not None:
-            positions = absolute_positions(m.pos, b.lengths)
+            positions = absolute_positions(m.pos, b.lengths, b.roles)
         elif one_position is not None:
             positions = one_position(b.lengths, None if at is None else at[b.index])
         else:

@@ -51,8 +51,8 @@ def facts(n: int = 64, seed: int = 0, tokenizer: Any = None) -> Dataset:
         t = rng.randrange(len(TEMPLATES))
         examples.append(
             Example(
-                prompt=TEMPLATES[t].format(country=country),
-                counterfactual=TEMPLATES[t].format(country=other),
+                prompt=TEMPLATES[t].format(country=f"[[SUBJ:{country}]]"),  # role SUBJ: the subject's last token
+                counterfactual=TEMPLATES[t].format(country=f"[[SUBJ:{other}]]"),
                 answers=(" " + capital,),
                 wrong_answers=(" " + other_capital,),
                 label=i,

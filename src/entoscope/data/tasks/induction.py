@@ -38,8 +38,8 @@ def induction(n: int = 64, seed: int = 0, tokenizer: Any = None, length: int = 1
         cf_first = rng.sample(others, length)
         examples.append(
             Example(
-                prompt=spaced(seq + seq[:k]),
-                counterfactual=spaced(cf_first + seq[:k]),
+                prompt=_marked(seq, seq[:k]),
+                counterfactual=_marked(cf_first, seq[:k]),
                 answers=(" " + answer,),
                 wrong_answers=(" " + wrong,),
                 meta={"period": length, "k": k, "words": seq, "counterfactual_words": cf_first},
@@ -52,6 +52,14 @@ def induction(n: int = 64, seed: int = 0, tokenizer: Any = None, length: int = 1
         params={"task": "induction", "n": n, "seed": seed, "length": length,
                 "tokenizer": tokenizer_name(tokenizer)},
     )
+
+
+def _marked(first: list[str], second: list[str]) -> str:
+    """The prompt with roles A1 (the current token's first occurrence), B1 (the token after it, what an
+    induction head attends to and copies); the current token, A2, is END."""
+    k = len(second)
+    words = [f" [[A1:{w}]]" if i == k - 1 else f" [[B1:{w}]]" if i == k else " " + w for i, w in enumerate(first)]
+    return "".join(words) + spaced(second)
 
 
 def repeated_tokens(

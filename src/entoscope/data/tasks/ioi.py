@@ -2,6 +2,8 @@
 
 "When Mary and John went to the store, John gave a drink to" -> " Mary" (the indirect object, IO),
 against " John" (the subject, S). ABBA: the IO is named first; BABA: the subject is named first.
+Roles (positions by role, data/roles.py): IO, S1 (the subject's first mention), S2 (its second, the
+giver), END; in a counterfactual, the names in the same slots.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ COUNTERFACTUALS = ("abc", "swap", None)
 
 
 def _fill(t: int, order: str, io: str, s: str, giver: str, slots: dict[str, str]) -> str:
-    a, b = (io, s) if order == "ABBA" else (s, io)
-    return TEMPLATES[t].format(a=a, b=b, c=giver, **slots)
+    """The prompt, its names marked with their roles: IO, S1 (the subject's first mention), S2 (the giver)."""
+    a, b = (f"[[IO:{io}]]", f"[[S1:{s}]]") if order == "ABBA" else (f"[[S1:{s}]]", f"[[IO:{io}]]")
+    return TEMPLATES[t].format(a=a, b=b, c=f"[[S2:{giver}]]", **slots)
 
 
 def ioi(
