@@ -170,11 +170,27 @@ def _interval(boot: np.ndarray, value: np.ndarray, jack: np.ndarray, level: floa
         hi_q = np.where(ok, adj_hi, hi_q)
     low = np.full(value.shape, np.nan)
     high = np.full(value.shape, np.nan)
-    for j in range(boot.shape[1]):  # per-cell quantile levels (BCa moves them cell by cell)
+    whole = finite.all(0)  # cells with every resample defined: one sort, quantiles by interpolation
+    if whole.any():
+        low[whole], high[whole] = _quantiles(np.sort(boot[:, whole], 0), lo_q[whole], hi_q[whole])
+    for j in np.flatnonzero(~whole):  # cells undefined on some resamples: their own quantiles
         b = boot[finite[:, j], j]
         if b.size:
             low[j], high[j] = np.quantile(b, [lo_q[j], hi_q[j]])
     return low, high
+
+
+def _quantiles(sorted_boot: np.ndarray, lo_q: np.ndarray, hi_q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-column quantiles (numpy's default linear rule) of column-sorted values at per-column levels."""
+    n = sorted_boot.shape[0]
+    cols = np.arange(sorted_boot.shape[1])
+
+    def at(q: np.ndarray) -> np.ndarray:
+        pos = np.clip(q, 0, 1) * (n - 1)
+        i = np.floor(pos).astype(int)
+        j = np.minimum(i + 1, n - 1)
+        return sorted_boot[i, cols] + (pos - i) * (sorted_boot[j, cols] - sorted_boot[i, cols])
+    return at(lo_q), at(hi_q)
 
 
 def summarise(stat: StatFn, stats: Stats, seed: int, *, keep_boot: bool = False) -> Summary:
