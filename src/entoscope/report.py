@@ -61,16 +61,18 @@ def section_html(result: Any, max_rows: int = 12) -> str:
 
 
 def examples_html(operation: Any, model: Any, examples: list[tuple[str, Any, Any]], folder: Path, *,
-                  max_rows: int) -> str:
+                  max_rows: int, note: Any = None) -> str:
     """Run each (title, config, data) example as `operation(**config).run(model, data)`; the first Result is
-    saved in `folder`, the others in folder/example<i> with a link from the report page (one folder up)."""
+    saved in `folder`, the others in folder/example<i> with a link from the report page (one folder up).
+    `note(result) -> str`: a sentence computed from the numbers, shown above the example's figure."""
     parts = []
     for i, (title, config, data) in enumerate(examples):
         result = operation(**config).run(model, data, quiet=True)
         where = Path(folder) if i == 0 else Path(folder) / f"example{i}"
         result.save(where, assets_dir=Path(folder).parent)
         link = "" if i == 0 else f'<p><a href="{Path(folder).name}/{where.name}/index.html">full results</a></p>'
-        parts.append(f"<h3>{title}</h3>" + section_html(result, max_rows=max_rows) + link)
+        text = f"<p>{html.escape(note(result))}</p>" if note is not None else ""
+        parts.append(f"<h3>{title}</h3>" + text + section_html(result, max_rows=max_rows) + link)
     return "".join(parts)
 
 
