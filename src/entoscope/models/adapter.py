@@ -300,12 +300,15 @@ class ModelAdapter:
         return [vocab[int(i)] for i in ids]
 
     def vocab_strings(self) -> list[str]:
-        """Every token id decoded on its own (computed once per tokenizer, kept on it)."""
+        """Every token id decoded on its own, for tables and pages (computed once per tokenizer, kept on
+        it). Control characters (byte tokens such as NUL) are written as escapes, `\\x00`, so that no
+        table cell or page holds a raw control character."""
         n = self.structure.d_vocab
         vocab = getattr(self.tokenizer, "_entoscope_vocab", None)
         if vocab is None or len(vocab) != n:
             known = min(n, len(self.tokenizer))
-            vocab = [self.tokenizer.decode([i]) for i in range(known)] + [f"<{i}>" for i in range(known, n)]
+            vocab = [_printable(self.tokenizer.decode([i])) for i in range(known)] + \
+                [f"<{i}>" for i in range(known, n)]
             self.tokenizer._entoscope_vocab = vocab
         return vocab
 
@@ -458,6 +461,14 @@ class ModelAdapter:
                 sizes["feature"] = features.width(kind)
             kind = kind.kind
         return {ax: sizes[ax] for ax in KINDS[kind].axes}
+
+
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0, 32), 127] if chr(c) not in "\n\t"}
+_CONTROL.update({ord("\n"): "\\n", ord("\t"): "\\t"})
+
+
+def _printable(text: str) -> str:
+    return text.translate(_CONTROL)
 
 
 def adapt(model: Any) -> ModelAdapter:

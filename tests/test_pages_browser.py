@@ -1,0 +1,93 @@
+"""Every page the report writes, opened in a real headless Chromium (Playwright driving the system's
+Chromium: nothing is downloaded). Each page must: log no console error, render every plotly figure,
+request nothing outside its folder (no network), hold no control character in its text, and fit the
+window's width. Full-page screenshots are saved for a reader to look at (ENTOSCOPE_ARTIFACTS, default
+test-artifacts/pages/). Skipped, saying why, only where no Chromium or no Playwright is installed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
+WIDTH = 1280
+
+playwright = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (pip install playwright)")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on this machine (apt-get install chromium)")
+
+CHECKS = """() => {
+  const figures = [...document.querySelectorAll('.plotly-graph-div')];
+  const empty = figures.filter(f => !f.querySelector('.main-svg')).map(f => f.id);
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  const control = [];
+  while (walker.nextNode()) {
+    const t = walker.currentNode.nodeValue;
+    if (/[\\u0000-\\u0008\\u000b\\u000c\\u000e-\\u001f\\u007f]/.test(t)) control.push(t.slice(0, 40));
+  }
+  const limit = document.documentElement.clientWidth;
+  const wide = [...document.querySelectorAll('body *')]
+    .filter(e => e.getBoundingClientRect().right > limit + 1)
+    .map(e => e.tagName + '.' + e.className).slice(0, 5);
+  return {figures: figures.length, empty, control, wide, scrollWidth: document.documentElement.scrollWidth, limit};
+}"""
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    import entoscope as es
+    from entoscope.report import build_report
+
+    folder = tmp_path_factory.mktemp("report") / "demo"
+    build_report(es.load_model("demo"), folder, quick=True)
+    return folder
+
+
+def _pages(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*.html"))
+
+
+def _artifacts() -> Path:
+    out = Path(os.environ.get("ENTOSCOPE_ARTIFACTS", "test-artifacts")) / "pages"
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def test_every_report_page_renders_offline_and_reads_cleanly(report):
+    from playwright.sync_api import sync_playwright
+
+    pages = _pages(report)
+    assert len(pages) >= 8
+    problems: dict[str, list[str]] = {}
+    shots = _artifacts()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        for path in pages:
+            page = browser.new_page(viewport={"width": WIDTH, "height": 900})
+            errors: list[str] = []
+            outside: list[str] = []
+            page.on("console", lambda m, errors=errors: errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e, errors=errors: errors.append(str(e)))
+            page.on("request", lambda r, outside=outside: outside.append(r.url)
+                    if not r.url.startswith(("file://", "data:", "blob:", "about:")) else None)
+            page.goto(path.as_uri())
+            page.wait_for_load_state("load")
+            page.wait_for_timeout(300)
+            found = page.evaluate(CHECKS)
+            name = path.relative_to(report).as_posix()
+            page.screenshot(path=str(shots / (name.replace("/", "__") + ".png")), full_page=True)
+            issues = [f"console: {e}" for e in errors] + [f"network: {u}" for u in outside]
+            issues += [f"figure not rendered: {f}" for f in found["empty"]]
+            issues += [f"control character in text: {t!r}" for t in found["control"]]
+            if found["scrollWidth"] > found["limit"] + 1:
+                issues.append(f"wider than the window ({found['scrollWidth']} > {found['limit']}): {found['wide']}")
+            if issues:
+                problems[name] = issues
+            page.close()
+        browser.close()
+    assert not problems, "\n".join(f"{k}: {v}" for k, v in problems.items())
