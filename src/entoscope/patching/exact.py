@@ -2,11 +2,11 @@
 
 Every row is one example patched at one unit. Rows are sorted by the first layer their patch can
 change and, under causal attention, the first position; a batch of rows then runs blocks L.. on
-positions P.. only (HookedTransformer: `models.partial`), from the base runs' cached residual
-stream and keys/values, and reads logits at the answer positions alone. Which rows share a batch
-is chosen per layer by a small dynamic programme over the start positions: a batch costs a fixed
-overhead plus rows x (T - P) token-blocks. On a backend that cannot start part-way
-(TransformerBridge) every batch is a full forward of the rows' base prompts.
+positions P.. only (`models.partial`: HookedTransformer and TransformerBridge alike), from the base
+runs' cached residual stream and keys/values, and reads logits at the answer positions alone. Which
+rows share a batch is chosen per layer by a small dynamic programme over the start positions: a
+batch costs a fixed overhead plus rows x (T - P) token-blocks. On a model that cannot start
+part-way (`prefix_support` "none") every batch is a full forward of the rows' base prompts.
 
 All writes into one activation are one intervention that indexes rows (`writes.Edits`); values
 come from the unpatched runs (`writes.slot_values`).
