@@ -11,6 +11,7 @@ activations equal a one-prompt run. Values at pad positions are meaningless and 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -304,6 +305,8 @@ class ModelAdapter:
 
         With logits=False a read-only run stops after the last block it reads (TransformerLens's
         stop_at_layer), skipping the later blocks, the final norm and the unembedding; `.logits` is None.
+        (A bridge cannot stop after its last block: there HuggingFace is asked for the last position's
+        logits only, `logits_to_keep=1`, where its forward takes that argument.)
 
         Without interventions or gradients the run goes through `run_with_cache` (so a CachedModel
         serves it from disk); otherwise through `run_with_hooks`, never cached. With `grad=True`
@@ -320,7 +323,9 @@ class ModelAdapter:
         with torch.set_grad_enabled(grad):  # derived reads (result, unfolded norms) too
             stop = None if logits or ivs or grad else self._stop_layer(list(hooks_needed.values()))
             if not ivs and not grad:
-                kw = {} if stop is None else {"stop_at_layer": stop}
+                kw: dict[str, Any] = {} if stop is None else {"stop_at_layer": stop}
+                if not logits and self._keeps_last_logits():
+                    kw["logits_to_keep"] = 1
                 out_logits, cache = self.runner.run_with_cache(
                     tokens, names_filter=sorted(hooks_needed), return_type="logits", **kw)
                 raw = {base: cache[h] for h, base in hooks_needed.items()}
@@ -332,6 +337,16 @@ class ModelAdapter:
                 out_logits = self.tl.run_with_hooks(tokens, fwd_hooks=fwd_hooks, return_type="logits")
             out = {act: self._derive(act, raw) for act in acts}
         return RunOutput(out_logits if logits else None, out)
+
+    def _keeps_last_logits(self) -> bool:
+        """Whether this bridge's HuggingFace forward can unembed the last position only (logits_to_keep)."""
+        if self.backend != "bridge":
+            return False
+        forward = getattr(getattr(self.tl, "original_model", None), "forward", None)
+        try:
+            return "logits_to_keep" in inspect.signature(forward).parameters
+        except (TypeError, ValueError):
+            return False
 
     def _stop_layer(self, reads: list[ActName]) -> int | None:
         """The block after the last one `reads` needs, or None when a read comes after every block."""

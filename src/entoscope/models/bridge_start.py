@@ -81,9 +81,12 @@ def _rotary(tl: Any, architecture: str) -> Any:
 
 
 def walk(tl: Any, architecture: str, resid: Tensor, layer: int, position: int, *,
-         past: FrozenPrefix | Recorder | None = None, hooks: Sequence[tuple[str, Callable]] = ()) -> Tensor:
+         past: FrozenPrefix | Recorder | None = None, hooks: Sequence[tuple[str, Callable]] = (),
+         joins: dict[int, Tensor] | None = None) -> Tensor:
     """The residual after the last block [R, T - position, d_model] of runs entering block `layer` with
-    `resid` [R, T - position, d_model] at positions position..T-1 (the earlier ones in `past`)."""
+    `resid` [R, T - position, d_model] at positions position..T-1 (the earlier ones in `past`). Rows in
+    `joins[l]` enter at block l, after the rows already running (`past` then holds keys for all rows
+    running at each block)."""
     positions = torch.arange(position, position + resid.shape[1], device=resid.device)[None]
     kwargs: dict[str, Any] = {"position_ids": positions, "attention_mask": None, "use_cache": False,
                               "layer_past": past}
@@ -92,7 +95,9 @@ def walk(tl: Any, architecture: str, resid: Tensor, layer: int, position: int, *
         kwargs["position_embeddings"] = rotary(resid, positions)
     h = resid
     with tl.hooks(fwd_hooks=list(hooks)):
-        for block in tl.blocks[layer:]:
+        for L, block in enumerate(tl.blocks[layer:], start=layer):
+            if joins and L in joins:
+                h = torch.cat([h, joins[L].to(h.dtype)])
             out = block(h, **kwargs)
             h = out[0] if isinstance(out, tuple) else out
     return h

@@ -73,9 +73,13 @@ def _bridge_support(model: ModelAdapter) -> bridge_start.Support:
 class Start:
     """Where a batch of runs starts: block `layer`, positions `position`.. (0, 0 with tokens: a full run).
 
+    Runs may start at later blocks too: `joins[l]` are the rows that enter at block l, appended after
+    the rows already running, so one batch holds runs that start at different layers.
+
     resid:  [R, T - position, d_model] the residual stream entering block `layer` at those positions.
-    keys, values: per block from `layer` on, [R, position, n_kv_heads, d_head]: what the attention
-            cached at the unchanged positions (`past_k`, `past_v`).
+    joins:  block -> [R_l, T - position, d_model] the residual entering that block, of the rows joining there.
+    keys, values: per block from `layer` on, [rows running there, position, n_kv_heads, d_head]: what
+            the attention cached at the unchanged positions (`past_k`, `past_v`).
     """
 
     layer: int
@@ -83,6 +87,7 @@ class Start:
     resid: Tensor
     keys: list[Tensor] = field(default_factory=list)
     values: list[Tensor] = field(default_factory=list)
+    joins: dict[int, Tensor] = field(default_factory=dict)
 
 
 def prefix_reads(model: ModelAdapter, layers: Sequence[int], positions: bool) -> list[ActName]:
@@ -110,14 +115,24 @@ def record_past(model: ModelAdapter, acts: dict[ActName, Tensor], layer: int) ->
         acts[ActName("past_k", L)], acts[ActName("past_v", L)] = keys[L].transpose(1, 2), values[L].transpose(1, 2)
 
 
-def slice_start(cache: dict[ActName, Tensor], rows: Tensor, layer: int, position: int, n_layers: int) -> Start:
-    """The Start of runs of `rows` (indices into the cached base runs) at `layer`, `position`."""
-    resid = cache[ActName("resid_pre", layer)][rows, position:]
+def slice_start(cache: dict[ActName, Tensor], rows: Tensor, layer: int | Tensor, position: int,
+                n_layers: int) -> Start:
+    """The Start of runs of `rows` (indices into the cached base runs) at position `position`, from block
+    `layer`: one layer, or per row [R] (sorted: rows starting at later blocks join there)."""
+    row_layer = layer.to(rows.device) if isinstance(layer, Tensor) else torch.full_like(rows, layer)
+    first = int(row_layer[0])
+    assert bool((row_layer[1:] >= row_layer[:-1]).all()), "rows must be sorted by their first layer"
+    joins = {}
+    for L in torch.unique(row_layer).tolist():
+        joins[L] = cache[ActName("resid_pre", L)][rows[row_layer == L], position:]
+    resid = joins.pop(first)
     keys, values = [], []
     if position > 0:
-        keys = [cache[ActName("past_k", L)][rows, :position] for L in range(layer, n_layers)]
-        values = [cache[ActName("past_v", L)][rows, :position] for L in range(layer, n_layers)]
-    return Start(layer, position, resid, keys, values)
+        for L in range(first, n_layers):
+            running = rows[row_layer <= L]
+            keys.append(cache[ActName("past_k", L)][running, :position])
+            values.append(cache[ActName("past_v", L)][running, :position])
+    return Start(first, position, resid, keys, values, joins)
 
 
 def _tap_hook(act: ActName) -> str:
@@ -148,8 +163,9 @@ def has_taps(model: ModelAdapter, layer: int) -> bool:
 
 
 def logits_at(model: ModelAdapter, positions: Tensor, *, tokens: Tensor | None = None, start: Start | None = None,
-              interventions: Sequence[Intervention] = (), grad: bool = False) -> Tensor:
-    """Logits [R, d_vocab] at `positions` (indices into the run's own position axis) of a batch of runs.
+              interventions: Sequence[Intervention] = (), grad: bool = False, columns: Tensor | None = None) -> Tensor:
+    """Logits [R, d_vocab] at `positions` (indices into the run's own position axis) of a batch of runs;
+    with `columns` (token ids), only those: [R, len(columns)].
 
     Either `tokens` [R, T] (a full forward) or `start` (blocks start.layer.. on positions start.position..,
     where `prefix_support` allows it). Interventions may name `rot_q.L` / `rot_k.L`.
@@ -163,7 +179,8 @@ def logits_at(model: ModelAdapter, positions: Tensor, *, tokens: Tensor | None =
             assert tokens is not None
             if any(_act(iv.act).kind in ("final_scale", "logits") for iv in interventions):
                 logits = tl.run_with_hooks(tokens.to(model.device), fwd_hooks=hooks, return_type="logits")
-                return logits[rows, positions.to(model.device)]
+                logits = logits[rows, positions.to(model.device)]
+                return logits if columns is None else logits[:, columns.to(logits.device)]
             resid = _final_residual(tl, tokens.to(model.device), hooks, f"blocks.{last - 1}.hook_resid_post")
         elif model.backend == "bridge":
             past = None
@@ -172,16 +189,23 @@ def logits_at(model: ModelAdapter, positions: Tensor, *, tokens: Tensor | None =
                 past = bridge_start.FrozenPrefix({L: k.transpose(1, 2) for L, k in zip(layers, start.keys)},
                                                  {L: v.transpose(1, 2) for L, v in zip(layers, start.values)})
             resid = bridge_start.walk(tl, model.structure.architecture, start.resid, start.layer, start.position,
-                                      past=past, hooks=hooks)
+                                      past=past, hooks=hooks, joins=start.joins)
         else:
-            past = None
-            if start.position > 0:
-                past = [None] * last
-                for i, (k, v) in enumerate(zip(start.keys, start.values)):
-                    past[start.layer + i] = _kv_entry(k, v)
-            resid = tl.run_with_hooks(start.resid, start_at_layer=start.layer, stop_at_layer=last,
-                                      past_kv_cache=past, fwd_hooks=hooks)
-        return _unembed_rows(model, resid[rows, positions.to(model.device)])
+            resid = _hooked_walk(tl, start, hooks)
+        return unembed_rows(model, resid[rows, positions.to(model.device)], columns)
+
+
+def _hooked_walk(tl: Any, start: Start, hooks: list[tuple[str, Callable]]) -> Tensor:
+    """HookedTransformer's blocks start.layer.. in order (what its forward does with start_at_layer), rows
+    joining where `start.joins` says, the unchanged positions in a frozen key/value cache entry per block."""
+    h = start.resid
+    with tl.hooks(fwd_hooks=hooks):
+        for i, block in enumerate(tl.blocks[start.layer:]):
+            if start.layer + i in start.joins:
+                h = torch.cat([h, start.joins[start.layer + i].to(h.dtype)])
+            entry = _kv_entry(start.keys[i], start.values[i]) if start.position > 0 else None
+            h = block(h, past_kv_cache_entry=entry)
+    return h
 
 
 class _FinalResidual(Exception):
@@ -203,12 +227,16 @@ def _final_residual(tl: Any, tokens: Tensor, hooks: list[tuple[str, Callable]], 
     return kept["x"]
 
 
-def _unembed_rows(model: ModelAdapter, final: Tensor) -> Tensor:
-    """Logits [R, d_vocab] of final residual rows [R, d_model] (not tl.unembed: TransformerLens's copies
-    W_U.T, d_model x d_vocab, on every call)."""
+def unembed_rows(model: ModelAdapter, final: Tensor, columns: Tensor | None = None) -> Tensor:
+    """Logits [R, d_vocab] of final residual rows [R, d_model], or [R, len(columns)] (not tl.unembed:
+    TransformerLens's copies W_U.T, d_model x d_vocab, on every call)."""
     tl = model.tl
     normed = tl.ln_final(final[:, None])[:, 0]
-    logits = normed @ model.weights.W_U.to(normed.dtype) + model.weights.b_U.to(normed.dtype)
+    W_U, b_U = model.weights.W_U, model.weights.b_U
+    if columns is not None:
+        columns = columns.to(W_U.device)
+        W_U, b_U = W_U[:, columns], b_U[columns]
+    logits = normed @ W_U.to(normed.dtype) + b_U.to(normed.dtype)
     cap = float(getattr(tl.cfg, "output_logits_soft_cap", -1.0) or -1.0)
     if cap > 0:
         logits = cap * torch.tanh(logits / cap)

@@ -22,7 +22,7 @@ from pydantic import Field
 from ..data.examples import Dataset
 from ..data.tokenized import length_batches, pad_id, tokenize_data
 from ..errors import ConfigError, DataError, SiteError
-from ..metrics import Metric
+from ..metrics import ANSWER_LOGITS_ONLY, Metric
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
 from ..models.partial import has_taps, prefix_note, prefix_reads, prefix_support
@@ -107,7 +107,8 @@ class Patching(Operation):
         value_names = [ActName("rot_k", g.act.layer) if g.query_head and g.act.kind == "k"
                        and model.structure.positional == "rotary" else g.act for g in groups]
         setup = Setup(model, groups, value_names, len(siteset), unit_layers(members), value, params, needs, metric,
-                      self.align, self.source_position, self.seed, self._path(model), pairs.source is not None)
+                      self.align, self.source_position, self.seed, self._path(model), pairs.source is not None,
+                      answer_logits_only=self.metric.type in ANSWER_LOGITS_ONLY)
         reads = self._reads(model, setup)
         lengths = [max(len(b), len(s)) for b, s in zip(pairs.base, pairs.source_role)]
         T = max(lengths)
