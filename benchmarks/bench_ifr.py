@@ -3,7 +3,7 @@ InformationFlowRoutes against a straightforward implementation of the paper's me
 
     python benchmarks/bench_ifr.py                 # GPT-2-small-sized bridge, 1 thread, 24-token prompts
     python benchmarks/bench_ifr.py --curves        # one prompt of 16, 64 and 256 tokens
-    python benchmarks/bench_ifr.py --quick         # 2 layers, 4 prompts, 1 repeat: a smoke run
+    python benchmarks/bench_ifr.py --quick         # 4 prompts, 1 repeat: a smoke run
 
 Model: GPT-2 small's shape (12 layers, 12 heads, d_model 768, vocabulary 50257), random weights, built
 offline as a TransformerBridge. Prompts: random token ids, BOS first. tau 0.04, head granularity.
@@ -18,7 +18,8 @@ offline as a TransformerBridge. Prompts: random token ids, BOS first. tau 0.04, 
     sources j <= i only.
 Both give, per prompt, the kept edges and their importances: they must be the same edges, importances
 within 1e-5. Times are medians of --repeat runs (one prompt) and of --repeat-dataset runs (the dataset);
-peak memory is each run's peak resident set above the fork point, measured in a forked child per run.
+peak memory is the largest rise, during a call, of the bytes malloc has handed out (glibc's mallinfo2,
+sampled every millisecond) above what was allocated when the call began.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import statistics
 import sys
 import time
 
-from common import gpt2_small, measured, random_prompts, set_threads
+from common import MEMORY_MEASURE, PeakMemory, gpt2_small, random_prompts, set_threads
 
 TAU = 0.04
 
@@ -119,8 +120,15 @@ def compare(a: list[dict], b: list[dict]) -> tuple[bool, float, int]:
 
 
 def timed(fn, *args, repeat: int) -> tuple[float, float]:
-    runs = [measured(fn, *args) for _ in range(repeat)]
-    return statistics.median(t for t, _ in runs), max(m for _, m in runs)
+    """(median seconds, largest peak memory rise in MiB) of `repeat` calls."""
+    times, peak = [], 0
+    for _ in range(repeat):
+        with PeakMemory() as mem:
+            t0 = time.perf_counter()
+            fn(*args)
+            times.append(time.perf_counter() - t0)
+        peak = max(peak, mem.rise)
+    return statistics.median(times), peak / 2**20
 
 
 def table(model, args) -> None:
@@ -167,7 +175,7 @@ def main() -> int:
     from importlib.metadata import version
 
     print(f"torch {torch.__version__}, transformer-lens {version('transformer-lens')}, {torch.get_num_threads()} "
-          f"intra-op threads, python {sys.version.split()[0]}")
+          f"intra-op threads, python {sys.version.split()[0]}; peak memory: {MEMORY_MEASURE}")
     t0 = time.perf_counter()
     model = gpt2_small("bridge")
     print(f"model: GPT-2-small-sized random bridge, built in {time.perf_counter() - t0:.0f} s; prompts of "

@@ -35,11 +35,9 @@ the work model of each: (b) costs cells x a full forward; (c) about sum over cel
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import statistics
 import sys
-import threading
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -48,53 +46,9 @@ os.environ.setdefault("ENTOSCOPE_QUIET", "1")
 
 import torch  # noqa: E402
 
+from common import MEMORY_MEASURE, PeakMemory  # noqa: E402
+
 ANSWER, WRONG = 11, 17
-
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                      "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-
-def _allocated_reader():
-    """A function giving the bytes malloc has handed out now (glibc >= 2.33), else the resident set size."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallinfo2.restype = _MallInfo2
-
-        def allocated() -> int:
-            info = libc.mallinfo2()
-            return info.uordblks + info.hblkhd  # heap in use + mmap-ed blocks (torch's big tensors)
-        allocated()
-        return allocated, "bytes allocated (glibc mallinfo2)"
-    except (OSError, AttributeError):
-        import resource
-
-        return (lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024), "max resident set size"
-
-
-ALLOCATED, MEMORY_MEASURE = _allocated_reader()
-
-
-class PeakMemory:
-    """Largest rise of allocated memory during the `with` block, sampled every millisecond in a thread."""
-
-    def __enter__(self) -> PeakMemory:
-        self.start = self.peak = ALLOCATED()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-        self._thread.start()
-        return self
-
-    def _watch(self) -> None:
-        while not self._stop.wait(0.001):
-            self.peak = max(self.peak, ALLOCATED())
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, ALLOCATED())
-        self.rise = self.peak - self.start
 
 
 def build_model(n_layers: int, backend: str):

@@ -55,7 +55,6 @@ from ..data.examples import Dataset
 from ..data.tokenized import make_batches, pad_id, tokenize_data
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
-from ..models.partial import unembed_rows
 from ..models.structure import Structure
 from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
 from ..results.result import Result
@@ -408,12 +407,11 @@ class InformationFlowRoutes(Operation):
         comp_last = torch.zeros_like(comp_sum)
         for batch in progress(st["batches"], total=len(st["batches"]), desc="ifr", quiet=quiet):
             with torch.no_grad():
-                out = model.run(batch.tokens, reads, logits=False)
                 last = batch.last
+                out = model.run(batch.tokens, reads, logits_at=last)
                 imp, routes = trace_routes(model, out.acts, last, self.tau, self.granularity, st["max_floats"])
                 imp, routes = _to_cpu(imp), _routes_to_cpu(routes)
-                final = out.acts[ActName("resid_post", s.n_layers - 1)]
-                predicted = unembed_rows(model, final[torch.arange(len(batch)), last.to(final.device)]).argmax(-1).cpu()
+                predicted = out.logits.argmax(-1).cpu()
             idx = torch.tensor(batch.index)
             _component_stats(imp, routes, last, idx, comp_sum, comp_edges, comp_last)
             for j, ex in enumerate(batch.index):

@@ -6,7 +6,8 @@ positions p.., from the unpatched run's residual stream entering block L, the ne
 attending to the unchanged ones through a frozen key/value prefix; its logits are read at the
 answer positions only (final norm and unembedding on those rows).
 
-- HookedTransformer: `start_at_layer` and a frozen TransformerLens key/value cache. The cache holds
+- HookedTransformer: its blocks called in order (what its forward does with `start_at_layer`) with a
+  frozen TransformerLens key/value cache entry each. The cache holds
   what the attention's k and v hooks return (before rotary, which the attention applies to the whole
   key axis each run), which is what TransformerLens caches for the architectures in `_KV_AS_HOOKED`;
   others (query/key norms, clipped qkv, attention sinks, log-n scaling) start at a layer only.
@@ -15,7 +16,9 @@ answer positions only (final norm and unembedding on those rows).
   per model by a tiny forward; a bridge that fails it runs full forwards (stopped after the last
   block) and `prefix_note` says why.
 
-`prefix_support(model)` says which path a model gets.
+Rows of one batch may start at different blocks: each joins the run at its own block
+(`Start.joins`), so one walk over the blocks serves every layer's rows. `prefix_support(model)` says
+which path a model gets.
 
 Rotated queries and keys (`rot_q`, `rot_k`) are not canonical activations; they are read here
 only to patch one query head's own copy of a shared key under grouped-query attention. Nor are

@@ -424,8 +424,9 @@ def _patched_tokens(model: ModelAdapter, siteset: Any, pairs: Pairs) -> tuple[np
 
 
 def _path_note(model: ModelAdapter, path: str) -> str:
-    how = {"hooked": {"positions": "HookedTransformer start_at_layer + frozen key/value cache",
-                      "layers": "HookedTransformer start_at_layer"},
+    how = {"hooked": {"positions": "the HookedTransformer's blocks called from that layer on, with a frozen "
+                                   "key/value cache",
+                      "layers": "the HookedTransformer's blocks called from that layer on"},
            "bridge": {"positions": "the bridge's blocks called from that layer on, with a frozen key/value prefix",
                       "layers": "the bridge's blocks called from that layer on"}}[model.backend]
     note = {"positions": f"patched runs start at the first changed layer and position ({how['positions']}); "
