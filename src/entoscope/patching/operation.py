@@ -273,7 +273,7 @@ class Patching(Operation):
             batches = [len(b) for sch in schedules for b in sch]
             forward, backward = E * references + mean + E * U, 0
             sizes += batches
-            notes.append(_path_note(model, setup.path))
+            notes.append(_path_note(model, setup.path, self.prefix_reuse))
         elif self.method == "attribution":
             forward, backward = E * references + mean, E
             notes.append("attribution: per batch of prompts, one forward with gradients, one backward and one "
@@ -284,7 +284,7 @@ class Patching(Operation):
             forward, backward = E * references + mean + runs, runs
             sizes += [min(rows, E * self.ig_steps)] * max(1, -(-runs // rows))
             notes.append(f"integrated gradients: {self.ig_steps} points, {self.ig_rule} rule, alpha = "
-                         f"{_alpha_text(self.ig_rule)}; {_path_note(model, setup.path)}")
+                         f"{_alpha_text(self.ig_rule)}; {_path_note(model, setup.path, self.prefix_reuse)}")
         if any(g.query_head for g in setup.groups):
             notes.append("k/v: each query head's own copy is patched (kv_mode query_head)")
         elif {g.act.kind for g in setup.groups} & {"k", "v"} and model.structure.group_size > 1:
@@ -423,7 +423,7 @@ def _patched_tokens(model: ModelAdapter, siteset: Any, pairs: Pairs) -> tuple[np
     return pos, tokens
 
 
-def _path_note(model: ModelAdapter, path: str) -> str:
+def _path_note(model: ModelAdapter, path: str, asked: str) -> str:
     how = {"hooked": {"positions": "the HookedTransformer's blocks called from that layer on, with a frozen "
                                    "key/value cache",
                       "layers": "the HookedTransformer's blocks called from that layer on"},
@@ -433,8 +433,10 @@ def _path_note(model: ModelAdapter, path: str) -> str:
                          "logits read at the answer positions only",
             "layers": f"patched runs start at the first changed layer ({how['layers']})",
             "none": "every patched run is a full forward"}[path]
+    if asked == "off":
+        return note + " (prefix_reuse: off)"
     why = prefix_note(model)
-    return note + (f" ({why}; the shortcut is refused)" if why else " (prefix_reuse: off)" if path == "none" else "")
+    return note + (f" ({why}; the shortcut is refused)" if why else "")
 
 
 def _alpha_text(rule: str) -> str:
