@@ -81,6 +81,29 @@ def bench_model(label: str, model, tokens: torch.Tensor, names: list[str], root:
             "first_hash": first_hash, "entry": _entry_bytes(root / f"{label}-hit")}
 
 
+def bench_seed_usage(label: str, model, tokens: torch.Tensor, names: list[str], root: Path, repeat: int) -> dict:
+    """The seed page's own usage: gradients enabled, parameters that require grad, no torch.no_grad().
+    Baseline: the same uncached call in the same grad mode (what the user pays without the cache)."""
+    from entoscope.models.cached import CachedModel
+
+    flags = [p.requires_grad for p in model.parameters()]
+    model.requires_grad_(True)
+    try:
+        assert torch.is_grad_enabled()
+        cached = CachedModel(model, root / f"{label}-seed")
+        cached.run_with_cache(tokens, names_filter=names)  # the miss that writes the entry
+        unc, hit = [], []
+        for _ in range(repeat):
+            unc += _timed(lambda: model.run_with_cache(tokens, names_filter=names), 1)
+            hit += _timed(lambda: cached.run_with_cache(tokens, names_filter=names), 3)
+        stats = cached.cache_stats()
+        assert stats["hits"] == 3 * repeat and stats["misses"] == 1 and stats["bypassed"] == 0, stats
+    finally:
+        for p, flag in zip(model.parameters(), flags):
+            p.requires_grad_(flag)
+    return {"label": label, "uncached": min(unc), "hit": min(hit)}
+
+
 def bench_dedupe(label: str, model, prompt: torch.Tensor, width: int, names: list[str], root: Path) -> dict:
     """Bytes of one entry for a prompt run as wide as its patched runs, with and without row dedupe."""
     from entoscope.models.cached import CachedModel
@@ -122,7 +145,7 @@ def main() -> int:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} intra-op threads, {os.cpu_count()} cores, "
           f"python {sys.version.split()[0]}")
     root = Path(tempfile.mkdtemp(prefix="entoscope_bench_cache_"))
-    rows, dedupe = [], []
+    rows, dedupe, seeds = [], [], []
     gen = torch.Generator().manual_seed(0)
     try:
         models = []
@@ -147,6 +170,7 @@ def main() -> int:
             tokens[:, 0] = 0
             key = label.split()[0].replace("-sized", "")
             rows.append(bench_model(key, model, tokens, names, root, args.repeat))
+            seeds.append(bench_seed_usage(key, model, tokens, names, root, args.repeat))
             dedupe.append(bench_dedupe(key, model, tokens[:1], args.width, names, root))
     finally:
         if args.keep:
@@ -165,6 +189,11 @@ def main() -> int:
               f"{r['hit_full'] / r['uncached']:>9.3f} {r['first_hash'] * 1e3:>9.0f}ms {_mb(r['entry']):>10}")
     print("hit/unc, miss/unc: cost of a hit / a miss over an uncached run_with_cache of the same call; "
           "full/unc: a hit with verify='full' (every weight re-hashed)")
+    print()
+    print("the seed's usage (gradients enabled, parameters require grad, no torch.no_grad()):")
+    for r in seeds:
+        print(f"{r['label']:<12} uncached {r['uncached'] * 1e3:>7.1f}ms  hit {r['hit'] * 1e3:>7.1f}ms  "
+              f"hit/unc {r['hit'] / r['uncached']:.3f}")
     print()
     head = f"{'model':<12} {'call':<44} {'with dedupe':>12} {'without':>12} {'saved':>7}"
     print("bytes of one entry, one prompt run as wide as its patched runs:")

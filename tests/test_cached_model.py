@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from entoscope.errors import UnsupportedModelError
+from entoscope.errors import ConfigError, UnsupportedModelError
 from entoscope.models import cached as cached_mod
 from entoscope.models.cached import CachedModel, read_entry, write_entry
 from entoscope.models.fingerprint import forget, model_fingerprint
@@ -348,18 +348,46 @@ def test_hooks_bypass_the_cache(tmp_path, quick):
     assert cm.cache_stats()["hits"] == 1
 
 
-def test_patched_runs_and_gradients_are_never_cached(tmp_path, quick, caplog):
+def test_patched_runs_and_backward_passes_are_never_cached(tmp_path, quick):
     cm = CachedModel(quick, tmp_path)
     with torch.no_grad():
         cm.run_with_hooks(TOKENS, fwd_hooks=[("blocks.0.hook_resid_pre", lambda x, hook: x * 0)])
     assert not tmp_path.exists() or not _entries(tmp_path)
-    with caplog.at_level(logging.WARNING, logger="entoscope.cache"):
-        out, _ = cm.run_with_cache(TOKENS, names_filter=NAMES)  # grad enabled: not cached
-    assert out.grad_fn is not None and "no_grad" in caplog.text
     out, cache = cm.run_with_cache(TOKENS, names_filter=NAMES, incl_bwd=True, return_type="loss")
     assert any(k.endswith("_grad") for k in cache.keys())
     assert not tmp_path.exists() or not _entries(tmp_path)
-    assert cm.cache_stats()["bypass_reasons"] == {"grad": 1, "incl_bwd": 1}
+    assert cm.cache_stats()["bypass_reasons"] == {"incl_bwd": 1}
+
+
+def test_grad_enabled_calls_are_cached_and_detached_alike_on_hit_and_miss(tmp_path, quick):
+    """The seed's own example: run_with_cache with gradients on and parameters that require grad."""
+    flags = [p.requires_grad for p in quick.parameters()]
+    quick.requires_grad_(True)
+    try:
+        _grad_calls_cached(tmp_path, quick)
+    finally:
+        for p, flag in zip(quick.parameters(), flags):
+            p.requires_grad_(flag)
+
+
+def _grad_calls_cached(tmp_path, quick):
+    assert torch.is_grad_enabled()
+    cm = CachedModel(quick, tmp_path)
+    miss = cm.run_with_cache(TOKENS, names_filter=NAMES)
+    hit = cm.run_with_cache(TOKENS, names_filter=NAMES)
+    assert cm.cache_stats()["misses"] == 1 and cm.cache_stats()["hits"] == 1
+    for out, cache in (miss, hit):  # the same, whatever the cache's state
+        assert out.grad_fn is None and not out.requires_grad
+        assert all(not t.requires_grad for t in cache.values())
+    with torch.no_grad():
+        fresh_out, fresh_cache = quick.run_with_cache(TOKENS, names_filter=NAMES)
+    assert torch.equal(hit[0], fresh_out) and torch.equal(miss[0], fresh_out)
+    assert all(torch.equal(hit[1][k], fresh_cache[k]) for k in fresh_cache.keys())
+    old = CachedModel(quick, tmp_path / "old", grad="bypass")  # the opt-out keeps the live graph
+    out, _ = old.run_with_cache(TOKENS, names_filter=NAMES)
+    assert out.grad_fn is not None and old.cache_stats()["bypass_reasons"] == {"grad": 1}
+    with pytest.raises(ConfigError):
+        CachedModel(quick, tmp_path, grad="sometimes")
 
 
 def test_cache_dir_none_never_touches_the_disk(tmp_path, quick, monkeypatch):
@@ -656,3 +684,23 @@ def test_cache_stats_skips_an_entry_removed_after_the_listing(tmp_path, quick, m
     monkeypatch.setattr(cached_module.os, "scandir", lambda folder: real + [Gone()])
     stats = cm.cache_stats()
     assert stats["entries"] == 1 and stats["disk_bytes"] == real_bytes
+
+
+def test_stale_temp_files_of_dead_writers_are_swept_and_counted(tmp_path, quick):
+    cm = CachedModel(quick, tmp_path)
+    _cached(cm, names_filter=NAMES)
+    folder = cm.cache_folder
+    dead = 2 ** 22 + 12345  # above any pid this machine hands out (pid_max is at most 2**22)
+    old = os.path.getmtime(next(folder.glob("*.safetensors"))) - 2 * cached_mod.STALE_AFTER_S
+    stale = folder / f".x.safetensors.{cached_mod._HOST}.{dead}.1.abc123.tmp"
+    mine = folder / f".y.safetensors.{cached_mod._HOST}.{os.getpid()}.1.abc123.tmp"  # a live writer
+    fresh = folder / f".z.safetensors.{cached_mod._HOST}.{dead}.1.abc124.tmp"  # too young to be sure
+    legacy = folder / f".w.safetensors.{dead}.1.abc125.tmp"  # the name format before hosts were recorded
+    for f in (stale, mine, fresh, legacy):
+        f.write_bytes(b"\0" * 1000)
+    for f in (stale, mine, legacy):
+        os.utime(f, (old, old))
+    stats = cm.cache_stats()
+    assert not stale.exists() and not legacy.exists() and mine.exists() and fresh.exists()
+    assert stats["stale_temps_removed"] == 2 and stats["temp_files"] == 2
+    assert stats["entries"] == 1  # the entry itself is untouched

@@ -2,6 +2,8 @@
 an identical table; bad configs are refused with the path of the key."""
 
 import json
+import re
+import shutil
 
 import pandas as pd
 import pytest
@@ -61,14 +63,14 @@ def test_saved_manifest_reruns_to_an_identical_table(tmp_path):
     pd.testing.assert_frame_equal(pd.read_parquet(folder / "table.parquet"), result.table)
 
 
-def test_pages_share_one_plotly_and_stay_small(tmp_path):
+def test_saved_run_folders_are_self_contained_and_pages_stay_small(tmp_path):
     op = es.Lens(sites=es.Sites(activation="resid_post", over=["layer", "position"]))
-    for name in ("a", "b"):
-        op.run(es.load_model("demo"), "When Mary and John went to the store", quiet=True).save(tmp_path / name)
-    assert (tmp_path / "plotly.min.js").stat().st_size > 1_000_000
-    for name in ("a", "b"):
-        page = (tmp_path / name / "index.html").read_text()
-        assert '<script src="../plotly.min.js">' in page and len(page) < 300_000
+    op.run(es.load_model("demo"), "When Mary and John went to the store", quiet=True).save(tmp_path / "a")
+    moved = shutil.copytree(tmp_path / "a", tmp_path / "elsewhere" / "copy")  # a copied run still shows its plots
+    page = (moved / "index.html").read_text()
+    src = re.search(r'<script src="([^"]+)">', page).group(1)
+    assert (moved / src).resolve().stat().st_size > 1_000_000 and (moved / src).resolve().parent == moved.resolve()
+    assert len(page) < 300_000 and not (tmp_path / "plotly.min.js").exists()
 
 
 @pytest.mark.parametrize("entry, where", [

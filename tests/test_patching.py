@@ -198,7 +198,7 @@ def test_dataset_per_prompt_values_equal_single_pair_runs():
     lengths = {len(adapt(model).tokenize(e.prompt)) for e in data}
     assert len(lengths) > 1
     op = Patching(sites=es.Sites(activation="z", over=["layer", "head", "position"], positions=[-1, -3]),
-                  metric="logprob", batch_size=5)
+                  metric="logprob", batch_size=5, stats={"degenerate_share": 0})  # degenerate: relative to the set
     together = op.run(model, data, quiet=True)
     pp = together.per_prompt
     for i in range(len(data)):
@@ -208,11 +208,15 @@ def test_dataset_per_prompt_values_equal_single_pair_runs():
             torch.testing.assert_close(torch.tensor(mine[col].to_numpy()), torch.tensor(alone[col].to_numpy()),
                                        atol=1e-5, rtol=1e-5)
         assert list(mine.token) == list(alone.token)
-    # the table's normalised value is the mean over prompts of (patched - base) / (source - base)
-    norm = (pp.patched_metric - pp.base_metric) / (pp.source_metric - pp.base_metric)
-    expected = norm.groupby(pp.site, sort=False).mean()
-    torch.testing.assert_close(torch.tensor(together.table.set_index("site").value.loc[expected.index].to_numpy()),
-                               torch.tensor(expected.to_numpy()), atol=1e-9, rtol=1e-9)
+    # the table's normalised value is the ratio of means (mean patched - mean base) / (mean source - mean base),
+    # and normalized_mean the mean over prompts of (patched - base) / (source - base)
+    g = pp.groupby("site", sort=False)
+    ratio = (g.patched_metric.mean() - g.base_metric.mean()) / (g.source_metric.mean() - g.base_metric.mean())
+    norm = ((pp.patched_metric - pp.base_metric) / (pp.source_metric - pp.base_metric)).groupby(pp.site, sort=False)
+    table = together.table.set_index("site")
+    for column, expected in (("value", ratio), ("normalized_mean", norm.mean())):
+        torch.testing.assert_close(torch.tensor(table[column].loc[expected.index].to_numpy()),
+                                   torch.tensor(expected.to_numpy()), atol=1e-9, rtol=1e-9)
 
 
 # ---------------------------------------------------------------------- patch values against hooks written here
@@ -374,8 +378,8 @@ def test_a_pair_with_equal_metrics_is_flagged_not_warned():
     assert pp[pp.example > 0].normalized.notna().all() and not pp[pp.example > 0].degenerate.any()
     assert (r.table.n_degenerate == 1).all() and r.extra["n_degenerate"] == 1
     assert "1 of 3 pairs" in r.title
-    expected = pp[pp.example > 0].groupby("site", sort=False).normalized.mean()
-    assert torch.allclose(torch.tensor(r.table.value.to_numpy()), torch.tensor(expected.to_numpy()))
+    expected = pp[pp.example > 0].groupby("site", sort=False).normalized.mean()  # per-pair ratios: without it
+    assert torch.allclose(torch.tensor(r.table.normalized_mean.to_numpy()), torch.tensor(expected.to_numpy()))
 
 
 def test_refusals_at_plan_time_run_no_model():

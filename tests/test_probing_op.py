@@ -252,6 +252,20 @@ def test_causal_check_equals_a_hand_written_projection_hook(backend):
     np.testing.assert_allclose(row["probe_accuracy_ablated"], np.mean(y[test] == constant_class))
 
 
+def test_k_fold_causal_check_scores_each_fold_after_removing_its_own_direction(demo):
+    """With k folds each fold's probe has its own direction; removing it makes that probe constant, so
+    its held-out accuracy is the share of its test rows in the class its intercept picks."""
+    data = es.tasks.ioi(n=60, seed=2)
+    check = CausalCheck(sites=["L1"], metric="logit_diff", random_baseline=False)
+    result = Probing(sites=es.Sites(activation="resid_post", layers=[1]), causal_check=check, split="kfold", k=4,
+                     C_grid=[0.01]).run(demo, data, quiet=True)
+    fit = result.extra["fit"]
+    y = np.array([e.label for e in data])
+    expected = [np.mean(y[sp.test.numpy()] == int(fit.raw_intercept[f, 0, 0] > 0)) for f, sp in enumerate(fit.splits)]
+    assert len(expected) == 4 and fit.direction_agreement[0] < 1 - 1e-6  # the folds' directions do differ
+    np.testing.assert_allclose(result.table.iloc[0]["probe_accuracy_ablated"], np.mean(expected), atol=1e-9)
+
+
 @pytest.mark.parametrize("head_pooling", ["concat", "mean", None])
 def test_ablation_leaves_no_projection_where_the_probe_reads(head_pooling):
     from conftest import get_tiny

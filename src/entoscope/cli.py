@@ -6,38 +6,58 @@
     entoscope run runs/x/manifest.json                  repeat a saved run
     entoscope lens --data '{task: ioi, n: 8}' --sites '{activation: resid_post, over: [layer, position]}'
     entoscope train-lens --model demo --data '{task: ioi, n: 256}' --out lenses/demo
+    entoscope train-sae --model demo --site resid_post.1 --out sae/resid_post.1   (docs/features.md)
 
 Every operation sub-command takes each config key as --key VALUE (VALUE is read as YAML, so lists
 and mappings work) plus the model options; `--plan` prints the plan and runs nothing.
+Errors are one line, `entoscope: error: [code] what. Remedy: what to do` (exit 2; 130 on Ctrl-C);
+`--debug` (anywhere on the line) also prints the traceback.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
+import traceback
+import typing
+import warnings
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from .errors import ConfigError, EntoscopeError
+from .errors import ConfigError, EntoscopeError, EntoscopeWarning
 from .registry import lookup, names
 
 CLI_NAMES = {"lens": "lens", "parameter-lens": "parameter_lens", "head-scores": "head_scores", "patch": "patching", "probe": "probing",
              "circuit": "circuits", "dla": "dla", "ifr": "ifr"}
 
+SAVED: list[str] = []  # folders this process has saved (named when Ctrl-C interrupts it)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are entoscope errors (one line, a code, a remedy)."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        raise ConfigError(f"{self.prog}: {message}", code="bad_arguments",
+                          remedy=f"`{self.prog} --help` lists the options")
+
+
+def _help(text: str) -> str:
+    return text.replace("%", "%%")  # argparse %-formats help strings
+
 
 def _model_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
-    g.add_argument("--model", default="demo", help="'demo', a local HuggingFace folder, or a hub name")
+    g.add_argument("--model", default="demo", metavar="NAME",
+                   help="'demo', a local HuggingFace folder, or a hub name")
     g.add_argument("--backend", choices=["bridge", "hooked"], default="bridge",
                    help="TransformerBridge (HuggingFace's weights) or HookedTransformer (transformer-lens < 4)")
     g.add_argument("--compat", action="store_true", help="bridge in compatibility mode (LayerNorm folded)")
-    g.add_argument("--device", default=None, help="torch device (default: cpu)")
-    g.add_argument("--dtype", default="float32")
-    g.add_argument("--cache-dir", default=None, help="wrap the model in CachedModel with this directory")
+    g.add_argument("--device", default=None, metavar="DEVICE", help="torch device: cpu, cuda, cuda:N, mps (default: cpu)")
+    g.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16", "float16"])
+    g.add_argument("--cache-dir", default=None, metavar="DIR", help="wrap the model in CachedModel with this directory")
 
 
 def _load(args: argparse.Namespace, source: dict[str, Any] | None = None) -> Any:
@@ -58,7 +78,7 @@ def _yaml_value(text: str, key: str) -> Any:
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise ConfigError(f"--{key}: {text!r} is not valid YAML ({err})", code="config_invalid",
+        raise ConfigError(f"--{key}: {text!r} is not valid YAML ({' '.join(str(err).split())})", code="config_invalid",
                           remedy="quote mappings, e.g. --sites '{activation: resid_pre, over: [layer]}'") from None
 
 
@@ -66,26 +86,43 @@ def _data_arg(text: str | None) -> Any:
     if text is None:
         return None
     value = _yaml_value(text, "data")
-    if isinstance(value, str) and not Path(value).exists() and value.replace("_", "").isalpha():
+    if isinstance(value, str) and not Path(value).exists() and value.replace("_", "").replace("-", "").isalpha():
         return {"task": value}  # `--data ioi`
     if isinstance(value, str) and Path(value).exists():
         return {"path": value}
     return value
 
 
+def _metavar(annotation: Any) -> str:
+    """A placeholder that says what a config key takes: N, FLOAT, BOOL, {a,b}, YAML, TEXT."""
+    origin = typing.get_origin(annotation)
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if origin is typing.Literal:
+        return "{" + ",".join(map(str, typing.get_args(annotation))) + "}"
+    if origin is not None and len(args) == 1 and origin is not list and origin is not dict:
+        return _metavar(args[0])
+    return {int: "N", float: "FLOAT", bool: "BOOL", str: "TEXT"}.get(annotation, "YAML")
+
+
 def _op_parser(sub: Any, cli_name: str, op_name: str) -> None:
     cls = lookup("operation", op_name)
     doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else op_name
-    p = sub.add_parser(cli_name, help=doc, description=cls.__doc__)
+    p = sub.add_parser(cli_name, help=_help(doc), description=_help(cls.__doc__ or ""),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     _model_options(p)
-    p.add_argument("--data", default=None, help="a task name, a file, or YAML: '{task: ioi, n: 16}'")
-    p.add_argument("--out", default=None, help="save the result into this folder")
+    p.add_argument("--data", default=None, metavar="DATA", help="a task name, a file, or YAML: '{task: ioi, n: 16}'")
+    p.add_argument("--out", default=None, metavar="DIR", help="save the result into this folder")
+    p.add_argument("--overwrite", action="store_true", help="replace a run already saved in --out")
     p.add_argument("--plan", action="store_true", help="print the plan and run nothing")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     g = p.add_argument_group(f"{op_name} config (values are YAML)")
     for field, info in cls.model_fields.items():
+        default = info.get_default(call_default_factory=True)
+        if hasattr(default, "model_dump"):
+            default = default.model_dump(exclude_defaults=True) or default.model_dump()
         g.add_argument(f"--{field.replace('_', '-')}", dest=f"cfg_{field}", default=None,
-                       help=(info.description or "") + f" [default: {info.get_default(call_default_factory=True)!r}]")
+                       metavar=_metavar(info.annotation),
+                       help=_help((info.description or "") + f" [default: {default!r}]"))
     p.set_defaults(handler=_run_op, op_name=op_name)
 
 
@@ -100,50 +137,51 @@ def _run_op(args: argparse.Namespace) -> int:
     if data is not None:
         entry["data"] = data
     op, spec = build_operation(entry, where=args.op_name)
-    return _execute(op, spec, args, args.out)
+    _execute(op, spec, args, args.out)
+    return 0
 
 
 def _execute(op: Any, spec: Any, args: argparse.Namespace, out: str | None, records: Any = None,
-             source: dict[str, Any] | None = None) -> int:
-    model = _load(args, source)
+             source: dict[str, Any] | None = None, model: Any = None,
+             warned: list[dict[str, str]] | None = None) -> Any:
+    """Check the destination, load the model, then plan or run (and save). Returns the Result (or None)."""
+    from .results.folder import check_out
+
+    if out and not args.plan:
+        check_out(out, overwrite=args.overwrite)  # before the model loads: nothing is computed in vain
+    model = model if model is not None else _load(args, source)
     data = records if records is not None else spec
     if args.plan:
         print(op.plan(model, data))
-        return 0
+        return None
     result = op.run(model, data, quiet=args.quiet)
+    if warned:  # warnings raised before the run (re-running a manifest) belong in its record too
+        result.warnings[:0] = warned
+        result.manifest["warnings"] = result.warnings
     print(result.table.to_string(max_rows=30, max_cols=12))
     if out:
-        folder = result.save(out)
+        folder = result.save(out, overwrite=args.overwrite)
+        SAVED.append(str(folder))
         print(f"saved: {folder}/index.html")
-    return 0
+    return result
 
 
 def _run_file(args: argparse.Namespace) -> int:
     from .config import build_operation, load_experiments
 
     path = Path(args.file)
-    if path.suffix == ".json":
-        manifest = json.loads(path.read_text())
-        if "config" not in manifest or "operation" not in manifest:
-            raise ConfigError(f"{path} is not an entoscope manifest", code="config_invalid",
-                              remedy="give manifest.json from a saved run, or a YAML experiment file")
-        op, _ = build_operation({"operation": manifest["operation"], **manifest["config"]}, where=str(path))
-        records = None
-        if manifest.get("data"):
-            from .data.examples import Dataset
+    if path.suffix == ".json" or path.is_dir():
+        from .rerun import rerun_manifest
 
-            d = manifest["data"]
-            records = Dataset.from_records(d["name"], d["records"], params=d.get("spec", {}))
-        out = args.out
-        return _execute(op, None, args, out, records=records, source=manifest.get("model", {}).get("source"))
+        return rerun_manifest(path, args, _execute, _load)
     entries = load_experiments(path)
     chosen = args.entries or list(entries)
     for name in chosen:
         if name not in entries:
             raise ConfigError(f"{path} has no entry {name!r}", code="unknown_entry",
                               remedy=f"entries: {', '.join(entries)}")
-    for name in chosen:
-        op, spec = build_operation(entries[name], where=name)
+    built = [(name, *build_operation(entries[name], where=name)) for name in chosen]  # every entry checked first
+    for name, op, spec in built:
         print(f"== {name}")
         _execute(op, spec, args, str(Path(args.out) / name) if args.out else None)
     return 0
@@ -153,6 +191,8 @@ def _info(args: argparse.Namespace) -> int:
     from .evaluate import format_scores, task_scores
     from .models.adapter import adapt
 
+    if args.n < 1:
+        raise ConfigError(f"--n must be at least 1, got {args.n}", code="bad_arguments", remedy="e.g. --n 64")
     model = _load(args)
     print(adapt(model).structure.describe())
     print()
@@ -162,8 +202,11 @@ def _info(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     from .report import build_report
+    from .results.folder import check_out
 
-    page = build_report(_load(args), args.out, quick=args.quick)
+    check_out(args.out, overwrite=args.overwrite)
+    page = build_report(_load(args), args.out, quick=args.quick, overwrite=args.overwrite)
+    SAVED.append(str(Path(args.out)))
     print(f"report: {page}")
     return 0
 
@@ -171,65 +214,144 @@ def _report(args: argparse.Namespace) -> int:
 def _train_lens(args: argparse.Namespace) -> int:
     from .data.loading import load_data
     from .lens import TunedLens
+    from .results.folder import check_writable
 
+    if args.steps < 1:
+        raise ConfigError(f"--steps must be at least 1, got {args.steps}", code="bad_steps",
+                          remedy="train for at least one step, e.g. --steps 300")
+    if not args.lr > 0:
+        raise ConfigError(f"--lr must be > 0, got {args.lr}", code="bad_lr", remedy="e.g. --lr 1e-3")
+    check_writable(args.out)
+    data_arg = _data_arg(args.data)
     model = _load(args)
-    data = load_data(_data_arg(args.data), tokenizer=getattr(model, "tokenizer", None))
+    data = load_data(data_arg, tokenizer=getattr(model, "tokenizer", None))
     lens = TunedLens.for_model(model)
     losses = lens.fit(model, data, steps=args.steps, lr=args.lr, quiet=args.quiet)
     lens.save(args.out)
+    SAVED.append(args.out)
     print(f"trained {args.steps} steps: loss {losses[0]:.4f} -> {losses[-1]:.4f}; saved {args.out}")
     return 0
+
+
+def _version() -> str:
+    import importlib.metadata as md
+
+    from . import __version__
+
+    parts = []
+    for pkg in ("transformer-lens", "torch", "transformers"):
+        try:
+            parts.append(f"{pkg} {md.version(pkg)}")
+        except md.PackageNotFoundError:
+            parts.append(f"{pkg} not installed")
+    return f"entoscope {__version__} ({', '.join(parts)})"
+
+
+def _train_sae(args: argparse.Namespace) -> int:
+    from .dictionaries import command
+
+    return command.run(args, _load(args), _data_arg(args.data))
 
 
 def build_parser() -> argparse.ArgumentParser:
     from . import circuits, lens, patching, probing  # noqa: F401  (register the operations)
 
-    p = argparse.ArgumentParser(prog="entoscope", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", required=True)
+    p = _Parser(prog="entoscope", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=_version())
+    p.add_argument("--debug", action="store_true", help="print the traceback of an error (anywhere on the line)")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     q = sub.add_parser("info", help="print a model's structure and its built-in task scores")
     _model_options(q)
-    q.add_argument("--n", type=int, default=64, help="prompts per task")
+    q.add_argument("--n", type=int, default=64, metavar="N", help="prompts per task")
     q.set_defaults(handler=_info)
     q = sub.add_parser("report", help="write an offline HTML report about a model (the main job)")
     _model_options(q)
-    q.add_argument("--out", default="runs/report", help="folder of the report")
+    q.add_argument("--out", default="runs/report", metavar="DIR", help="folder of the report")
+    q.add_argument("--overwrite", action="store_true", help="replace a report already in --out")
     q.add_argument("--quick", action="store_true", help="fewer prompts per section")
     q.set_defaults(handler=_report)
     q = sub.add_parser("run", help="run entries of a YAML experiment file, or repeat a saved manifest.json")
-    q.add_argument("file")
-    q.add_argument("entries", nargs="*", help="entry names (default: all)")
+    q.add_argument("file", metavar="FILE", help="a YAML experiment file, or a saved run's manifest.json (or its folder)")
+    q.add_argument("entries", nargs="*", metavar="ENTRY", help="entry names (default: all)")
     _model_options(q)
-    q.add_argument("--out", default=None, help="folder for results (one sub-folder per entry)")
-    q.add_argument("--plan", action="store_true")
-    q.add_argument("--quiet", action="store_true")
+    q.add_argument("--out", default=None, metavar="DIR", help="folder for results (one sub-folder per entry)")
+    q.add_argument("--overwrite", action="store_true", help="replace runs already saved there")
+    q.add_argument("--allow-model-change", action="store_true",
+                   help="re-run a manifest although the model's weights differ from the recorded fingerprint")
+    q.add_argument("--plan", action="store_true", help="print the plan and run nothing")
+    q.add_argument("--quiet", action="store_true", help="no progress bar")
     q.set_defaults(handler=_run_file)
     q = sub.add_parser("train-lens", help="train tuned-lens translators and save them")
     _model_options(q)
-    q.add_argument("--data", required=True, help="a task name, a file, or YAML")
-    q.add_argument("--steps", type=int, default=300)
-    q.add_argument("--lr", type=float, default=1e-3)
-    q.add_argument("--out", required=True)
+    q.add_argument("--data", required=True, metavar="DATA", help="a task name, a file, or YAML")
+    q.add_argument("--steps", type=int, default=300, metavar="N", help="optimiser steps (>= 1)")
+    q.add_argument("--lr", type=float, default=1e-3, metavar="FLOAT", help="Adam learning rate")
+    q.add_argument("--out", required=True, metavar="DIR", help="folder for the translators")
     q.add_argument("--quiet", action="store_true")
     q.set_defaults(handler=_train_lens)
+    from .dictionaries import command as sae_command
+
+    q = sub.add_parser("train-sae", help="train a sparse autoencoder or transcoder and save it (SAELens format)",
+                       description=sae_command.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _model_options(q)
+    sae_command.add_options(q)
+    q.set_defaults(handler=_train_sae)
     for cli_name, op_name in CLI_NAMES.items():
         if op_name in names("operation"):
             _op_parser(sub, cli_name, op_name)
     return p
 
 
+def _show_warning(message: Any, category: type, filename: str, lineno: int, file: Any = None,
+                  line: str | None = None) -> None:
+    if isinstance(message, EntoscopeWarning):
+        print(f"entoscope: warning: {' '.join(str(message).split())}", file=sys.stderr)
+    else:
+        _default_showwarning(message, category, filename, lineno, file, line)
+
+
+_default_showwarning = warnings.showwarning
+
+
+def _interrupted() -> str:
+    if SAVED:
+        return f"interrupted; saved before the interrupt: {', '.join(SAVED)}; nothing else was saved"
+    return "interrupted; nothing was saved"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    args.model_given = any(a == "--model" or a.startswith("--model=") for a in argv)
-    if os.environ.get("ENTOSCOPE_DEBUG") == "1":
-        return int(args.handler(args) or 0)
+    debug = "--debug" in argv or os.environ.get("ENTOSCOPE_DEBUG") == "1"
+    argv = [a for a in argv if a != "--debug"]
+    SAVED.clear()
+    warnings.showwarning = _show_warning
     try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        args.model_given = any(a == "--model" or a.startswith("--model=") for a in argv)
         return int(args.handler(args) or 0)
+    except KeyboardInterrupt:
+        if debug:
+            traceback.print_exc()
+        print(f"entoscope: {_interrupted()}", file=sys.stderr)
+        return 130
     except EntoscopeError as err:
-        print(f"entoscope: error: {err}", file=sys.stderr)
+        if debug:
+            traceback.print_exc()
+        print(f"entoscope: error: {err.one_line()}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `entoscope ... | head`
+        return 0
+    except Exception as err:  # noqa: BLE001 - the command line never shows a raw traceback
+        if debug:
+            traceback.print_exc()
+        text = " ".join(str(err).split())[:300]
+        print(f"entoscope: error: [internal_error] {type(err).__name__}: {text}. Remedy: this is a bug in "
+              "entoscope or a case it does not check yet; rerun with --debug for the traceback and report it",
+              file=sys.stderr)
+        return 1
+    finally:
+        warnings.showwarning = _default_showwarning
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from .config_model import config_error
 from .data.loading import DataSpec
 from .errors import ConfigError
 from .registry import lookup, names
@@ -65,20 +66,6 @@ def load_experiments(path: str | Path) -> dict[str, dict[str, Any]]:
     return {name: substitute_env(entry, name) for name, entry in raw.items()}
 
 
-def _validation_error(err: ValidationError, where: str) -> ConfigError:
-    lines = []
-    for e in err.errors():
-        loc = where + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"])
-        if e["type"] == "extra_forbidden":
-            lines.append(f"{loc}: unknown key")
-        elif e["type"] == "missing":
-            lines.append(f"{loc}: missing key")
-        else:
-            lines.append(f"{loc}: {e['msg']} (got {e.get('input')!r})")
-    return ConfigError("; ".join(lines), code="config_invalid",
-                       remedy="fix the keys above (docs/operations.md lists every key)")
-
-
 def build_operation(entry: dict[str, Any], where: str = "config") -> tuple[Any, Any]:
     """(operation object, data spec or None) from one entry's dict."""
     entry = dict(entry)
@@ -93,15 +80,15 @@ def build_operation(entry: dict[str, Any], where: str = "config") -> tuple[Any, 
         raise ConfigError(f"{where}.operation: {err}", code="unknown_operation",
                           remedy=f"use one of {', '.join(names('operation'))}") from None
     try:
-        op = cls(**entry)
+        op = cls.model_validate(entry)
     except ValidationError as err:
-        raise _validation_error(err, where) from None
+        raise config_error(err, where) from None
     spec = None
     if data is not None:
         if isinstance(data, (str, list)):
             data = {"prompts": [data] if isinstance(data, str) else data}
         try:
-            spec = DataSpec(**data)
+            spec = DataSpec.model_validate(data)
         except ValidationError as err:
-            raise _validation_error(err, f"{where}.data") from None
+            raise config_error(err, f"{where}.data") from None
     return op, spec

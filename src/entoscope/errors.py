@@ -7,6 +7,11 @@ The codes are listed in docs/errors.md; a test keeps that list and this module i
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+from collections.abc import Iterator
+from contextvars import ContextVar
+
 
 class EntoscopeError(Exception):
     """Base of every deliberate refusal. `code` is stable; `remedy` says what to do instead."""
@@ -25,6 +30,13 @@ class EntoscopeError(Exception):
 
     def __str__(self) -> str:  # KeyError would otherwise repr() the message
         return self.args[0] if self.args else ""
+
+    def one_line(self) -> str:
+        """`[code] message. Remedy: ...` on one line (what the command line prints)."""
+        text = " ".join(f"[{self.code}] {self.message}".split())
+        if self.remedy:
+            text = text.rstrip(".") + ". Remedy: " + " ".join(self.remedy.split())
+        return text
 
 
 class UnsupportedModelError(EntoscopeError, TypeError):
@@ -67,3 +79,52 @@ class CheckFailedError(EntoscopeError, ArithmeticError):
     """A run-time identity check failed: the numbers cannot be trusted, so none are returned."""
 
     code = "check_failed"
+
+
+class DictionaryError(EntoscopeError, ValueError):
+    """A sparse autoencoder or transcoder that cannot be read or used as given."""
+
+    code = "dictionary_invalid"
+
+
+class MetricError(EntoscopeError, RuntimeError):
+    """A metric that failed when called, or returned something other than one value per row."""
+
+    code = "metric_failed"
+
+
+class SaveError(EntoscopeError, OSError):
+    """A result could not be written (full disk, read-only folder, a file where a folder belongs)."""
+
+    code = "save_failed"
+
+
+class EntoscopeWarning(UserWarning):
+    """A recorded warning: the run went on, and the manifest says what was changed or doubtful."""
+
+    def __init__(self, message: str, *, code: str = "warning") -> None:
+        self.code = code
+        self.message = message
+        super().__init__(f"[{code}] {message}")
+
+
+_RECORDED: ContextVar[list[dict[str, str]] | None] = ContextVar("entoscope_warnings", default=None)
+
+
+def warn(message: str, *, code: str) -> None:
+    """Warn loudly (an EntoscopeWarning) and record it in the manifest of the run in progress."""
+    log = _RECORDED.get()
+    if log is not None and not any(w["code"] == code and w["message"] == message for w in log):
+        log.append({"code": code, "message": message})
+    warnings.warn(EntoscopeWarning(message, code=code), stacklevel=2)
+
+
+@contextlib.contextmanager
+def recording_warnings() -> Iterator[list[dict[str, str]]]:
+    """Collect the `warn` calls made inside the block (Operation.run keeps them in the manifest)."""
+    log: list[dict[str, str]] = []
+    token = _RECORDED.set(log)
+    try:
+        yield log
+    finally:
+        _RECORDED.reset(token)

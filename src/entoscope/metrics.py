@@ -15,14 +15,18 @@ where `answers`/`wrong` hold token ids padded with -1, and `reference` is the un
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import inspect
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 from torch import Tensor
 
-from .errors import DataError
+from .config_model import ConfigModel
+from .errors import CheckFailedError, ConfigError, DataError, EntoscopeError, MetricError
 from .registry import lookup, register
 
 MetricFn = Callable[[Tensor, Tensor, Tensor, Tensor | None], Tensor]
@@ -95,10 +99,9 @@ NEEDS_WRONG = {"logit_diff", "prob_diff"}
 ANSWER_LOGITS_ONLY = {"logit_diff", "logit"}  # read no logit but the answers' and wrong answers'
 
 
-class Metric(BaseModel):
+class Metric(ConfigModel):
     """A metric by registered name, e.g. Metric(type="logit_diff"); a plain string works in configs."""
 
-    model_config = ConfigDict(extra="forbid")
 
     type: str = "logit_diff"
     params: dict[str, Any] = Field(default_factory=dict)
@@ -109,13 +112,74 @@ class Metric(BaseModel):
         return {"type": value} if isinstance(value, str) else value
 
     def function(self) -> MetricFn:
-        fn = lookup("metric", self.type)
-        if self.params:
-            return lambda lg, a, w, r=None: fn(lg, a, w, r, **self.params)
-        return fn
+        """The registered function with `params` bound, checked on every call (see `CheckedMetric`)."""
+        return CheckedMetric(self.type, lookup("metric", self.type), self.params)
 
     def __call__(self, logits: Tensor, answers: Tensor, wrong: Tensor, reference: Tensor | None = None) -> Tensor:
         return self.function()(logits, answers, wrong, reference)
+
+
+_WHERE: ContextVar[str] = ContextVar("entoscope_metric_where", default="")
+
+
+@contextlib.contextmanager
+def metric_where(text: str) -> Iterator[None]:
+    """Say where the metrics called inside the block are evaluated (named in their errors); nests."""
+    outer = _WHERE.get()
+    token = _WHERE.set(f"{outer}; {text}" if outer else text)
+    try:
+        yield
+    finally:
+        _WHERE.reset(token)
+
+
+class CheckedMetric:
+    """A metric function with its parameters bound, checked where it is defined and on every call.
+
+    Parameters the function does not take are refused when it is built. A call that raises is
+    re-raised as MetricError naming the metric and where it ran (batch, site); a result that is not
+    one finite value per row is refused (a NaN metric would silently poison every aggregate).
+    """
+
+    def __init__(self, name: str, fn: Callable[..., Tensor], params: dict[str, Any]) -> None:
+        self.name, self.fn, self.params = name, fn, dict(params)
+        if params:
+            try:
+                sig = inspect.signature(fn)
+            except (TypeError, ValueError):  # a builtin without a signature: nothing to check
+                sig = None
+            if sig is not None and not any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):
+                takes = [n for i, (n, p) in enumerate(sig.parameters.items()) if i >= 4 and
+                         p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+                unknown = sorted(set(params) - set(takes))
+                if unknown:
+                    raise ConfigError(f"metric {name!r} takes no parameter {', '.join(map(repr, unknown))}",
+                                      code="metric_param_unknown",
+                                      remedy=f"{name} takes {', '.join(takes) if takes else 'no parameters'}")
+
+    def __call__(self, logits: Tensor, answers: Tensor, wrong: Tensor, reference: Tensor | None = None) -> Tensor:
+        where = _WHERE.get()
+        at = f" ({where})" if where else ""
+        try:
+            out = self.fn(logits, answers, wrong, reference, **self.params)
+        except EntoscopeError:
+            raise
+        except Exception as err:  # a user's metric: say which one failed and where, keep the cause
+            raise MetricError(f"metric {self.name!r} raised {type(err).__name__}: {err}{at}", code="metric_failed",
+                              remedy="fix the metric (it gets logits [B, vocab], answers [B, A], wrong answers "
+                              "[B, W] padded with -1, reference logits or None) and return a tensor [B]") from err
+        if not isinstance(out, Tensor) or out.shape != (logits.shape[0],):
+            raise MetricError(f"metric {self.name!r} returned {getattr(out, 'shape', type(out).__name__)} for "
+                              f"{logits.shape[0]} rows{at}", code="metric_shape",
+                              remedy="a metric returns one value per row: a tensor of shape [B]")
+        finite = torch.isfinite(out.detach())
+        if not bool(finite.all()):
+            rows = (~finite).nonzero().flatten()[:5].tolist()
+            raise CheckFailedError(f"metric {self.name!r} is not finite (NaN or inf) in row(s) {rows}{at}",
+                                   code="metric_non_finite",
+                                   remedy="check the metric for a log of 0 or a division by 0, and the run's "
+                                   "logits (answers that can have probability 0 in float precision?)")
+        return out
 
 
 def at_positions(logits: Tensor, positions: Tensor) -> Tensor:

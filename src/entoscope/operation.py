@@ -15,13 +15,15 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from .config_model import ConfigModel
 from .data.examples import Dataset
 from .data.loading import load_data
-from .errors import ConfigError
+from .errors import ConfigError, recording_warnings
 from .models.adapter import ModelAdapter, adapt
 from .registry import register
+from .stats import Stats
 
 T = TypeVar("T")
 
@@ -74,10 +76,9 @@ def register_operation(cls: type[T]) -> type[T]:
     return register("operation", cls.name)(cls)  # type: ignore[attr-defined]
 
 
-class Operation(BaseModel):
+class Operation(ConfigModel):
     """Base class of every operation (lens, patching, probing, circuits, ...)."""
 
-    model_config = ConfigDict(extra="forbid")
     name: ClassVar[str] = "operation"
     needs_data: ClassVar[bool] = True
 
@@ -86,24 +87,37 @@ class Operation(BaseModel):
     memory_budget_mb: float = Field(default=2048, gt=0, description="memory the batches may take")
     prepend_bos: bool = Field(default=True, description="prepend the BOS token to text prompts")
     seed: int = Field(default=0, description="seed of every random choice the operation makes")
+    stats: Stats = Field(default_factory=Stats, description="intervals and robust aggregation over prompts "
+                         "(n_boot, ci_level, ci_method, degenerate_share, influence_share, fdr)")
 
     # ------------------------------------------------------------------ public life
     def plan(self, model: Any, data: Any = None) -> Plan:
         """Validate everything and say what a run would cost; runs no model."""
-        return self._prepare(model, data).plan
+        with recording_warnings() as warned:
+            plan = self._prepare(model, data).plan
+        plan.notes += [f"warning [{w['code']}]: {w['message']}" for w in warned]
+        return plan
 
     def run(self, model: Any, data: Any = None, *, quiet: bool = False) -> Any:
-        """Run over the dataset and return a `Result` (with its manifest)."""
+        """Run over the dataset and return a `Result` (with its manifest).
+
+        The model runs in eval mode (dropout off) whatever mode it was in, and is put back after;
+        warnings raised on the way are kept in `result.warnings` and the manifest.
+        """
         from .results.manifest import build_manifest
 
-        t0 = time.perf_counter()
-        prepared = self._prepare(model, data)
-        t1 = time.perf_counter()
-        result = self.execute(prepared, quiet=quiet)
-        t2 = time.perf_counter()
+        with recording_warnings() as warned:
+            t0 = time.perf_counter()
+            prepared = self._prepare(model, data)
+            t1 = time.perf_counter()
+            with prepared.model.evaluating():
+                result = self.execute(prepared, quiet=quiet)
+            t2 = time.perf_counter()
         result.plan = prepared.plan
+        result.warnings = warned
         result.manifest = build_manifest(self, prepared.model, prepared.data,
-                                         {"prepare_s": round(t1 - t0, 4), "run_s": round(t2 - t1, 4)})
+                                         {"prepare_s": round(t1 - t0, 4), "run_s": round(t2 - t1, 4)},
+                                         warnings=warned)
         return result
 
     def _prepare(self, model: Any, data: Any) -> Prepared:

@@ -12,16 +12,30 @@ from typing import Any
 from .evaluate import format_scores, task_scores
 from .models.adapter import adapt
 from .registry import lookup, names, register
+from .results.folder import writing_run
 from .results.page import ensure_plotly_js, figure_div, table_html, write_page
 
 SECTION_ORDER = ["lens", "head_scores", "dla", "patching", "probing", "circuits", "ifr"]
 
 
-def build_report(model: Any, out: str | Path, *, quick: bool = False, sections: list[str] | None = None) -> Path:
-    """Write `out/index.html` (and one sub-folder per section). Returns the page path."""
+def build_report(model: Any, out: str | Path, *, quick: bool = False, sections: list[str] | None = None,
+                 overwrite: bool = False) -> Path:
+    """Write `out/index.html` (and one sub-folder per section). Returns the page path.
+
+    The report is built in a hidden sibling folder and renamed into place when complete, so an
+    interrupted report never leaves pages of two reports together; an existing report is replaced
+    only with `overwrite=True`.
+    """
     a = adapt(model)
-    folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
+    final = Path(out)
+    with writing_run(final, overwrite=overwrite) as folder, a.evaluating():
+        _write_report(model, a, folder, quick, sections)
+    return final / "index.html"
+
+
+def _write_report(model: Any, a: Any, folder: Path, quick: bool, sections: list[str] | None) -> None:
+    from .results.manifest import model_identity, package_versions
+
     ensure_plotly_js(folder)
     scores = task_scores(model, n=32 if quick else 128)
     parts: list[tuple[str, str]] = [
@@ -34,7 +48,10 @@ def build_report(model: Any, out: str | Path, *, quick: bool = False, sections: 
         title, body = lookup("report_section", name)(model, folder / name, quick)
         parts.append((title, body + f'<p><a href="{name}/index.html">full results: {name}/</a></p>'))
     (folder / "scores.json").write_text(json.dumps(scores, indent=2))
-    return write_page(folder / "index.html", f"entoscope report: {a.name}", parts, js_relpath="plotly.min.js")
+    manifest = {"operation": "report", "quick": quick, "sections": chosen, "model": model_identity(a),
+                "versions": package_versions()}
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str), encoding="utf-8")
+    write_page(folder / "index.html", f"entoscope report: {a.name}", parts, js_relpath="plotly.min.js")
 
 
 def section_html(result: Any, max_rows: int = 12) -> str:
@@ -44,16 +61,18 @@ def section_html(result: Any, max_rows: int = 12) -> str:
 
 
 def examples_html(operation: Any, model: Any, examples: list[tuple[str, Any, Any]], folder: Path, *,
-                  max_rows: int) -> str:
+                  max_rows: int, note: Any = None) -> str:
     """Run each (title, config, data) example as `operation(**config).run(model, data)`; the first Result is
-    saved in `folder`, the others in folder/example<i> with a link from the report page (one folder up)."""
+    saved in `folder`, the others in folder/example<i> with a link from the report page (one folder up).
+    `note(result) -> str`: a sentence computed from the numbers, shown above the example's figure."""
     parts = []
     for i, (title, config, data) in enumerate(examples):
         result = operation(**config).run(model, data, quiet=True)
         where = Path(folder) if i == 0 else Path(folder) / f"example{i}"
         result.save(where, assets_dir=Path(folder).parent)
         link = "" if i == 0 else f'<p><a href="{Path(folder).name}/{where.name}/index.html">full results</a></p>'
-        parts.append(f"<h3>{title}</h3>" + section_html(result, max_rows=max_rows) + link)
+        text = f"<p>{html.escape(note(result))}</p>" if note is not None else ""
+        parts.append(f"<h3>{title}</h3>" + text + section_html(result, max_rows=max_rows) + link)
     return "".join(parts)
 
 

@@ -19,20 +19,26 @@ from typing import Any, Union
 
 import pandas as pd
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
-from .errors import SiteError
+from .config_model import ConfigModel
+from .data.roles import RoleTable
+from .errors import SiteError, warn
 from .models.adapter import ModelAdapter
-from .models.names import KINDS, Kind, parse_name
+from .models.names import KINDS, ActName, Kind, parse_name
 
-Selection = Union[str, int, list[int]]  # "all", "2:5", "-3:", 4, [0, 2, -1]
+Selection = Union[str, int, list[Union[int, str]]]  # "all", "2:5", "-3:", 4, [0, 2, -1]; positions: "S2", "S2+1"
+ROLE_BASE = 1 << 20  # a position coordinate >= ROLE_BASE names a role (data/roles.py), not a token index
+ROLE_STRIDE = 1 << 10  # offsets from a role: -512..511
+_ROLE_REF = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:([+-])\s*(\d+))?\s*")
 
 _AXIS_ALIASES = {"layer": "layer", "layers": "layer", "pos": "pos", "position": "pos", "positions": "pos",
                  "head": "head", "heads": "head", "kv_head": "kv_head", "neuron": "neuron",
-                 "neurons": "neuron", "query_pos": "query_pos", "dest": "query_pos", "dest_pos": "query_pos",
-                 "key_pos": "key_pos", "src": "key_pos", "src_pos": "key_pos", "source_pos": "key_pos"}
+                 "neurons": "neuron", "feature": "feature", "features": "feature", "query_pos": "query_pos",
+                 "dest": "query_pos", "dest_pos": "query_pos", "key_pos": "key_pos", "src": "key_pos", "src_pos": "key_pos", "source_pos": "key_pos"}
 _SELECTION_FIELD = {"layer": "layers", "pos": "positions", "head": "heads", "kv_head": "heads",
-                    "neuron": "neurons", "query_pos": "query_positions", "key_pos": "key_positions"}
+                    "neuron": "neurons", "feature": "features", "query_pos": "query_positions",
+                    "key_pos": "key_positions"}
 _POSITION_AXES = ("pos", "query_pos", "key_pos")
 
 Coord = tuple[tuple[str, int], ...]  # sorted (axis, index) pairs
@@ -71,9 +77,17 @@ class SiteSet:
     units: tuple[Unit, ...]
     n_layers: int
     note: str = ""
+    bases: tuple[tuple[int, str], ...] = ()  # features: (layer, dictionary key) of each layer's dictionary
+    role_names: tuple[str, ...] = ()  # the roles position codes index (data/roles.py RoleTable.names)
 
     def __len__(self) -> int:
         return len(self.units)
+
+    def act_name(self, layer: int | None) -> ActName:
+        """The activation a unit's member at `layer` reads or writes (features: with its dictionary)."""
+        if not self.kind.per_layer:
+            return ActName(self.kind.name)
+        return ActName(self.kind.name, layer, dict(self.bases).get(layer) if layer is not None else None)
 
     def layers(self) -> list[int]:
         """Every layer some unit touches, sorted."""
@@ -83,15 +97,22 @@ class SiteSet:
     def frame(self) -> pd.DataFrame:
         """One row per unit: a column per grid axis (None for a group whose members differ) and a label."""
         rows = []
+        bases = dict(self.bases)
+        by_role = any(is_role(v) for u in self.units for m in u.members for a, v in m if a in _POSITION_AXES)
         for u in self.units:
             row: dict[str, Any] = {"site": u.label}
             for ax in self.over:
-                row["position" if ax == "pos" else ax] = u.get(ax)
+                value = u.get(ax)
+                if by_role and ax in _POSITION_AXES and value is not None:
+                    value = position_text(value, self.role_names)  # one column of labels: "S2", "END", "-3"
+                row["position" if ax == "pos" else ax] = value
+            if bases:
+                row["dictionary"] = bases.get(u.get("layer"), None)  # type: ignore[arg-type]
             rows.append(row)
         return pd.DataFrame(rows)
 
 
-class Sites(BaseModel):
+class Sites(ConfigModel):
     """Which activations an operation reads or writes, as a grid, a filter, groups or a list.
 
     activation: a kind (resid_pre, resid_mid, resid_post, attn_out, mlp_out, z, q, k, v, pattern,
@@ -105,9 +126,12 @@ class Sites(BaseModel):
     groups:     rows that each read several units together, e.g. [[{layer: 9, head: 6}, {layer: 9, head: 9}]];
                 given instead of the grid.
     coords:     an explicit list of single coordinates, instead of the grid.
+    dictionary: read and write `activation` in a dictionary's features instead (docs/features.md): a
+                dictionary (demo/resid_post.1, a SAELens folder, a registered name) or a release (demo, a
+                folder of SAELens folders: each layer's member that writes the activation). The sites
+                then have axes layer, position and feature; `features` selects features.
     """
 
-    model_config = ConfigDict(extra="forbid")
 
     activation: str
     over: list[str] = Field(default_factory=lambda: ["layer"])
@@ -120,6 +144,8 @@ class Sites(BaseModel):
     exclude: list[dict[str, int]] = Field(default_factory=list)
     groups: list[list[dict[str, int]]] | None = None
     coords: list[dict[str, int]] | None = None
+    dictionary: str | None = None
+    features: Selection = "all"
 
     @field_validator("over")
     @classmethod
@@ -134,14 +160,25 @@ class Sites(BaseModel):
         act = parse_name(text)
         return KINDS[act.kind], act.layer
 
-    def resolve(self, model: ModelAdapter, lengths: list[int] | None = None) -> SiteSet:
-        """Validate against the model (and the prompts' token lengths) and list the units."""
+    def resolve(self, model: ModelAdapter, lengths: list[int] | None = None, roles: RoleTable | None = None
+                ) -> SiteSet:
+        """Validate against the model (and the prompts' token lengths and roles) and list the units."""
         kind, fixed_layer = self.kind()
+        if fixed_layer is not None:  # blocks.9.hook_resid_post on a 3-layer model; final_resid = layer -1
+            fixed_layer = model.resolve(ActName(kind.name, fixed_layer)).layer
         s = model.structure
+        if kind.name == "features" and self.dictionary is None:
+            raise SiteError("features sites need a dictionary", code="features_name",
+                            remedy="give the activation the dictionary reads and writes, and the dictionary: "
+                            "Sites(activation='resid_post', dictionary='demo/resid_post.1', over=['feature'])")
         if kind.name == "resid_mid" and s.parallel:
             model.resolve("resid_mid.0")  # raises the no_resid_mid refusal
         if kind.name == "pos_embed":
             model.resolve("pos_embed")
+        bases: tuple[tuple[int, str], ...] = ()
+        d_sae = 0
+        if self.dictionary is not None:
+            kind, fixed_layer, bases, d_sae = self._feature_basis(model, kind, fixed_layer)
         axes_of_kind = set(kind.axes) | ({"layer"} if kind.per_layer else set())
         if kind.name in ("k", "v"):
             axes_of_kind.add("head")  # one query head's own copy of the shared key/value head
@@ -152,7 +189,8 @@ class Sites(BaseModel):
                                 remedy=f"{kind.name} can be split over {', '.join(valid) or 'nothing'}")
         min_len = min(lengths) if lengths else None
         sizes = {"layer": s.n_layers, "head": s.n_heads, "kv_head": s.n_kv_heads, "neuron": s.d_mlp,
-                 "pos": min_len or s.n_ctx, "query_pos": min_len or s.n_ctx, "key_pos": min_len or s.n_ctx}
+                 "pos": min_len or s.n_ctx, "query_pos": min_len or s.n_ctx, "key_pos": min_len or s.n_ctx,
+                 "feature": d_sae}
         if kind.name in ("k", "v") and "head" in self.over:
             sizes["head"] = s.n_heads
         note = ""
@@ -161,12 +199,12 @@ class Sites(BaseModel):
                     "negative positions count from each prompt's end")
         if self.coords is not None or self.groups is not None:
             raw_groups = [[c] for c in self.coords] if self.coords is not None else self.groups
-            units = [self._unit([self._coord(c, sizes, fixed_layer, kind, lengths) for c in g])
+            units = [self._unit([self._coord(c, sizes, fixed_layer, kind, lengths, roles) for c in g], roles)
                      for g in raw_groups or []]
         else:
             # A per-layer kind with no layer axis in `over`: each row reads every selected layer at once.
             grid_axes = list(self.over)
-            choices = [self._select(ax, sizes, lengths) if not (ax == "layer" and fixed_layer is not None)
+            choices = [self._select(ax, sizes, lengths, roles) if not (ax == "layer" and fixed_layer is not None)
                        else [fixed_layer] for ax in grid_axes]
             excluded = {tuple(sorted((_axis(k), int(v)) for k, v in e.items())) for e in self.exclude}
             units = []
@@ -176,36 +214,123 @@ class Sites(BaseModel):
                     continue
                 if kind.per_layer and "layer" not in coord:
                     layers = [fixed_layer] if fixed_layer is not None else self._select("layer", sizes, lengths)
-                    units.append(self._unit([tuple(sorted({**coord, "layer": L}.items())) for L in layers]))
+                    units.append(self._unit([tuple(sorted({**coord, "layer": L}.items())) for L in layers], roles))
                 else:
-                    units.append(self._unit([tuple(sorted(coord.items()))]))
+                    units.append(self._unit([tuple(sorted(coord.items()))], roles))
         if not units:
             raise SiteError(f"the selection of {kind.name} sites is empty", code="empty_selection",
                             remedy="widen layers/positions/heads, or drop some exclusions")
-        return SiteSet(kind, tuple(self.over), tuple(units), s.n_layers, note)
+        if bases:
+            used = {dict(m)["layer"] for u in units for m in u.members}
+            bases = tuple((L, key) for L, key in bases if L in used)
+        if roles is not None and lengths:
+            warn_mixed_roles(units, lengths, roles)
+        return SiteSet(kind, tuple(self.over), tuple(units), s.n_layers, note, bases,
+                       roles.names if roles is not None else ())
 
-    def _select(self, axis: str, sizes: dict[str, int], lengths: list[int] | None) -> list[int]:
+    def _feature_basis(self, model: ModelAdapter, written: Kind, fixed_layer: int | None,
+                       ) -> tuple[Kind, int | None, tuple[tuple[int, str], ...], int]:
+        """features sites: (the features kind, the fixed layer, each layer's dictionary key, their width)."""
+        from .dictionaries.catalog import for_site, get_dictionary, is_release, writers
+
+        if not written.per_layer:
+            raise SiteError(f"a dictionary on {written.name} has no layer", code="dictionary_site_unsupported",
+                            remedy="use dictionaries on per-layer activations (resid_post, mlp_out, ...)")
+        spec = str(self.dictionary)
+        if fixed_layer is None and not is_release(spec) and self.layers == "all":
+            fixed_layer = parse_name(get_dictionary(spec).hook_out).layer  # one dictionary: its layer
+        layers = [fixed_layer] if fixed_layer is not None else self._select(
+            "layer", {"layer": model.structure.n_layers}, None)
+        if fixed_layer is None and self.layers == "all":  # a release: "all" = the layers it covers
+            covered = [L for L in layers if writers(spec, f"{written.name}.{L}")]
+            layers = covered or layers  # none: refused below, naming the release's members
+        bases, widths = [], set()
+        for L in layers:
+            key, d = for_site(spec, f"{written.name}.{L}")
+            model.resolve(ActName("features", L, key))  # the dictionary fits this model
+            bases.append((L, key))
+            widths.add(d.d_sae)
+        if len(widths) > 1:
+            raise SiteError(f"the dictionaries of these layers have different widths ({sorted(widths)}), so one "
+                            "features grid does not fit them all", code="dictionary_widths_differ",
+                            remedy="select one layer per Sites, or dictionaries of one width")
+        return KINDS["features"], fixed_layer, tuple(bases), widths.pop()
+
+    def _select(self, axis: str, sizes: dict[str, int], lengths: list[int] | None,
+                roles: RoleTable | None = None) -> list[int]:
         field = _SELECTION_FIELD[axis]
         value = getattr(self, field)
         size = sizes[axis]
         if value == "all":
             return list(range(size))
+        if axis in _POSITION_AXES and (isinstance(value, list) or isinstance(value, str) and ":" not in value):
+            items = value if isinstance(value, list) else [value]
+            return [self._check(axis, role_ref(v, roles, field) if isinstance(v, str) else v, sizes, lengths, roles)
+                    for v in items]
+        if isinstance(value, list) and any(isinstance(v, str) for v in value):
+            raise SiteError(f"{field}={value!r}: names are roles, which only positions take", code="bad_selection",
+                            remedy="give indices")
         if isinstance(value, str):
             m = re.fullmatch(r"\s*(-?\d*)\s*:\s*(-?\d*)\s*", value)
             if not m:
                 raise SiteError(f"{field}={value!r} is not a selection", code="bad_selection",
                                 remedy="use 'all', an index, a list of indices, or a range 'a:b'")
-            start = int(m.group(1)) if m.group(1) else 0
-            stop = int(m.group(2)) if m.group(2) else size
-            if axis in _POSITION_AXES and (start < 0 or stop < 0):
-                return list(range(start, stop if m.group(2) else 0))
-            idx = list(range(size))[slice(start, stop)]
+            start = int(m.group(1)) if m.group(1) else None
+            stop = int(m.group(2)) if m.group(2) else None
+            if axis in _POSITION_AXES:
+                idx = self._position_range(field, value, start, stop, size, lengths)
+            else:
+                idx = self._index_range(field, value, start, stop, axis, size)
         else:
             idx = [value] if isinstance(value, int) else list(value)
-        return [self._check(axis, i, sizes, lengths) for i in idx]
+        return [self._check(axis, i, sizes, lengths, roles) for i in idx]
 
-    def _check(self, axis: str, i: int, sizes: dict[str, int], lengths: list[int] | None) -> int:
+    @staticmethod
+    def _index_range(field: str, value: str, start: int | None, stop: int | None, axis: str, size: int) -> list[int]:
+        """A range over layers/heads/neurons: Python's meaning, but bounds past the end are refused."""
+        for bound in (start, stop):
+            if bound is not None and not -size <= bound <= size:
+                raise SiteError(f"{field}={value!r} reaches past the model's {size} {axis}s", code="site_out_of_range",
+                                remedy=f"bounds must be in -{size}..{size}")
+        return list(range(size))[slice(start, stop)]
+
+    @staticmethod
+    def _position_range(field: str, value: str, start: int | None, stop: int | None, size: int,
+                        lengths: list[int] | None) -> list[int]:
+        """A range of positions. Non-negative bounds are token indices; negative ones count from each
+        prompt's end (so `-3:` is the last three tokens of every prompt). A bound past the shortest
+        prompt is refused rather than clipped or wrapped into other tokens."""
+        shortest = min(lengths) if lengths else size
+        where = f"the shortest prompt ({shortest} tokens)" if lengths else f"the context ({size})"
+        from_end = start is not None and start < 0
+        for bound in (start, stop):
+            if bound is not None and not -shortest <= bound <= shortest:
+                raise SiteError(f"{field}={value!r}: {bound} is outside {where}", code="site_out_of_range",
+                                remedy=f"bounds must be in -{shortest}..{shortest} (negative counts from each "
+                                "prompt's end)")
+        if from_end and stop is not None and stop >= 0 or not from_end and stop is not None and stop < 0:
+            if lengths and len(set(lengths)) == 1:  # one length: both kinds of bound name the same tokens
+                n = lengths[0]
+                return list(range(n))[slice(start, stop)]
+            raise SiteError(f"{field}={value!r} mixes a bound from the start with one from the end, which names "
+                            "a different number of tokens in prompts of different lengths", code="bad_selection",
+                            remedy="use two non-negative bounds (token indices) or two negative ones (from each "
+                            "prompt's end), e.g. '-5:' or '2:6'")
+        if from_end:
+            idx = list(range(start, stop if stop is not None else 0))  # type: ignore[arg-type]
+        else:
+            idx = list(range(start or 0, stop if stop is not None else shortest))
+        if not idx:
+            raise SiteError(f"{field}={value!r} selects no position", code="empty_selection",
+                            remedy="a range 'a:b' needs a < b")
+        return idx
+
+    def _check(self, axis: str, i: int, sizes: dict[str, int], lengths: list[int] | None,
+               roles: RoleTable | None = None) -> int:
         size = sizes[axis]
+        if axis in _POSITION_AXES and is_role(i):
+            _check_role(i, lengths, roles)
+            return i
         if axis in _POSITION_AXES:
             if lengths:
                 for n, length in enumerate(lengths):
@@ -219,14 +344,16 @@ class Sites(BaseModel):
                                 remedy=f"use -{size}..{size - 1}")
             return i  # negative positions stay relative to each prompt's end
         if not -size <= i < size:
-            name = {"layer": "layers", "head": "heads", "kv_head": "key/value heads", "neuron": "neurons"}[axis]
+            name = {"layer": "layers", "head": "heads", "kv_head": "key/value heads", "neuron": "neurons",
+                    "feature": "features in its dictionary"}[axis]
             raise SiteError(f"{axis} {i} is out of range: this model has {size} {name}",
                             code="site_out_of_range", remedy=f"use 0..{size - 1} (or negative from the end)")
         return i % size
 
-    def _coord(self, raw: dict[str, int], sizes: dict[str, int], fixed_layer: int | None, kind: Kind,
-               lengths: list[int] | None) -> Coord:
-        coord = {_axis(k): int(v) for k, v in raw.items()}
+    def _coord(self, raw: dict[str, Any], sizes: dict[str, int], fixed_layer: int | None, kind: Kind,
+               lengths: list[int] | None, roles: RoleTable | None = None) -> Coord:
+        coord = {_axis(k): role_ref(v, roles, k) if isinstance(v, str) and _axis(k) in _POSITION_AXES else int(v)
+                 for k, v in raw.items()}
         if fixed_layer is not None:
             coord.setdefault("layer", fixed_layer)
         if kind.per_layer and "layer" not in coord:
@@ -239,26 +366,130 @@ class Sites(BaseModel):
             if ax != "layer" and ax not in kind.axes and not (ax == "head" and kind.name in ("k", "v")):
                 raise SiteError(f"{kind.name} has no {ax!r} axis (in {raw})", code="axis_not_in_activation",
                                 remedy=f"{kind.name} has axes {', '.join(kind.axes)}")
-        return tuple(sorted((ax, self._check(ax, i, sizes, lengths)) for ax, i in coord.items()))
+        return tuple(sorted((ax, self._check(ax, i, sizes, lengths, roles)) for ax, i in coord.items()))
 
     @staticmethod
-    def _unit(members: list[Coord]) -> Unit:
-        return Unit(tuple(members), "+".join(_label(m) for m in members))
+    def _unit(members: list[Coord], roles: RoleTable | None = None) -> Unit:
+        names = roles.names if roles is not None else ()
+        return Unit(tuple(members), "+".join(_label(m, names) for m in members))
 
 
-def _label(coord: Coord) -> str:
+def _label(coord: Coord, role_names: tuple[str, ...] = ()) -> str:
     d = dict(coord)
+    for ax in _POSITION_AXES:
+        if ax in d and is_role(d[ax]):
+            d[ax] = position_text(d[ax], role_names)  # type: ignore[assignment]
     parts = []
     if "layer" in d and "head" in d:
         parts.append(f"{d.pop('layer')}.{d.pop('head')}")
     short = {"layer": "L", "pos": "p", "head": "h", "kv_head": "kv", "neuron": "n", "query_pos": "q",
-             "key_pos": "k"}
-    parts += [f"{short[a]}{i}" for a, i in sorted(d.items(), key=lambda x: list(short).index(x[0]))]
+             "key_pos": "k", "feature": "f"}
+    parts += [i if isinstance(i, str) else f"{short[a]}{i}"  # a role position reads as itself: "L1 S2"
+              for a, i in sorted(d.items(), key=lambda x: list(short).index(x[0]))]
     return " ".join(parts) if parts else "all"
 
 
-def absolute_positions(position: int, lengths: torch.Tensor) -> torch.Tensor:
-    """Per-prompt token index of a (possibly negative) position: [batch] long tensor."""
-    if position >= 0:
-        return torch.full_like(lengths, position)
-    return lengths + position
+def role_code(index: int, offset: int = 0) -> int:
+    if not -ROLE_STRIDE // 2 <= offset < ROLE_STRIDE // 2:
+        raise SiteError(f"offset {offset} from a role is too large", code="bad_selection", remedy="use -512..511")
+    return ROLE_BASE + index * ROLE_STRIDE + offset + ROLE_STRIDE // 2
+
+
+def is_role(position: int) -> bool:
+    return position >= ROLE_BASE
+
+
+def decode_role(code: int) -> tuple[int, int]:
+    """(role index, offset) of a role position code."""
+    k = code - ROLE_BASE
+    return k // ROLE_STRIDE, k % ROLE_STRIDE - ROLE_STRIDE // 2
+
+
+def position_text(position: int, role_names: tuple[str, ...]) -> str:
+    """A position as a reader writes it: `3`, `-2`, `S2`, `S2+1`."""
+    if not is_role(position):
+        return str(position)
+    index, offset = decode_role(position)
+    name = role_names[index] if index < len(role_names) else f"role{index}"
+    return name + (f"{offset:+d}" if offset else "")
+
+
+def role_ref(text: str, roles: RoleTable | None, field: str) -> int:
+    """The code of a role reference `S2`, `S2+1`, `END-2` (refused where the data has no such role)."""
+    m = _ROLE_REF.fullmatch(text)
+    if not m:
+        raise SiteError(f"{field}={text!r} is neither a position, a range nor a role", code="bad_selection",
+                        remedy="use an index, a range 'a:b', or a role of the data (S2, END, S2+1)")
+    known = roles.names if roles is not None else ("END",)
+    if m.group(1) not in known:
+        raise SiteError(f"{field}: no role {m.group(1)!r} in this data", code="role_unknown",
+                        remedy=f"this data's roles: {', '.join(known)} (mark roles in prompts with [[NAME:text]] "
+                        "or give a roles field; docs/statistics.md)")
+    if roles is None:
+        raise SiteError(f"{field}: role positions need the data's roles, which this operation does not have",
+                        code="role_unknown", remedy="use token indices here")
+    offset = int(m.group(3) or 0) * (-1 if m.group(2) == "-" else 1)
+    return role_code(roles.index(m.group(1)), offset)
+
+
+def _check_role(code: int, lengths: list[int] | None, roles: RoleTable | None) -> None:
+    if roles is None or lengths is None:
+        return
+    index, offset = decode_role(code)
+    pos = roles.positions[:, index]
+    name = position_text(code, roles.names)
+    missing = (pos < 0).nonzero().flatten()
+    if len(missing):
+        raise SiteError(f"role {roles.names[index]} is missing in {len(missing)} of {len(pos)} prompts (first: prompt "
+                        f"{int(missing[0])})", code="role_missing",
+                        remedy="mark the role in every prompt, or drop the prompts without it")
+    at = pos + offset
+    bad = ((at < 0) | (at >= torch.tensor(lengths))).nonzero().flatten()
+    if len(bad):
+        e = int(bad[0])
+        raise SiteError(f"position {name} is token {int(at[e])} of prompt {e}, which has {lengths[e]} tokens",
+                        code="site_out_of_range", remedy="use a smaller offset from the role")
+
+
+def resolve_positions(codes: torch.Tensor, lengths: torch.Tensor, roles: torch.Tensor | None = None) -> torch.Tensor:
+    """Absolute token index of position codes, per prompt: codes and lengths [N], roles [N, R] (the prompts'
+    RoleTable rows). Non-negative: the index; negative: from the prompt's end; a role code: the role's token."""
+    out = torch.where(codes < 0, codes + lengths, codes)
+    role = codes >= ROLE_BASE
+    if bool(role.any()):
+        if roles is None:
+            raise SiteError("a role position without the prompts' roles", code="role_unknown",
+                            remedy="this operation cannot read role positions")
+        k = (codes - ROLE_BASE).clamp(min=0)
+        index, offset = k // ROLE_STRIDE, k % ROLE_STRIDE - ROLE_STRIDE // 2
+        at = roles.to(codes.device).gather(-1, index.clamp(max=roles.shape[-1] - 1)[..., None])[..., 0] + offset
+        out = torch.where(role, at, out)
+    return out
+
+
+def absolute_positions(position: int, lengths: torch.Tensor, roles: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-prompt token index of a (possibly negative, or role) position: [batch] long tensor."""
+    return resolve_positions(torch.full_like(lengths, position), lengths, roles)
+
+
+def warn_mixed_roles(units: list[Unit], lengths: list[int], roles: RoleTable) -> None:
+    """Warn when one numeric position holds tokens of different roles in different prompts."""
+    if not roles.has_named_roles:
+        return
+    numeric = sorted({v for u in units for m in u.members for a, v in m if a in _POSITION_AXES and not is_role(v)})
+    L = torch.tensor(lengths)
+    for p in numeric:
+        at = absolute_positions(p, L)
+        labels = []
+        for e in range(len(lengths)):
+            hit = [n for j, n in enumerate(roles.names) if int(roles.positions[e, j]) == int(at[e])]
+            labels.append(hit[0] if hit else None)
+        counts: dict[str | None, int] = {}
+        for lab in labels:
+            counts[lab] = counts.get(lab, 0) + 1
+        if len(counts) > 1:
+            what = ", ".join(f"{'role ' + k if k else 'no role'} in {v}" for k, v in
+                             sorted(counts.items(), key=lambda kv: -kv[1]))
+            warn(f"position {p} holds tokens of different roles across prompts ({what} of {len(lengths)}): "
+                 f"that column mixes different tokens. Name roles instead, e.g. positions: "
+                 f"[{', '.join(roles.names)}]", code="position_roles_differ")

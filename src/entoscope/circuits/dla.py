@@ -188,9 +188,9 @@ class DirectLogitAttribution(Operation):
         frame = pd.DataFrame({"example": np.arange(len(error)), "value": ident["value"].numpy(),
                               "constant": ident["constant"].numpy(), "sum_of_rows": ident["sum"].numpy(),
                               "error": error.numpy(), "allowed": allowed.numpy()})
-        bad = error > allowed
+        bad = ~(error <= allowed)  # NaN fails the check (NaN > tol would be False)
         if bool(bad.any()):
-            i = int((error / allowed).argmax())
+            i = int(bad.nonzero()[0, 0]) if bool(error.isnan().any()) else int((error / allowed).argmax())
             raise CheckFailedError(
                 f"direct logit attribution does not add up on {int(bad.sum())} of {len(error)} prompts: on "
                 f"example {i} the rows sum to {float(ident['sum'][i]):.6g} + constant "

@@ -72,7 +72,7 @@ def _position_mask(batch: Batch, T: int) -> Tensor:
 
 def batch_scores(model: ModelAdapter, batch: Batch, metric: MetricFn,
                  points: Sequence[tuple[float, float]] | None, rows_per_pass: int = 32) -> Tensor:
-    """Sum over this batch's prompts of the edge scores: [n_senders, n_receivers] (dense; mask it).
+    """Each of this batch's prompts' edge scores: [B, n_senders, n_receivers] (dense; mask it).
     points None: EAP (the clean run's gradient); else EAP-IG at those (alpha, weight). Several points
     share one forward and backward pass (stacked along the batch) up to `rows_per_pass` rows."""
     assert batch.cf_tokens is not None and batch.answers is not None and batch.wrong_answers is not None
@@ -119,12 +119,19 @@ def edge_scores(model: ModelAdapter, batches: Sequence[Batch], metric: MetricFn,
     """EAP or EAP-IG edge scores, [n_senders, n_receivers], averaged over prompts (dense: entries for
     pairs that are not edges are meaningless; mask with the graph). EAP ignores steps and rule.
     `rows_per_pass` bounds the prompts x integration points of one forward/backward pass."""
+    return edge_scores_per_prompt(model, batches, metric, method=method, steps=steps, rule=rule,
+                                  rows_per_pass=rows_per_pass, quiet=quiet).mean(0)
+
+
+def edge_scores_per_prompt(model: ModelAdapter, batches: Sequence[Batch], metric: MetricFn, *,
+                           method: Literal["eap", "eap_ig"] = "eap_ig", steps: int = 5, rule: Rule = "left",
+                           rows_per_pass: int = 32, quiet: bool = False) -> Tensor:
+    """Every prompt's edge scores, [n_prompts, n_senders, n_receivers], in dataset order (ascending batch
+    `index`): what the dataset-level scores, their intervals and circuit stability are computed from."""
     points = ig_points(steps, rule) if method == "eap_ig" else None
-    total: Tensor | None = None
-    n = 0
+    parts, order = [], []
     for b in progress(batches, total=len(batches), desc="edge scores", quiet=quiet):
-        part = batch_scores(model, b, metric, points, rows_per_pass)
-        total = part if total is None else total + part
-        n += len(b)
-    assert total is not None
-    return total / n
+        parts.append(batch_scores(model, b, metric, points, rows_per_pass).cpu())
+        order += list(b.index)
+    stacked = torch.cat(parts)
+    return stacked[torch.argsort(torch.tensor(order))]  # ascending dataset index

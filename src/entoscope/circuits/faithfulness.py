@@ -17,17 +17,22 @@ themselves (linear axis):
 
     CPR = sum_i (p_{i+1} - p_i) (f_i + f_{i+1}) / 2                     (higher is better)
     CMD = sum_i (p_{i+1} - p_i) (|1 - f_i| + |1 - f_{i+1}|) / 2         (lower is better)
+
+Intervals: m(C), m(full) and m(empty) are means over prompts, so f, CPR and CMD are functions of the
+per-prompt metrics; their bootstrap intervals resample prompts (entoscope.stats, docs/statistics.md).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
 
 from ..errors import CheckFailedError
+from ..stats import FunctionStat, RatioStat, Stats, Summary, ratio_stat, summarise
 from .edge_patching import EdgePatcher
 from .graph import Circuit, ComponentGraph
 
@@ -81,22 +86,67 @@ def cmd(fractions: Sequence[float], f: Sequence[float]) -> float:
     return trapezoid(fractions, [abs(1 - v) for v in f])
 
 
+def faithfulness_stat(circuit_metrics: Tensor, full: Tensor, empty: Tensor) -> RatioStat:
+    """f per circuit as a ratio of means over prompts (circuit_metrics [E] or [E, F]): what is resampled."""
+    m = circuit_metrics.double().numpy()
+    m = m[:, None] if m.ndim == 1 else m
+    f, e = full.double().numpy(), empty.double().numpy()
+    return ratio_stat(m - e[:, None], f - e)
+
+
+def faithfulness_summary(circuit_metrics: Tensor, full: Tensor, empty: Tensor, stats: Stats, seed: int) -> Summary:
+    """The faithfulness of one circuit (or one per column) with its bootstrap interval over prompts."""
+    return summarise(faithfulness_stat(circuit_metrics, full, empty), stats, seed)
+
+
+def _areas(fractions: Sequence[float], M: np.ndarray, full: np.ndarray, empty: np.ndarray) -> FunctionStat:
+    """CPR and CMD under prompt weights: the curve of weighted ratios of means, then the trapezoids."""
+    xs = np.asarray(fractions, dtype=float)
+    dx = np.diff(xs)
+
+    def fn(W: np.ndarray, cols: slice) -> np.ndarray:
+        tot = W.sum(1, keepdims=True)
+        mf, me = (W @ full)[:, None] / tot, (W @ empty)[:, None] / tot
+        with np.errstate(invalid="ignore", divide="ignore"):
+            f = ((W @ M) / tot - me) / (mf - me)  # [K, F]
+        cpr_ = (dx * (f[:, 1:] + f[:, :-1]) / 2).sum(1)
+        cmd_ = (dx * (np.abs(1 - f[:, 1:]) + np.abs(1 - f[:, :-1])) / 2).sum(1)
+        return np.stack([cpr_, cmd_], 1)[:, cols]
+    return FunctionStat(fn, M.shape[0], 2)
+
+
 def faithfulness_curve(patcher: EdgePatcher, scores: Tensor, fractions: Sequence[float] = MIB_FRACTIONS,
-                       absolute: bool = True, progress_fn=None) -> tuple[pd.DataFrame, dict[str, float]]:
-    """One row per fraction (n edges requested, kept after pruning, metric, faithfulness) and
-    {cpr, cmd, m_full, m_empty}."""
+                       absolute: bool = True, progress_fn=None, stats: Stats | None = None,
+                       seed: int = 0) -> tuple[pd.DataFrame, dict[str, float]]:
+    """One row per fraction (n edges requested, kept after pruning, metric, faithfulness with its
+    interval) and {cpr, cmd (with intervals), m_full, m_empty}. Faithfulness, CPR and CMD are
+    functions of the per-prompt metrics (ratio of means), so their intervals resample prompts."""
+    stats = stats or Stats()
     graph = patcher.graph
     m_full, m_empty = float(patcher.full.mean()), float(patcher.empty.mean())
-    rows = []
+    rows, per_prompt = [], []
     items = list(fractions)
     for p in (progress_fn(items) if progress_fn else items):
         n = int(p * graph.n_edges)
         kept = top_n(graph, scores, n, absolute)
-        m = patcher.mean(kept)
+        values = patcher.per_prompt(kept)
+        per_prompt.append(values)
+        m = float(values.mean())
         rows.append({"fraction": p, "n_edges": n, "n_edges_pruned": Circuit(graph, kept=kept).pruned().n_kept,
                      "metric": m, "faithfulness": faithfulness(m, m_empty, m_full)})
     frame = pd.DataFrame(rows)
-    f = list(frame["faithfulness"]) if len(frame) else []
-    summary = {"cpr": cpr(items, f) if len(items) > 1 else float("nan"),
-               "cmd": cmd(items, f) if len(items) > 1 else float("nan"), "m_full": m_full, "m_empty": m_empty}
+    summary = {"cpr": float("nan"), "cmd": float("nan"), "m_full": m_full, "m_empty": m_empty}
+    if not rows:
+        return frame, summary
+    M = torch.stack(per_prompt, 1)  # [E, F]
+    curve = faithfulness_summary(M, patcher.full, patcher.empty, stats, seed)
+    frame["faithfulness_ci_low"], frame["faithfulness_ci_high"] = curve.ci_low, curve.ci_high
+    frame["ci_level"] = stats.ci_level
+    if len(items) > 1:
+        f = list(frame["faithfulness"])
+        areas = summarise(_areas(items, M.double().numpy(), patcher.full.double().numpy(),
+                                 patcher.empty.double().numpy()), stats, seed)
+        summary.update({"cpr": cpr(items, f), "cmd": cmd(items, f),
+                        "cpr_ci_low": float(areas.ci_low[0]), "cpr_ci_high": float(areas.ci_high[0]),
+                        "cmd_ci_low": float(areas.ci_low[1]), "cmd_ci_high": float(areas.ci_high[1])})
     return frame, summary

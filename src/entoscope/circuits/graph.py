@@ -333,7 +333,8 @@ class Circuit:
         return self.with_kept(self.kept & reached[:, None] & receiver_useful[None, :])
 
     # ------------------------------------------------------------------ export
-    def table(self) -> Any:
+    def table(self, extra: dict[str, Any] | None = None) -> Any:
+        """One row per edge, best |score| first; `extra` columns are given in `edges()` order."""
         import pandas as pd
 
         rows = []
@@ -341,6 +342,8 @@ class Circuit:
             rows.append({"edge": e.name, "sender": e.sender, "receiver": e.receiver, "qkv": e.qkv or "",
                          "score": e.score if e.score is not None else float("nan"), "in_circuit": e.in_circuit})
         frame = pd.DataFrame(rows)
+        for name, values in (extra or {}).items():
+            frame[name] = values
         if self.scores is not None:
             frame["abs_score"] = frame["score"].abs()
             frame = frame.sort_values("abs_score", ascending=False, kind="stable").drop(columns="abs_score")

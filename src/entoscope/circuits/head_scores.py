@@ -28,6 +28,7 @@ from torch import Tensor
 
 from ..data.examples import Dataset
 from ..data.tokenized import make_batches, pad_id, tokenize_data
+from ..errors import ConfigError, DataError, warn
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
 from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
@@ -73,7 +74,8 @@ def score_patterns(pattern: Tensor, det: Tensor, lengths: Tensor, exclude_bos: b
     row_valid = (torch.arange(T)[None, :] < lengths[:, None]).to(p.dtype)  # [B, T]
     on_target = (p * det[:, None]).sum(-1)  # [B, H, T]
     has_target = (det.sum(-1) > 0).to(p.dtype)  # [B, T]
-    score = (on_target * has_target[:, None]).sum(-1) / has_target.sum(-1).clamp(min=1)[:, None]
+    # a prompt with no target position has no score (NaN), rather than a silent 0
+    score = (on_target * has_target[:, None]).sum(-1) / has_target.sum(-1)[:, None]
     total = (p.sum(-1) * row_valid[:, None]).sum(-1)
     score_tl = (on_target * row_valid[:, None]).sum(-1) / total
     return score, score_tl
@@ -98,6 +100,14 @@ class HeadScores(Operation):
     def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared:
         assert data is not None
         td = tokenize_data(model, data, prepend_bos=self.prepend_bos)
+        if self.period is not None and {"duplicate_token", "induction"} & set(self.kinds):
+            short = [n for n in td.lengths if n <= self.period]
+            if short:
+                raise ConfigError(f"period {self.period} needs prompts longer than {self.period} tokens (a position "
+                                  f"q >= period to score); {len(short)} of {len(td)} prompts have at most "
+                                  f"{self.period} (shortest: {min(td.lengths)})", code="period_too_long",
+                                  remedy="use the period the prompts repeat with (repeated_tokens: its length), or "
+                                  "longer prompts")
         s = model.structure
         T = max(td.lengths)
         per_example = 4 * s.n_layers * s.n_heads * T * T * 2 + 4 * T * s.d_vocab
@@ -113,22 +123,32 @@ class HeadScores(Operation):
         s = model.structure
         reads = [ActName("pattern", L) for L in range(s.n_layers)]
         sums = {k: torch.zeros(2, s.n_layers, s.n_heads, dtype=torch.float64) for k in self.kinds}
+        scored = {k: 0 for k in self.kinds}  # prompts with at least one target position
         for b in progress(st["batches"], total=len(st["batches"]), desc="head scores", quiet=quiet):
             out = model.run(b.tokens, reads)
             for kind in self.kinds:
                 det = detection_patterns(kind, b.tokens, b.lengths, self.period)
+                scored[kind] += int((det.sum((1, 2)) > 0).sum())
                 for L in range(s.n_layers):
                     sc, tl = score_patterns(out[reads[L]].float(), det, b.lengths, self.exclude_bos,
                                             self.exclude_current)
-                    sums[kind][0, L] += sc.sum(0).double()
+                    sums[kind][0, L] += sc.nan_to_num(0.0).sum(0).double()
                     sums[kind][1, L] += tl.sum(0).double()
         rows = []
         for kind in self.kinds:
-            mean = sums[kind] / st["n"]
+            if scored[kind] == 0:
+                raise DataError(f"no prompt has a {kind} target (a position whose token repeats an earlier one)",
+                                code="no_targets", remedy="use prompts with repeats (task: repeated_tokens or "
+                                "induction), or drop this kind")
+            if scored[kind] < st["n"]:
+                warn(f"{kind}: {st['n'] - scored[kind]} of {st['n']} prompts have no target position and are left out "
+                     f"of `score` (score_tl counts them as 0, as TransformerLens does)", code="prompts_without_targets")
+            score, score_tl = sums[kind][0] / scored[kind], sums[kind][1] / st["n"]
             for L in range(s.n_layers):
                 for h in range(s.n_heads):
                     rows.append({"kind": kind, "layer": L, "head": h, "site": f"{L}.{h}",
-                                 "score": float(mean[0, L, h]), "score_tl": float(mean[1, L, h])})
+                                 "score": float(score[L, h]), "score_tl": float(score_tl[L, h]),
+                                 "n_prompts": scored[kind]})
         return Result(self.name, pd.DataFrame(rows), figures=_figures, title="attention head scores")
 
 

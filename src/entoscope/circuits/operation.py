@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import pandas as pd
 import torch
 from pydantic import Field, field_validator
@@ -29,9 +30,11 @@ from ..operation import Operation, Plan, Prepared, model_bytes, progress, regist
 from ..results.page import figure_div, write_page
 from ..results.result import Result
 from .acdc import acdc
-from .eap import Rule, edge_scores
+from ..stats import benjamini_hochberg, mean_stat, summarise
+from .eap import Rule, edge_scores_per_prompt
 from .edge_patching import EdgePatcher
-from .faithfulness import MIB_FRACTIONS, above, faithfulness, faithfulness_curve, top_n
+from .faithfulness import MIB_FRACTIONS, above, faithfulness, faithfulness_curve, faithfulness_summary, top_n
+from .stability import circuit_stability
 from .graph import Circuit, ComponentGraph
 from .page import circuit_figure, faithfulness_figure
 
@@ -51,6 +54,12 @@ class Circuits(Operation):
     faithfulness:   fractions of edges for the faithfulness curve (MIB's grid by default; [] for none).
     acdc_threshold: ACDC removes an edge whose damage to the metric is below this.
     max_forward_passes: ACDC's budget of batched forward passes.
+    stability, stability_share: circuit stability (circuits/stability.py): resample the prompts
+                    `stability` times, choose the circuit again on each resample's mean scores, report
+                    each edge's inclusion frequency, the mean pairwise Jaccard and the stable circuit
+                    (edges kept in >= `stability_share` of resamples) with its own faithfulness.
+    Edge scores carry bootstrap intervals over prompts (score_ci_low/high, p/q-values with
+    Benjamini-Hochberg over the edges); faithfulness, CPR and CMD too (docs/statistics.md).
     """
 
     name = "circuits"
@@ -66,6 +75,10 @@ class Circuits(Operation):
                                       description="fractions of edges of the faithfulness curve")
     acdc_threshold: float = Field(default=0.01, ge=0, description="ACDC: remove an edge whose damage is below this")
     max_forward_passes: int | None = Field(default=None, ge=1, description="ACDC's budget of batched forward passes")
+    stability: int = Field(default=0, ge=0, le=10_000, description="bootstrap resamples of the prompts for circuit "
+                           "stability (0: none); the per-prompt edge scores are reused")
+    stability_share: float = Field(default=0.5, gt=0, le=1, description="the stable circuit keeps the edges found in "
+                                   "at least this share of the resamples")
     answer_scoring: Literal["single", "first_token"] = "single"
 
     @field_validator("faithfulness")
@@ -85,6 +98,9 @@ class Circuits(Operation):
                               remedy="give threshold: VALUE, or use selection: top_n")
         refuse_unsplittable(model)
         graph = ComponentGraph.from_structure(model.structure)
+        if self.stability and self.method == "acdc":
+            raise ConfigError("circuit stability resamples per-prompt edge scores, which ACDC does not have",
+                              code="stability_needs_scores", remedy="use method eap, eap_ig or exact with stability")
         if self.n_edges is not None and self.n_edges > graph.n_edges:
             raise ConfigError(f"n_edges={self.n_edges} but this model's graph has {graph.n_edges} edges",
                               code="too_many_edges", remedy=f"use n_edges <= {graph.n_edges}")
@@ -122,6 +138,11 @@ class Circuits(Operation):
             fwd += budget
             notes.append(f"ACDC: at most {budget} forward passes (one per tried edge per batch)")
         fwd += nb * (len(self.faithfulness) + 1 if self.method != "acdc" else 1)
+        if self.stability:
+            fwd += nb * (1 if patching else 3)  # the stable circuit's faithfulness (and the patcher's runs)
+            notes.append(f"stability: {self.stability} bootstrap resamples of the per-prompt edge scores (no gradient "
+                         f"recomputed), the circuit chosen again on each; the stable circuit keeps edges found in >= "
+                         f"{self.stability_share:.0%} of them")
         rows = bs
         if self.method == "eap_ig":  # integration points stacked in one pass, up to 32 rows
             rows = max(bs, min(ROWS_PER_PASS, bs * (self.steps + 1)) // bs * bs)
@@ -141,10 +162,12 @@ class Circuits(Operation):
         graph: ComponentGraph = st["graph"]
         check_split(model, batches[0].tokens)
         patcher = None
-        if self.method in ("exact", "acdc") or self.faithfulness:
+        if self.method in ("exact", "acdc") or self.faithfulness or self.stability:
             patcher = EdgePatcher(model, graph, batches, st["metric"])
         summary: dict[str, Any] = {"method": self.method, "metric": self.metric.type, "n_edges_total": graph.n_edges}
         curve = decisions = None
+        extra_cols: dict[str, Any] = {}
+        stability = None
         if self.method == "acdc":
             assert patcher is not None
             outcome = acdc(patcher, self.acdc_threshold, kl=st["kl"], absolute=self.absolute,
@@ -153,35 +176,72 @@ class Circuits(Operation):
             summary.update({"acdc_forward_passes": outcome.forward_passes,
                             "acdc_budget_exhausted": outcome.budget_exhausted})
         else:
-            scores = self._scores(model, graph, batches, st["metric"], patcher, quiet)
+            per_prompt_scores = self._scores(model, graph, batches, st["metric"], patcher, quiet)
+            scores = per_prompt_scores.mean(0)
             circuit = Circuit(graph, scores, self._select(graph, scores))
+            extra_cols = self._edge_intervals(graph, per_prompt_scores)
             if patcher is not None and self.faithfulness:
                 curve, numbers = faithfulness_curve(
                     patcher, circuit.scores, self.faithfulness, self.absolute,  # type: ignore[arg-type]
-                    progress_fn=lambda items: progress(items, total=len(items), desc="faithfulness", quiet=quiet))
+                    progress_fn=lambda items: progress(items, total=len(items), desc="faithfulness", quiet=quiet),
+                    stats=self.stats, seed=self.seed)
                 summary.update(numbers)
+            if self.stability:
+                stability = circuit_stability(per_prompt_scores, lambda sc: self._select(graph, sc), circuit.kept,
+                                              self.stability, self.stability_share, self.seed, graph.mask)
+                order = graph.mask.T.nonzero()  # (receiver, sender) pairs in edges() order
+                extra_cols["inclusion"] = stability.inclusion[order[:, 1], order[:, 0]].numpy()
+                extra_cols["in_stable_circuit"] = stability.stable[order[:, 1], order[:, 0]].numpy()
+                summary.update({"stability_resamples": stability.resamples, "stability_share": stability.share,
+                                "stability_jaccard": stability.jaccard, "stability_jaccard_to_full": stability.jaccard_to_full,
+                                "n_stable": int(stability.stable.sum()),
+                                "stability_size_min": int(stability.sizes.min()),
+                                "stability_size_max": int(stability.sizes.max())})
         per_prompt = None
         summary["n_kept"] = circuit.n_kept
         summary["n_kept_pruned"] = circuit.pruned().n_kept
         if patcher is not None:
             values = patcher.per_prompt(circuit.kept)
             m_full, m_empty, m_circ = float(patcher.full.mean()), float(patcher.empty.mean()), float(values.mean())
+            f = faithfulness_summary(values, patcher.full, patcher.empty, self.stats, self.seed)
             summary.update({"m_full": m_full, "m_empty": m_empty, "m_circuit": m_circ,
-                            "faithfulness": faithfulness(m_circ, m_empty, m_full)})
+                            "faithfulness": faithfulness(m_circ, m_empty, m_full),
+                            "faithfulness_ci_low": float(f.ci_low[0]), "faithfulness_ci_high": float(f.ci_high[0]),
+                            "faithfulness_influence": float(f.influence[0]), "ci_level": self.stats.ci_level})
             per_prompt = pd.DataFrame({"example": range(len(values)), "metric_clean": patcher.full.tolist(),
                                        "metric_corrupt": patcher.empty.tolist(), "metric_circuit": values.tolist()})
+            if stability is not None:
+                stable = patcher.per_prompt(stability.stable)
+                fs = faithfulness_summary(stable, patcher.full, patcher.empty, self.stats, self.seed)
+                summary.update({"stable_faithfulness": float(fs.value[0]),
+                                "stable_faithfulness_ci_low": float(fs.ci_low[0]),
+                                "stable_faithfulness_ci_high": float(fs.ci_high[0])})
+                per_prompt["metric_stable_circuit"] = stable.tolist()
         data_name = prepared.data.name if prepared.data is not None else "data"
-        return CircuitResult(self.name, circuit.table(), per_prompt=per_prompt, figures=_figures,
+        return CircuitResult(self.name, circuit.table(extra_cols), per_prompt=per_prompt, figures=_figures,
                              title=f"circuit ({self.method}, {self.metric.type}) on {data_name}",
-                             extra={"circuit": circuit, "curve": curve, "summary": summary, "decisions": decisions})
+                             extra={"circuit": circuit, "curve": curve, "summary": summary, "decisions": decisions,
+                                    "stability": stability})
 
     def _scores(self, model: ModelAdapter, graph: ComponentGraph, batches: list[Batch], metric: Any,
                 patcher: EdgePatcher | None, quiet: bool) -> Tensor:
+        """Per-prompt edge scores [n_prompts, n_senders, n_receivers] (dataset order)."""
         if self.method in ("eap", "eap_ig"):
-            return edge_scores(model, batches, metric, method=self.method,  # type: ignore[arg-type]
-                               steps=self.steps, rule=self.rule, rows_per_pass=ROWS_PER_PASS, quiet=quiet)
+            return edge_scores_per_prompt(model, batches, metric, method=self.method,  # type: ignore[arg-type]
+                                          steps=self.steps, rule=self.rule, rows_per_pass=ROWS_PER_PASS, quiet=quiet)
         assert patcher is not None
-        return exact_scores(patcher, quiet=quiet)
+        return exact_scores_per_prompt(patcher, quiet=quiet)
+
+    def _edge_intervals(self, graph: ComponentGraph, per_prompt: Tensor) -> dict[str, Any]:
+        """Bootstrap interval, p and BH q-value of each edge's mean score, in edges() order."""
+        order = graph.mask.T.nonzero()  # (receiver, sender)
+        values = per_prompt[:, order[:, 1], order[:, 0]].double().numpy()  # [E, n_edges]
+        s = summarise(mean_stat(values), self.stats, self.seed)
+        cols = {k: v for k, v in s.columns("score").items() if k != "score"}
+        q = benjamini_hochberg(s.p_value)
+        cols.update({"score_q": q, "significant": np.where(np.isfinite(q), q <= self.stats.fdr, False),
+                     "ci_level": self.stats.ci_level})
+        return cols
 
     def _select(self, graph: ComponentGraph, scores: Tensor) -> Tensor:
         if self.selection == "threshold":
@@ -193,13 +253,17 @@ class Circuits(Operation):
 
 def exact_scores(patcher: EdgePatcher, quiet: bool = False) -> Tensor:
     """score(s -> r) = m(every edge kept but s -> r) - m(clean), averaged over prompts."""
+    return exact_scores_per_prompt(patcher, quiet).mean(0)
+
+
+def exact_scores_per_prompt(patcher: EdgePatcher, quiet: bool = False) -> Tensor:
+    """Each prompt's m(every edge kept but s -> r) - m(clean): [n_prompts, n_senders, n_receivers]."""
     graph = patcher.graph
-    scores = torch.zeros(graph.n_senders, graph.n_receivers)
-    m_full = float(patcher.full.mean())
+    scores = torch.zeros(len(patcher.full), graph.n_senders, graph.n_receivers)
     for s, r in progress(graph.mask.nonzero().tolist(), total=graph.n_edges, desc="exact", quiet=quiet):
         kept = graph.mask.clone()
         kept[s, r] = False
-        scores[s, r] = patcher.mean(kept) - m_full
+        scores[:, s, r] = patcher.per_prompt(kept) - patcher.full
     return scores
 
 
@@ -218,9 +282,8 @@ class CircuitResult(Result):
     def save_extra(self, folder: Path, files: list[str]) -> None:
         self.circuit.save_json(folder / "circuit.json")
         self.circuit.save_graphml(folder / "circuit.graphml")
-        js = "plotly.min.js" if (folder / "plotly.min.js").exists() else "../plotly.min.js"
         write_page(folder / "circuit.html", self.title, [("circuit", figure_div(circuit_figure(self.circuit)))],
-                   js_relpath=js)
+                   js_relpath=self.js_relpath)
         (folder / "summary.json").write_text(json.dumps(self.summary, indent=2, default=float), encoding="utf-8")
         files += ["circuit.json", "circuit.graphml", "circuit.html", "summary.json"]
         if self.extra.get("curve") is not None:

@@ -65,7 +65,7 @@ def circuits_section(model: Any, folder: Path, quick: bool) -> tuple[str, str]:
     from .operation import Circuits
 
     n_edges = 20
-    op = Circuits(method="eap_ig", steps=5, metric="logit_diff", n_edges=n_edges)
+    op = Circuits(method="eap_ig", steps=5, metric="logit_diff", n_edges=n_edges, stability=100)
     result = op.run(model, {"task": "induction", "n": 16 if quick else 48, "seed": 11}, quiet=True)
     result.save(folder, assets_dir=folder.parent)
     s = result.summary
@@ -77,10 +77,38 @@ def circuits_section(model: Any, folder: Path, quick: bool) -> tuple[str, str]:
         f"EAP-IG ({op.steps} steps, {op.rule} rule) on the induction task, metric logit_diff; "
         f"clean {s['m_full']:.3f}, corrupt {s['m_empty']:.3f}.",
         f"Top-{n_edges} circuit: {s['n_kept']} edges ({s['n_kept_pruned']} after pruning), metric "
-        f"{s['m_circuit']:.3f}, faithfulness {s['faithfulness']:.3f}; CPR {s['cpr']:.3f}, CMD {s['cmd']:.3f} "
-        "over MIB's edge fractions.",
+        f"{s['m_circuit']:.3f}, faithfulness {_ci(s, 'faithfulness')}; CPR {_ci(s, 'cpr')}, CMD {_ci(s, 'cmd')} "
+        "over MIB's edge fractions (95% bootstrap intervals over prompts).",
+        stability_sentence(s),
         "Previous-token head -> induction head key, directly or through an MLP, best routes: "
         + ("; ".join(found) if found else "no such pair of heads"),
     ]
     body = "".join(f"<p>{html.escape(line)}</p>" for line in lines)
-    return ("induction circuit (EAP-IG)", body + section_html(result))
+    ioi = Circuits(method="eap_ig", steps=5, metric="logit_diff", n_edges=n_edges, stability=100,
+                   faithfulness=[]).run(model, {"task": "ioi", "n": 16 if quick else 48, "seed": 11}, quiet=True)
+    ioi.save(folder / "ioi", assets_dir=folder.parent)
+    t = ioi.summary
+    sentence = f"Faithfulness {_ci(t, 'faithfulness')}. {stability_sentence(t)}"
+    body += (f"<h3>IOI circuit (EAP-IG, top {n_edges})</h3><p>{html.escape(sentence)}</p>"
+             f'<p><a href="{folder.name}/ioi/index.html">IOI circuit: full results</a></p>')
+    return ("induction and IOI circuits (EAP-IG)", body + section_html(result))
+
+
+def _ci(s: dict[str, Any], key: str) -> str:
+    low, high = s.get(f"{key}_ci_low"), s.get(f"{key}_ci_high")
+    if low is None or high is None:
+        return f"{s[key]:.3f}"
+    return f"{s[key]:.3f} [{low:.3f}, {high:.3f}]"
+
+
+def stability_sentence(s: dict[str, Any]) -> str:
+    """Circuit stability in one sentence (summary keys of a Circuits run with stability > 0)."""
+    if "stability_resamples" not in s:
+        return ""
+    text = (f"Over {s['stability_resamples']} bootstrap resamples of the prompts the top-{s['n_kept']} circuit is chosen "
+            f"again each time: mean pairwise Jaccard {s['stability_jaccard']:.2f} (with the full-data circuit "
+            f"{s['stability_jaccard_to_full']:.2f}); {s['n_stable']} edges are kept in at least "
+            f"{s['stability_share']:.0%} of resamples (the stable circuit)")
+    if "stable_faithfulness" in s:
+        text += f", faithfulness {_ci(s, 'stable_faithfulness')}"
+    return text + "."

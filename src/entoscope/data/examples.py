@@ -8,12 +8,28 @@ the model's tokenizer at run time, where an answer that is not one token is refu
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import DataError
+from .roles import check_roles, strip_markers
+
 Text = str | tuple[int, ...]
 Token = str | int
+
+
+def _text(value: Any, name: str) -> Text:
+    """A prompt as given: text, or a flat sequence of token ids (ints)."""
+    if isinstance(value, str):
+        return value
+    ok = isinstance(value, (list, tuple)) or hasattr(value, "tolist") and getattr(value, "ndim", 1) == 1
+    ids = list(value.tolist() if hasattr(value, "tolist") else value) if ok else []
+    if not ok or any(isinstance(t, bool) or not isinstance(t, numbers.Integral) for t in ids):
+        raise DataError(f"a {name} must be text or a flat list of token ids, not {value!r:.80}",
+                        code="prompt_invalid", remedy=f"give the {name} as a string, or as [id, id, ...]")
+    return tuple(int(t) for t in ids)
 
 
 @dataclass(frozen=True)
@@ -39,14 +55,42 @@ class Example:
     def __post_init__(self) -> None:
         for name in ("answers", "wrong_answers"):
             value = getattr(self, name)
-            if isinstance(value, (str, int)):
-                object.__setattr__(self, name, (value,))
-            else:
-                object.__setattr__(self, name, tuple(value))
-        for name in ("prompt", "counterfactual"):
+            if isinstance(value, (str, int)) and not isinstance(value, bool):
+                value = (value,)
+            elif value is None:
+                value = ()
+            elif not isinstance(value, (list, tuple)):
+                raise DataError(f"{name} must be a token (text or id) or a list of them, not {value!r}",
+                                code="answer_invalid", remedy='e.g. answers: [" Mary"] or answers: [42]')
+            for t in value:
+                if isinstance(t, bool) or not isinstance(t, (str, numbers.Integral)):
+                    raise DataError(f"{name} holds {t!r}, which is neither text nor a token id",
+                                    code="answer_invalid", remedy='e.g. answers: [" Mary"] or answers: [42]')
+            object.__setattr__(self, name, tuple(t if isinstance(t, str) else int(t) for t in value))
+        meta = dict(self.meta or {})
+        for name, key in (("prompt", "roles"), ("counterfactual", "cf_roles")):
             value = getattr(self, name)
-            if value is not None and not isinstance(value, str):
-                object.__setattr__(self, name, tuple(int(t) for t in value))
+            if value is None and name == "counterfactual":
+                continue
+            value = _text(value, name)
+            roles = check_roles(meta.get(key), name)
+            if isinstance(value, str) and "[[" in value:
+                value, marked = strip_markers(value)
+                roles = {**roles, **marked}
+            if roles:
+                meta[key] = roles
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "meta", meta)
+
+    @property
+    def roles(self) -> dict[str, Any]:
+        """The prompt's roles (docs: data/roles.py): name -> character span [start, end] or token index."""
+        return dict(self.meta.get("roles", {}))
+
+    @property
+    def cf_roles(self) -> dict[str, Any]:
+        """The counterfactual's roles (falls back to the prompt's when its has none and lengths agree)."""
+        return dict(self.meta.get("cf_roles", {}))
 
     def to_record(self) -> dict[str, Any]:
         """A JSON-serialisable dict (the manifest keeps the data a run used)."""

@@ -13,15 +13,16 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from ..config_model import ConfigModel
 from ..errors import DataError
 from .examples import Dataset, Example
 
 _FIELDS = {"prompt", "counterfactual", "answers", "wrong_answers", "label", "meta"}
 
 
-class DataSpec(BaseModel):
+class DataSpec(ConfigModel):
     """One of: `task` (+ its parameters), `path` (JSONL/CSV), `hf` (a `datasets` name), `prompts`.
 
     task:    a built-in task (ioi, induction, facts, greater_than, repeated_tokens); n, seed and
@@ -33,7 +34,6 @@ class DataSpec(BaseModel):
     limit:   keep the first `limit` examples.
     """
 
-    model_config = ConfigDict(extra="forbid")
 
     task: str | None = None
     n: int | None = None
@@ -55,6 +55,27 @@ class DataSpec(BaseModel):
             raise ValueError(f"give exactly one of task, path, hf, prompts (got {given or 'none'})")
         return self
 
+    def task_kwargs(self) -> dict[str, Any]:
+        """The task generator's keyword arguments: `params` plus n and seed where given."""
+        kwargs = dict(self.params)
+        for key in ("n", "seed"):
+            if getattr(self, key) is not None:
+                kwargs[key] = getattr(self, key)
+        return kwargs
+
+    def check(self) -> DataSpec:
+        """The checks that need no model: the task exists and takes these parameters, the file exists."""
+        if self.task is not None:
+            from . import tasks
+
+            tasks.check(self.task, self.task_kwargs())
+        if self.limit is not None and self.limit < 0:
+            raise DataError(f"limit must be >= 0, got {self.limit}", code="data_limit_invalid",
+                            remedy="give the number of examples to keep")
+        if self.path is not None and not Path(self.path).expanduser().exists():
+            raise DataError(f"no data file at {self.path}", code="data_file_missing", remedy="check the path")
+        return self
+
 
 def load_data(spec: DataSpec | Dataset | dict | str | list[str], tokenizer: Any = None) -> Dataset:
     """A `Dataset` from a spec, a dict, a prompt, a list of prompts, or a Dataset (returned as is)."""
@@ -63,9 +84,14 @@ def load_data(spec: DataSpec | Dataset | dict | str | list[str], tokenizer: Any 
     if isinstance(spec, str):
         return Dataset("prompt", (Example(spec),))
     if isinstance(spec, list):
-        return Dataset("prompts", tuple(Example(p) for p in spec))
+        return Dataset("prompts", tuple(_inline(p, i) for i, p in enumerate(spec)))
+    if spec is None or not isinstance(spec, (DataSpec, dict)):
+        raise DataError(f"data must be a task, a file, prompts or a Dataset, not {type(spec).__name__}",
+                        code="data_invalid", remedy="pass {task: ioi, n: 16}, {path: file.jsonl}, a prompt string, "
+                        "a list of prompts, or an entoscope Dataset")
     if isinstance(spec, dict):
         spec = DataSpec(**spec)
+    spec.check()
     data = _load(spec, tokenizer)
     if spec.limit is not None:
         data = data[: spec.limit]
@@ -76,17 +102,15 @@ def _load(spec: DataSpec, tokenizer: Any) -> Dataset:
     if spec.task is not None:
         from . import tasks
 
-        kwargs = dict(spec.params)
-        for key in ("n", "seed"):
-            if getattr(spec, key) is not None:
-                kwargs[key] = getattr(spec, key)
+        kwargs = spec.task_kwargs()
         if tokenizer is not None and "tokenizer" not in kwargs:
             kwargs["tokenizer"] = tokenizer
         data = tasks.get(spec.task, **kwargs)
         params = {"task": spec.task, **{k: v for k, v in kwargs.items() if k != "tokenizer"}}
         return Dataset(data.name, data.examples, data.description, params)
     if spec.prompts is not None:
-        return Dataset("prompts", tuple(Example(p) for p in spec.prompts), params={"prompts": spec.prompts})
+        return Dataset("prompts", tuple(_inline(p, i) for i, p in enumerate(spec.prompts)),
+                       params={"prompts": spec.prompts})
     if spec.path is not None:
         return read_records(spec.path)
     return _load_hf(spec)
@@ -116,7 +140,19 @@ def read_records(path: str | Path) -> Dataset:
                    params={"path": str(p)})
 
 
-def _example(record: dict[str, Any], where: str) -> Example:
+def _inline(prompt: Any, index: int) -> Example:
+    if isinstance(prompt, Example):
+        return prompt
+    try:
+        return Example(prompt)
+    except DataError as err:
+        raise DataError(f"prompt {index}: {err.message}", code=err.code, remedy=err.remedy) from None
+
+
+def _example(record: Any, where: str) -> Example:
+    if not isinstance(record, dict):
+        raise DataError(f"{where} is a JSON {type(record).__name__}, not an object", code="data_file_invalid",
+                        remedy='write one object per line: {"prompt": "...", "answers": [" Mary"], ...}')
     r = dict(record)
     if "prompt" not in r or r["prompt"] in (None, ""):
         raise DataError(f"{where} has no prompt", code="data_file_invalid",
@@ -136,8 +172,13 @@ def _example(record: dict[str, Any], where: str) -> Example:
         r["label"] = None if label == "" else _number(label)
     meta = {k: v for k, v in r.items() if k not in _FIELDS}
     fields = {k: v for k, v in r.items() if k in _FIELDS}
+    if not isinstance(fields.get("meta") or {}, dict):
+        raise DataError(f"{where}: meta must be an object", code="data_file_invalid", remedy="write meta as {...}")
     fields["meta"] = {**meta, **dict(fields.get("meta") or {})}
-    return Example(**fields)
+    try:
+        return Example(**fields)
+    except DataError as err:
+        raise DataError(f"{where}: {err.message}", code=err.code, remedy=err.remedy) from None
 
 
 def _number(text: str) -> int | float | str:

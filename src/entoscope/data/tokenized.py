@@ -17,6 +17,7 @@ from torch import Tensor
 from ..errors import DataError
 from ..models.adapter import ModelAdapter
 from .examples import Dataset
+from .roles import END, RoleTable, role_table
 
 AnswerScoring = Literal["single", "first_token"]
 
@@ -31,6 +32,8 @@ class TokenizedData:
     answers: list[list[int]] | None
     wrong_answers: list[list[int]] | None
     prepend_bos: bool
+    roles: RoleTable | None = None  # token position of each role in each prompt (END always)
+    cf_roles: RoleTable | None = None  # the same in each counterfactual
 
     @property
     def lengths(self) -> list[int]:
@@ -54,6 +57,7 @@ def tokenize_data(model: ModelAdapter, data: Dataset, *, prepend_bos: bool = Tru
     prompts = [model.tokenize(e.prompt, prepend_bos=prepend_bos and isinstance(e.prompt, str)) for e in data]
     n_ctx = model.structure.n_ctx
     for i, p in enumerate(prompts):
+        check_ids(model, p, data[i].prompt, f"prompt {i}", prepend_bos)
         if len(p) > n_ctx:
             raise DataError(f"prompt {i} is {len(p)} tokens, longer than the model's context ({n_ctx})",
                             code="prompt_too_long", remedy="shorten or drop it")
@@ -67,6 +71,8 @@ def tokenize_data(model: ModelAdapter, data: Dataset, *, prepend_bos: bool = Tru
                             "add a 'counterfactual' field to each record")
         cfs = [model.tokenize(e.counterfactual, prepend_bos=prepend_bos and isinstance(e.counterfactual, str))
                for e in data]  # type: ignore[arg-type]
+        for i, c in enumerate(cfs):
+            check_ids(model, c, data[i].counterfactual, f"counterfactual {i}", prepend_bos)
         if align == "refuse":
             for i, (p, c) in enumerate(zip(prompts, cfs)):
                 if len(p) != len(c):
@@ -83,7 +89,41 @@ def tokenize_data(model: ModelAdapter, data: Dataset, *, prepend_bos: bool = Tru
                             code="data_no_answers", remedy="give each example an 'answers' field")
         ans = [_answer_ids(model, e.answers, i, answer_scoring) for i, e in enumerate(data)]
         wrong = [_answer_ids(model, e.wrong_answers, i, answer_scoring) for i, e in enumerate(data)]
-    return TokenizedData(data, prompts, cfs, ans, wrong, prepend_bos)
+    roles = role_table(model, [e.prompt for e in data], prompts, [e.roles for e in data], prepend_bos)
+    cf_table = None
+    if cfs is not None:
+        cf_table = role_table(model, [e.counterfactual for e in data], cfs, [e.cf_roles for e in data], prepend_bos)
+        cf_table = _fill_from_prompts(cf_table, roles, [len(p) == len(c) for p, c in zip(prompts, cfs)])
+    return TokenizedData(data, prompts, cfs, ans, wrong, prepend_bos, roles, cf_table)
+
+
+def _fill_from_prompts(cf: RoleTable, prompts: RoleTable, same_length: list[bool]) -> RoleTable:
+    """A counterfactual without roles of its own takes its prompt's token positions (same length only)."""
+    names = tuple(sorted((set(cf.names) | set(prompts.names)) - {END})) + (END,)
+    pos = torch.full((cf.positions.shape[0], len(names)), -1, dtype=torch.long)
+    for j, name in enumerate(names):
+        if name in cf.names:
+            pos[:, j] = cf.positions[:, cf.index(name)]
+        if name in prompts.names:
+            take = (pos[:, j] < 0) & torch.tensor(same_length)
+            pos[:, j] = torch.where(take, prompts.positions[:, prompts.index(name)], pos[:, j])
+    return RoleTable(names, pos)
+
+
+def check_ids(model: ModelAdapter, ids: list[int], given: object, what: str, prepend_bos: bool) -> None:
+    """A prompt is at least one token, and every id is in the model's vocabulary."""
+    if not ids:
+        raise DataError(f"{what} is empty: it has no token to run", code="empty_prompt",
+                        remedy="give it some text, or keep prepend_bos: true (the BOS token alone is a prompt)")
+    V = model.structure.d_vocab
+    bad = [t for t in ids if not 0 <= t < V]
+    if bad:
+        raise DataError(f"{what} holds token id(s) {bad[:5]} outside the vocabulary (0..{V - 1})",
+                        code="token_out_of_range", remedy="token ids must be in 0..d_vocab - 1 of this model")
+    if isinstance(given, str) and given.strip() and len(ids) == int(prepend_bos):
+        raise DataError(f"{what} ({given[:40]!r}) tokenised to no token at all: the tokenizer has no vocabulary",
+                        code="tokenizer_empty_output",
+                        remedy="load a model whose folder has its tokenizer files (tokenizer.json or vocab.json)")
 
 
 def _answer_ids(model: ModelAdapter, tokens: tuple, index: int, scoring: AnswerScoring) -> list[int]:
@@ -114,6 +154,7 @@ class Batch:
     cf_lengths: Tensor | None = None
     answers: Tensor | None = None  # [B, A], -1 where a row has fewer answers
     wrong_answers: Tensor | None = None  # [B, W]
+    roles: Tensor | None = None  # [B, R] token position of each role of TokenizedData.roles
 
     @property
     def last(self) -> Tensor:
@@ -163,7 +204,7 @@ def make_batches(td: TokenizedData, batch_size: int, pad_id: int) -> list[Batch]
     batches = []
     for idx in length_batches(lengths, batch_size):
         tokens, lens = pad([td.prompts[i] for i in idx], pad_id)
-        b = Batch(idx, tokens, lens)
+        b = Batch(idx, tokens, lens, roles=None if td.roles is None else td.roles.subset(idx))
         if td.counterfactuals is not None:
             b.cf_tokens, b.cf_lengths = pad([td.counterfactuals[i] for i in idx], pad_id)
         if td.answers is not None:

@@ -56,7 +56,7 @@ class Lens(Operation):
         check_lens_kind(kind.name)
         td = tokenize_data(model, data, prepend_bos=self.prepend_bos, answers=data.has_answers,
                            answer_scoring=self.answer_scoring)
-        siteset = self.sites.resolve(model, td.lengths)
+        siteset = self.sites.resolve(model, td.lengths, td.roles)
         if kind.name in RESIDUAL_STATES and any(u.is_group for u in siteset.units):
             raise ConfigError("a group of residual-stream states has no meaning for the lens",
                               code="lens_group_of_states", remedy="group components (heads, MLPs), not states")
@@ -112,7 +112,8 @@ class Lens(Operation):
         vocab = model.vocab_strings()
         for batch in progress(st["batches"], total=len(st["batches"]), desc="lens", quiet=quiet):
             out = model.run(batch.tokens, st["reads"])
-            vectors, scales, positions = _gather(model, out.acts, rows, kind, batch.lengths, self.component_scale)
+            vectors, scales, positions = _gather(model, out.acts, rows, kind, batch.lengths, self.component_scale,
+                                                batch.roles)
             final_logp = out.logits.float().log_softmax(-1)
             final_p = final_logp.exp()
             b_idx = torch.arange(len(batch))
@@ -169,11 +170,10 @@ def _unit_chunk(n_rows: int, d_vocab: int, budget_floats: int = 2**24) -> int:
 def _rows(siteset: SiteSet) -> list[dict[str, Any]]:
     """One row per (unit): its members and its table columns. Without a pos axis: position -1."""
     rows = []
-    for u in siteset.units:
+    frame = siteset.frame().to_dict("records")  # role positions as their names ("S2", "END")
+    for i, u in enumerate(siteset.units):
         pos = u.get("pos")
-        cols: dict[str, Any] = {"site": u.label}
-        for ax in siteset.over:
-            cols["position" if ax == "pos" else ax] = u.get(ax)
+        cols: dict[str, Any] = dict(frame[i])
         if "pos" not in siteset.over:
             cols["position"] = -1
         layer = u.get("layer")
@@ -197,13 +197,13 @@ def _reads(model: ModelAdapter, siteset: SiteSet, kind: str, scale_mode: str) ->
 
 
 def _gather(model: ModelAdapter, acts: dict[ActName, Tensor], rows: list[dict[str, Any]], kind: str,
-            lengths: Tensor, scale_mode: str) -> tuple[Tensor, Tensor | None, Tensor]:
+            lengths: Tensor, scale_mode: str, roles: Tensor | None = None) -> tuple[Tensor, Tensor | None, Tensor]:
     """Per row: the decoded vector [U, B, d_model], its frozen scale [U, B, 1] (components) and positions [U, B]."""
     B = lengths.shape[0]
     b = torch.arange(B)
     vectors, scales, positions = [], [], []
     for r in rows:
-        pos = absolute_positions(r["pos"], lengths)
+        pos = absolute_positions(r["pos"], lengths, roles)
         positions.append(pos)
         total = None
         for m in r["unit"].members:

@@ -97,18 +97,33 @@ class TunedLens(nn.Module):
         if not cfg_path.exists():
             raise ModelLoadError(f"no tuned lens at {p} (config.json missing)", code="tuned_lens_missing",
                                  remedy="give the folder written by TunedLens.save or by the tuned-lens package")
-        cfg = json.loads(cfg_path.read_text())
-        n_layers, d_model = int(cfg["num_hidden_layers"]), int(cfg["d_model"])
+        corrupt = dict(code="tuned_lens_corrupt", remedy="train the lens again (entoscope train-lens) or copy the "
+                       "folder again: its files are damaged or from another program")
+        try:
+            cfg = json.loads(cfg_path.read_text())
+            n_layers, d_model = int(cfg["num_hidden_layers"]), int(cfg["d_model"])
+        except (ValueError, KeyError, TypeError) as err:
+            raise ModelLoadError(f"{cfg_path} is not a tuned-lens config ({type(err).__name__}: {err})",
+                                 **corrupt) from None
         lens = cls(n_layers, d_model, mode=cfg.get("mode", "plain"), bias=bool(cfg.get("bias", True)))
-        if (p / "translators.safetensors").exists():
-            state = load_file(str(p / "translators.safetensors"))
-        elif (p / "params.pt").exists():  # the tuned-lens package: layer_translators.state_dict()
-            state = torch.load(p / "params.pt", map_location="cpu", weights_only=True)
-            lens.mode = cfg.get("mode", "plain")  # tuned-lens trains on HuggingFace weights
-        else:
-            raise ModelLoadError(f"{p} has neither translators.safetensors nor params.pt", code="tuned_lens_missing",
-                                 remedy="give a folder written by TunedLens.save or by the tuned-lens package")
-        lens.translators.load_state_dict(state)
+        try:
+            if (p / "translators.safetensors").exists():
+                state = load_file(str(p / "translators.safetensors"))
+            elif (p / "params.pt").exists():  # the tuned-lens package: layer_translators.state_dict()
+                state = torch.load(p / "params.pt", map_location="cpu", weights_only=True)
+                lens.mode = cfg.get("mode", "plain")  # tuned-lens trains on HuggingFace weights
+            else:
+                raise ModelLoadError(f"{p} has neither translators.safetensors nor params.pt",
+                                     code="tuned_lens_missing",
+                                     remedy="give a folder written by TunedLens.save or by the tuned-lens package")
+            lens.translators.load_state_dict(state)
+        except ModelLoadError:
+            raise
+        except Exception as err:  # safetensors/pickle/shape errors all mean: these files cannot be used
+            raise ModelLoadError(f"the translators in {p} cannot be read ({type(err).__name__}: "
+                                 f"{str(err).splitlines()[0][:200]})", **corrupt) from None
+        if not all(bool(torch.isfinite(t).all()) for t in lens.state_dict().values()):
+            raise ModelLoadError(f"the translators in {p} hold NaN or inf", **corrupt)
         return lens
 
     # ------------------------------------------------------------------ training
@@ -116,14 +131,20 @@ class TunedLens(nn.Module):
             weight_decay: float = 0.0, seed: int = 0, prepend_bos: bool = True, quiet: bool = False) -> list[float]:
         """Train every translator at once to minimise the mean over layers and (non-pad) positions of
         KL(final output || lens output). Adam; the model's weights are not touched. Returns the losses."""
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ConfigError(f"steps must be a whole number >= 1, got {steps!r}", code="bad_steps",
+                              remedy="train for at least one step, e.g. --steps 300")
+        if not lr > 0 or lr != lr or lr == float("inf"):
+            raise ConfigError(f"lr must be a finite number > 0, got {lr!r}", code="bad_lr", remedy="e.g. --lr 1e-3")
         adapter = adapt(model)
         self.check_model(adapter)
         td = tokenize_data(adapter, data, prepend_bos=prepend_bos)
         batches = make_batches(td, batch_size, pad_id(adapter))
         reads = [ActName("resid_pre", L) for L in range(self.n_layers)]
-        cached = []  # the model is frozen: read each batch once
+        cached = []  # the model is frozen: read each batch once (in eval mode: no dropout)
         for b in batches:
-            out = adapter.run(b.tokens, reads)
+            with adapter.evaluating():
+                out = adapter.run(b.tokens, reads)
             mask = torch.arange(b.tokens.shape[1])[None, :] < b.lengths[:, None]
             states = torch.stack([out[a] for a in reads])[:, mask]  # [n_layers, N, d_model]
             target = out.logits[mask].log_softmax(-1)  # [N, V]

@@ -20,6 +20,8 @@ import torch
 from torch import Tensor
 
 from ..errors import DataError, SiteError, UnsupportedModelError
+from . import features
+from .guards import check_describable, check_finite_weights, evaluating, first_non_finite, raise_non_finite
 from .names import KINDS, ActName, parse_name
 from .structure import Structure
 from .weights import Weights
@@ -111,6 +113,12 @@ class ModelAdapter:
         self.structure = self._describe()
         self.weights = Weights(self.tl, self.structure)
         self._check_hooks()
+        check_finite_weights(self.tl)
+        check_describable(self)
+
+    def evaluating(self) -> Any:
+        """Context: the model in eval mode (dropout off), each module's own mode restored after."""
+        return evaluating(self.tl)
 
     # ------------------------------------------------------------------ structure
     def _describe(self) -> Structure:
@@ -191,6 +199,8 @@ class ModelAdapter:
         """Canonical name for `name` (aliases accepted), validated against this model."""
         act = parse_name(name, self.structure.n_layers)
         s = self.structure
+        if act.kind == "features":
+            return features.resolve(self, act)
         if act.kind == "resid_post" and act.layer == -1:
             act = ActName("resid_post", s.n_layers - 1)
         if act.layer is not None and not 0 <= act.layer < s.n_layers:
@@ -226,6 +236,8 @@ class ModelAdapter:
     def hook_name(self, name: ActName | str) -> str:
         """The backend's hook name for an activation (derived ones have none: result, logits)."""
         act = self.resolve(name)
+        if act.kind == "features":
+            return self.hook_name(features.dictionary(act).hook_out)  # where feature writes go
         if act.kind in ("result", "logits"):
             raise SiteError(f"{act} is computed by entoscope, not read from one hook",
                             code="no_single_hook", remedy="read it through ModelAdapter.run")
@@ -327,6 +339,7 @@ class ModelAdapter:
             logits = logits or logits_at is not None
             stop = None if logits or ivs or grad else self._stop_layer(list(hooks_needed.values()))
             kept = tokens.shape[1]  # positions HuggingFace unembeds (the last ones)
+            fwd_hooks = self.intervention_hooks(ivs)
             if not ivs and not grad:
                 kw: dict[str, Any] = {} if stop is None else {"stop_at_layer": stop}
                 if (not logits or logits_at is not None) and self._keeps_last_logits():
@@ -337,7 +350,6 @@ class ModelAdapter:
                 raw = {base: cache[h] for h, base in hooks_needed.items()}
             else:
                 raw = {}
-                fwd_hooks = self.intervention_hooks(ivs)
                 for h, base in hooks_needed.items():
                     fwd_hooks.append((h, self._saver(raw, base)))
                 out_logits = self.tl.run_with_hooks(tokens, fwd_hooks=fwd_hooks, return_type="logits")
@@ -345,6 +357,7 @@ class ModelAdapter:
         if logits_at is not None:
             rows = torch.arange(len(logits_at), device=out_logits.device)
             out_logits = out_logits[rows, logits_at.to(out_logits.device) - (tokens.shape[1] - kept)]
+        self._check_finite(tokens, fwd_hooks if ivs else [], out_logits if logits else None, out)
         return RunOutput(out_logits if logits else None, out)
 
     def _keeps_last_logits(self) -> bool:
@@ -357,6 +370,28 @@ class ModelAdapter:
         except (TypeError, ValueError):
             return False
 
+    def _check_finite(self, tokens: Tensor, fwd_hooks: list, logits: Tensor | None, acts: dict[ActName, Tensor]) -> None:
+        """NaN/inf in what a run returns is an error naming the first hook point where it appears."""
+        # attention scores hold -inf above the diagonal (the causal mask) by design
+        bad = [str(a) for a, t in acts.items() if a.kind != "attn_scores" and t.is_floating_point()
+               and not bool(torch.isfinite(t.detach()).all())]
+        if logits is not None and not bool(torch.isfinite(logits.detach()).all()):
+            bad.append("logits")
+        if bad:
+            raise_non_finite(f"this run's {', '.join(bad)}",
+                             first_non_finite(self.tl, tokens, fwd_hooks, self._watchable_hooks()))
+
+    def _watchable_hooks(self) -> dict[str, str]:
+        """Hook name -> canonical name of every activation this model has (where a NaN can be located)."""
+        out = {}
+        for kind, k in KINDS.items():
+            for L in range(self.structure.n_layers) if k.per_layer else [None]:
+                try:
+                    out[self.hook_name(ActName(kind, L))] = str(ActName(kind, L))
+                except Exception:  # noqa: BLE001 - a kind this model has no hook for
+                    continue
+        return {h: n for h, n in out.items() if h in self.tl.hook_dict}
+
     def _stop_layer(self, reads: list[ActName]) -> int | None:
         """The block after the last one `reads` needs, or None when a read comes after every block."""
         if any(a.layer is None and a.kind not in ("embed", "pos_embed") for a in reads):
@@ -366,6 +401,8 @@ class ModelAdapter:
     def _sources(self, act: ActName) -> list[ActName]:
         if act.kind == "logits":
             return []
+        if act.kind == "features":
+            return self._sources(self.resolve(features.source(act)))
         if act.kind == "result":
             return [ActName("z", act.layer)]
         if self._needs_unfolded_norm(act):
@@ -374,6 +411,8 @@ class ModelAdapter:
         return [act]
 
     def _derive(self, act: ActName, raw: dict[ActName, Tensor]) -> Tensor:
+        if act.kind == "features":
+            return features.encode(act, self._derive(self.resolve(features.source(act)), raw))
         if act.kind == "result":
             z = raw[ActName("z", act.layer)]
             return torch.einsum("bphd,hdm->bphm", z, self.weights.W_O(act.layer).to(z.dtype))
@@ -405,6 +444,9 @@ class ModelAdapter:
             if act.kind == "result":
                 hooks.extend(self._result_hooks(act, iv.fn))
                 continue
+            if act.kind == "features":
+                hooks.extend(features.hooks(self, act, iv.fn))
+                continue
             if self._needs_unfolded_norm(act):
                 raise SiteError(f"{act} cannot be written on an unprocessed HookedTransformer",
                                 code="site_not_writable", remedy="use resid_pre/resid_mid, or a processed model")
@@ -428,12 +470,17 @@ class ModelAdapter:
         return [(self._hook(ActName("z", act.layer)), keep_z), (self._hook(ActName("attn_out", act.layer)), edit_out)]
 
     # ------------------------------------------------------------------ misc
-    def axis_sizes(self, kind: str, seq_len: int | None = None) -> dict[str, int]:
-        """Size of each axis of an activation kind (the sites grid validates against these)."""
+    def axis_sizes(self, kind: str | ActName, seq_len: int | None = None) -> dict[str, int]:
+        """Size of each axis of an activation kind (the sites grid validates against these); a features
+        activation is named in full (its width is its dictionary's)."""
         s = self.structure
         sizes = {"pos": seq_len or s.n_ctx, "query_pos": seq_len or s.n_ctx, "key_pos": seq_len or s.n_ctx,
                  "d_model": s.d_model, "head": s.n_heads, "kv_head": s.n_kv_heads, "d_head": s.d_head,
                  "neuron": s.d_mlp, "vocab": s.d_vocab, "one": 1}
+        if isinstance(kind, ActName):
+            if kind.kind == "features":
+                sizes["feature"] = features.width(kind)
+            kind = kind.kind
         return {ax: sizes[ax] for ax in KINDS[kind].axes}
 
 

@@ -23,6 +23,7 @@ import logging
 import os
 import re
 import secrets
+import socket
 import struct
 import threading
 import zlib
@@ -187,7 +188,7 @@ def write_entry(path: Path, arrays: dict[str, Tensor], meta: dict[str, Any]) -> 
     hb = json.dumps(header, separators=(",", ":")).encode()
     hb += b" " * (-(8 + len(hb)) % 8)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.{secrets.token_hex(6)}.tmp")
+    tmp = path.with_name(f".{path.name}.{_HOST}.{os.getpid()}.{threading.get_ident()}.{secrets.token_hex(6)}.tmp")
     try:
         with open(tmp, "wb") as f:
             f.write(struct.pack("<Q", len(hb)))
@@ -204,6 +205,57 @@ def write_entry(path: Path, arrays: dict[str, Tensor], meta: dict[str, Any]) -> 
             pass
         raise
     return 8 + len(hb) + offset
+
+
+_HOST = re.sub(r"[^A-Za-z0-9-]", "_", socket.gethostname()) or "host"
+_TEMP = re.compile(r"^\..+\.safetensors\.(?:(?P<host>[A-Za-z0-9_-]+)\.)?(?P<pid>\d+)\.\d+\.[0-9a-f]+\.tmp$")
+STALE_AFTER_S = 600.0  # a temp file this old whose writer is gone is left over from a killed process
+STALE_OTHER_HOST_S = 86400.0  # a writer on another host (shared storage) cannot be asked: wait a day
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def sweep_stale_temps(folder: Path, now: float | None = None) -> tuple[int, int]:
+    """Remove the temp files killed writers left in `folder`: (removed, still in progress).
+
+    A temp file is stale when it is older than STALE_AFTER_S and its writer (pid in its name, on
+    this host) is no longer alive, or, when written from another host, older than a day.
+    """
+    import time
+
+    now = time.time() if now is None else now
+    removed = live = 0
+    if not folder.is_dir():
+        return 0, 0
+    for e in os.scandir(folder):
+        m = _TEMP.match(e.name)
+        if not m:
+            continue
+        try:
+            age = now - e.stat().st_mtime
+        except FileNotFoundError:
+            continue
+        host = m.group("host") or _HOST
+        gone = not _pid_alive(int(m.group("pid"))) if host == _HOST else age > STALE_OTHER_HOST_S
+        if gone and age > STALE_AFTER_S:
+            try:
+                os.unlink(e.path)
+                removed += 1
+            except FileNotFoundError:
+                pass
+            except OSError:
+                live += 1
+        else:
+            live += 1
+    return removed, live
 
 
 def _read_header(f: Any, size: int) -> tuple[int, dict[str, Any], dict[str, Any]]:
@@ -429,14 +481,20 @@ class CachedModel:
                reading every weight each call).
     dedupe_rows: store a tensor whose batch rows are alike bit for bit as one row (read back at
                full width). Off only to measure what it saves.
+    grad:      "detach" (default): a call is cached whatever the grad mode, and returns detached
+               tensors (requires_grad False) on a miss as on a hit, so what a call returns never
+               depends on the cache's state. Gradient passes go through run_with_hooks, which is never
+               cached. "bypass": a call made with gradients enabled on a model with parameters that
+               require grad runs uncached and returns the live autograd graph (the old behaviour).
     """
 
     _entoscope_wrapper = True
-    _OWN = frozenset({"model", "cache_dir", "verify", "dedupe_rows", "_lock", "_stats", "_bypass", "_subset_ok",
-                      "_redirect", "_warned"})
+    _OWN = frozenset({"model", "cache_dir", "verify", "dedupe_rows", "grad", "_lock", "_stats", "_bypass",
+                      "_subset_ok", "_redirect", "_warned", "_swept"})
 
     def __init__(self, model: Any, cache_dir: str | os.PathLike[str] | None = ".activation_cache", *,
-                 verify: Literal["version", "full"] = "version", dedupe_rows: bool = True) -> None:
+                 verify: Literal["version", "full"] = "version", dedupe_rows: bool = True,
+                 grad: Literal["detach", "bypass"] = "detach") -> None:
         if isinstance(model, CachedModel):
             raise UnsupportedModelError("this model is already a CachedModel",
                                         remedy="wrap the model itself: CachedModel(cached.model, ...)",
@@ -451,6 +509,9 @@ class CachedModel:
         object.__setattr__(self, "cache_dir", None if cache_dir is None else Path(cache_dir).expanduser().absolute())
         object.__setattr__(self, "verify", verify)
         object.__setattr__(self, "dedupe_rows", bool(dedupe_rows))
+        if grad not in ("detach", "bypass"):
+            raise ConfigError(f"unknown grad mode {grad!r}", remedy="use 'detach' or 'bypass'", code="unknown_grad_mode")
+        object.__setattr__(self, "grad", grad)
         self._init_state()
 
     def _init_state(self) -> None:
@@ -460,6 +521,7 @@ class CachedModel:
         object.__setattr__(self, "_subset_ok", True)
         object.__setattr__(self, "_redirect", {})
         object.__setattr__(self, "_warned", set())
+        object.__setattr__(self, "_swept", False)
 
     # ------------------------------------------------------------------ forwarding
     def __getattr__(self, name: str) -> Any:
@@ -498,9 +560,10 @@ class CachedModel:
 
     def __getstate__(self) -> dict[str, Any]:
         return {"model": self.model, "cache_dir": self.cache_dir, "verify": self.verify,
-                "dedupe_rows": self.dedupe_rows}
+                "dedupe_rows": self.dedupe_rows, "grad": self.grad}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        state = {"grad": "detach", **state}
         for k, v in state.items():
             object.__setattr__(self, k, v)
         self._init_state()
@@ -529,6 +592,13 @@ class CachedModel:
                     entries += 1
                     disk += size
         out["entries"], out["disk_bytes"] = entries, disk
+        if folder is not None:
+            removed, live = sweep_stale_temps(folder)
+            self._count("stale_temps_removed", removed)
+            out["temp_files"] = live
+        else:
+            out["temp_files"] = 0
+        out["stale_temps_removed"] = self._stats.get("stale_temps_removed", 0)
         return out
 
     @property
@@ -576,7 +646,8 @@ class CachedModel:
         if hit is not None:
             return hit
         self._count("misses")
-        out, cache = self.model.run_with_cache(*args, **kwargs)
+        with torch.no_grad():  # what is returned is detached, as on a hit: no graph is built for nothing
+            out, cache = self.model.run_with_cache(*args, **kwargs)
         self._store(plan, out, cache)
         return out, cache
 
@@ -600,11 +671,7 @@ class CachedModel:
             self._warn_once("stochastic", "CachedModel: the model is in training mode with dropout: runs are "
                             "random, so they are not cached (call .eval())")
             raise _Bypass("training")
-        if torch.is_grad_enabled() and state.requires_grad:
-            self._warn_once("grad", "CachedModel: gradients are enabled and the model has parameters that "
-                            "require grad, so run_with_cache is not cached (its output could be "
-                            "backpropagated). Wrap the call in torch.no_grad() or torch.inference_mode(), "
-                            "or call model.requires_grad_(False).")
+        if self.grad == "bypass" and torch.is_grad_enabled() and state.requires_grad:
             raise _Bypass("grad")
         if "input" in kwargs and args:
             raise _Bypass("positional_args")
@@ -825,6 +892,12 @@ class CachedModel:
     # ------------------------------------------------------------------ writing
     def _store(self, plan: _Plan, out: Any, cache: Any) -> None:
         """Write the entry; a failure is logged and counted, never raised (the caller has its result)."""
+        if not self._swept:
+            object.__setattr__(self, "_swept", True)
+            try:
+                self._count("stale_temps_removed", sweep_stale_temps(plan.folder)[0])
+            except OSError:
+                pass
         try:
             arrays, meta = self._pack(plan, out, cache)
             self._check_selection(plan, [k for k, _ in meta["keys"]])

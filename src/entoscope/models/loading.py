@@ -6,7 +6,9 @@ thing a user would build themselves; every operation accepts it (and `CachedMode
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -48,6 +50,9 @@ def load_model(name: str = "demo", *, backend: Backend = "bridge", compat: bool 
         raise ConfigError("compat applies to the bridge backend only (a HookedTransformer is already "
                           "processed)", remedy="drop compat, or use backend='bridge'",
                           code="compat_needs_bridge")
+    if backend == "hooked":
+        require_hooked()
+    check_device(device)
     torch_dtype = _dtype(dtype)
     folder = DEMO_DIR if name == "demo" else Path(name).expanduser()
     if name == "demo" and not (folder / "config.json").exists():
@@ -56,10 +61,48 @@ def load_model(name: str = "demo", *, backend: Backend = "bridge", compat: bool 
                              "--out src/entoscope/demo", code="demo_missing")
     model = _load(name, folder, backend=backend, compat=compat, device=device, dtype=torch_dtype,
                   revision=revision)
+    checked(model)
     # how to load it again: the manifest keeps this, so `entoscope run manifest.json` re-runs
     model._entoscope_source = {"name": name, "backend": backend, "compat": compat, "dtype": str(torch_dtype),
                                "revision": revision}
     return model
+
+
+def require_hooked() -> None:
+    """HookedTransformer exists in transformer-lens < 4 only; say so instead of an ImportError."""
+    try:
+        from transformer_lens import HookedTransformer  # noqa: F401
+    except ImportError:
+        import importlib.metadata as md
+
+        raise ConfigError(f"the hooked backend needs HookedTransformer, which transformer-lens "
+                          f"{md.version('transformer-lens')} no longer has (it was removed in 4.0)",
+                          code="hooked_needs_tl3",
+                          remedy="use --backend bridge (a TransformerBridge; add --compat for HookedTransformer-"
+                          "equivalent numbers), or install transformer-lens 3: pip install 'transformer-lens>=3.2,<4'"
+                          ) from None
+
+
+def check_device(device: str | None) -> None:
+    """A device string torch knows, whose device this machine has."""
+    if device is None:
+        return
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"unknown device {device!r}", code="unknown_device",
+                          remedy="use cpu, cuda, cuda:N or mps") from None
+    if dev.type == "cpu":
+        return
+    backend = getattr(torch, dev.type, None) if dev.type != "mps" else getattr(torch.backends, "mps", None)
+    available = bool(backend is not None and getattr(backend, "is_available", lambda: False)())
+    count = int(getattr(backend, "device_count", lambda: 1)()) if available else 0
+    if not available or (dev.index is not None and dev.index >= count):
+        have = f"{count} {dev.type} device(s)" if available else f"no {dev.type} device"
+        raise ConfigError(f"device {device!r} is not available: this machine has {have} "
+                          f"(torch {torch.__version__})", code="device_unavailable",
+                          remedy="use --device cpu, or install a torch build for this accelerator "
+                          "(pip install torch with the matching CUDA/ROCm index)")
 
 
 def _load(name: str, folder: Path, *, backend: Backend, compat: bool, device: str | None, dtype: torch.dtype,
@@ -82,15 +125,62 @@ def _looks_like_hub_id(name: str) -> bool:
     return name.count("/") == 1 and not name.startswith((".", "/", "~"))
 
 
+_WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json", "pytorch_model.bin.index.json",
+                 "tf_model.h5", "flax_model.msgpack")
+_TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model", "vocab.txt", "spiece.model")
+
+
+def check_folder(folder: Path) -> dict[str, Any]:
+    """What a model folder must hold before loading it: a decoder's config, weights, a tokenizer."""
+    import json
+
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError) as err:
+        raise ModelLoadError(f"{folder}/config.json cannot be read ({err})", code="not_a_model_folder",
+                             remedy="point --model at a folder written by save_pretrained") from None
+    if config.get("is_encoder_decoder"):
+        raise UnsupportedModelError(f"{folder} holds an encoder-decoder model ({config.get('model_type')})",
+                                    code="not_a_decoder",
+                                    remedy="entoscope supports decoder-only transformers (GPT-2, GPT-NeoX, Llama, "
+                                    "Qwen2, Mistral, ...)")
+    if not any(any(folder.glob(pattern)) for pattern in _WEIGHT_FILES):
+        raise ModelLoadError(f"{folder} has a config.json but no weights (no *.safetensors or pytorch_model.bin)",
+                             code="weights_missing",
+                             remedy="save the weights there too (model.save_pretrained(folder)), or copy them in")
+    if not any((folder / f).exists() for f in _TOKENIZER_FILES):
+        raise ModelLoadError(f"{folder} has no tokenizer files (none of {', '.join(_TOKENIZER_FILES)}); every "
+                             "prompt would tokenise to nothing", code="tokenizer_missing",
+                             remedy="save the tokenizer into the folder: tokenizer.save_pretrained(folder)")
+    return config
+
+
 def _load_folder(folder: Path, *, backend: Backend, compat: bool, device: str | None,
                  dtype: torch.dtype, name: str) -> Any:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
+    check_folder(folder)
     hf_logging.disable_progress_bar()  # a 3 MB model needs no "Loading weights" bar
-    hf_model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype,
-                                                    attn_implementation="eager")
+    try:
+        hf_model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, attn_implementation="eager")
+    except ValueError as err:
+        if "Unrecognized configuration class" in str(err) or "for this kind of AutoModel" in str(err):
+            raise UnsupportedModelError(f"{folder} does not hold a causal language model that transformers knows "
+                                        f"({str(err).splitlines()[0][:160]})", code="not_a_decoder",
+                                        remedy="entoscope supports decoder-only causal LMs (GPT-2, GPT-NeoX, Llama, "
+                                        "Qwen2, Mistral, ...)") from None
+        raise ModelLoadError(f"transformers could not load {folder}: {str(err).splitlines()[0][:200]}",
+                             remedy="check that the folder was written by save_pretrained and matches "
+                             "this transformers version") from None
+    except OSError as err:
+        raise ModelLoadError(f"transformers could not load {folder}: {str(err).splitlines()[0][:200]}",
+                             remedy="check that the weight files are complete (a partial download?)") from None
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    if len(tokenizer) < 2 or not tokenizer("a b", add_special_tokens=False)["input_ids"]:
+        raise ModelLoadError(f"the tokenizer in {folder} has {len(tokenizer)} token(s): its vocabulary files are "
+                             "missing or empty", code="tokenizer_missing",
+                             remedy="save the tokenizer into the folder: tokenizer.save_pretrained(folder)")
     return from_hf(hf_model, tokenizer, backend=backend, compat=compat, device=device,
                    name=name, folder=str(folder))
 
@@ -102,49 +192,105 @@ def from_hf(hf_model: Any, tokenizer: Any, *, backend: Backend = "bridge", compa
     The tokenizer must have been loaded from a folder (`AutoTokenizer.from_pretrained(folder)`):
     TransformerLens re-reads it from there to set up BOS handling.
     """
+    if backend == "hooked":
+        require_hooked()
+    check_device(device)
     hf_model = hf_model.eval()
     if device is not None:
         hf_model = hf_model.to(device)
     if backend == "hooked":
         from .hooked_config import hooked_from_hf
 
-        return hooked_from_hf(hf_model, tokenizer, name=name, device=device)
+        return checked(hooked_from_hf(hf_model, tokenizer, name=name, device=device))
     from transformer_lens.model_bridge import TransformerBridge
 
     bridge = TransformerBridge.boot_transformers(name, hf_model=hf_model, tokenizer=tokenizer,
                                                  device=device)
     if compat:
         bridge.enable_compatibility_mode(disable_warnings=True)
-    return bridge
+    return checked(bridge)
+
+
+def checked(model: Any) -> Any:
+    """Run the adapter's load-time checks now (finite weights; a tiny forward showing the model is a
+    pre-norm causal decoder), so that a plan later runs no forward at all."""
+    from .adapter import ModelAdapter
+
+    ModelAdapter(model)
+    return model
+
+
+def _hub_remedy(name: str) -> str:
+    local = name.split("/")[-1]
+    return (f"on a machine with internet, save it to a folder (hf download {name} --local-dir ./{local}) and "
+            f"pass that folder: --model ./{local}; or use --model demo, the bundled model")
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the HuggingFace hub answers a TCP connection now (no retries, a few seconds at most)."""
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return False
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        socket.create_connection((url.hostname or "huggingface.co", url.port or 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def _in_local_cache(name: str, revision: str | None) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        hit = try_to_load_from_cache(name, "config.json", revision=revision)
+        return isinstance(hit, str)
+    except Exception:  # noqa: BLE001 - a malformed name is simply not cached
+        return False
+
+
+@contextlib.contextmanager
+def _offline() -> Iterator[None]:
+    """Make huggingface_hub/transformers read the local cache only (no 30 s of connection retries)."""
+    import huggingface_hub.constants as constants
+
+    before = constants.HF_HUB_OFFLINE
+    constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = before
 
 
 def _load_hub(name: str, *, backend: Backend, compat: bool, device: str | None, dtype: torch.dtype,
               revision: str | None) -> Any:
+    reachable = hub_reachable()
+    if not reachable and not _in_local_cache(name, revision):
+        raise ModelLoadError(f"{name!r} is neither a local folder nor in the local HuggingFace cache, and the hub "
+                             "cannot be reached (offline)", remedy=_hub_remedy(name), code="hub_unreachable")
     try:
-        if backend == "hooked":
-            from transformer_lens import HookedTransformer
+        with contextlib.nullcontext() if reachable else _offline():
+            if backend == "hooked":
+                from transformer_lens import HookedTransformer
 
-            kwargs: dict[str, Any] = {"device": device, "dtype": dtype}
-            if revision is not None:
-                kwargs["revision"] = revision
-            return HookedTransformer.from_pretrained(name, **kwargs)
-        from transformer_lens.model_bridge import TransformerBridge
+                kwargs: dict[str, Any] = {"device": device, "dtype": dtype}
+                if revision is not None:
+                    kwargs["revision"] = revision
+                return HookedTransformer.from_pretrained(name, **kwargs)
+            from transformer_lens.model_bridge import TransformerBridge
 
-        bridge = TransformerBridge.boot_transformers(name, device=device, dtype=dtype, revision=revision)
-        if compat:
-            bridge.enable_compatibility_mode(disable_warnings=True)
-        return bridge
+            bridge = TransformerBridge.boot_transformers(name, device=device, dtype=dtype, revision=revision)
+            if compat:
+                bridge.enable_compatibility_mode(disable_warnings=True)
+            return bridge
     except (OSError, ValueError) as err:  # hub unreachable, unknown repo, offline mode
-        offline = os.environ.get("HF_HUB_OFFLINE") == "1" or "offline" in str(err).lower() \
+        offline = not reachable or "offline" in str(err).lower() \
             or "connect" in str(err).lower() or "resolve" in str(err).lower()
         why = "the HuggingFace hub could not be reached" if offline else "loading failed"
         raise ModelLoadError(
             f"could not load {name!r} from the HuggingFace hub: {why} ({type(err).__name__}: "
-            f"{str(err).splitlines()[0][:200]})",
-            remedy=f"on a machine with internet, save it to a folder (huggingface-cli download {name} "
-            f"--local-dir ./{name.split('/')[-1]}) and pass that folder: --model ./{name.split('/')[-1]}; "
-            "or use --model demo, the bundled model",
+            f"{str(err).splitlines()[0][:200]})", remedy=_hub_remedy(name),
             code="hub_unreachable" if offline else "model_load_failed",
         ) from None
-    except UnsupportedModelError:
-        raise

@@ -51,19 +51,26 @@ _KINDS = [
     Kind("mlp_out", True, ("pos", "d_model"), "residual", "MLP output added to the residual"),
     Kind("final_scale", False, ("pos", "one"), "scale", "scale of the final norm"),
     Kind("logits", False, ("pos", "vocab"), "vocab", "output logits"),
+    Kind("features", True, ("pos", "feature"), "feature", "a dictionary's feature activations (encode on read; "
+         "decode plus the error term on write); named features.L@DICTIONARY"),
 ]
 KINDS: dict[str, Kind] = {k.name: k for k in _KINDS}
 
 
 @dataclass(frozen=True, order=True)
 class ActName:
-    """A canonical activation name: a kind and, for per-layer kinds, a layer."""
+    """A canonical activation name: a kind and, for per-layer kinds, a layer.
+
+    `basis` names the dictionary of a `features` activation (`features.1@demo/resid_post.1`): the
+    activations are that dictionary's features at the site it writes (docs/features.md)."""
 
     kind: str
     layer: int | None = None
+    basis: str | None = None
 
     def __str__(self) -> str:
-        return self.kind if self.layer is None else f"{self.kind}.{self.layer}"
+        text = self.kind if self.layer is None else f"{self.kind}.{self.layer}"
+        return text if self.basis is None else f"{text}@{self.basis}"
 
     @property
     def spec(self) -> Kind:
@@ -141,11 +148,18 @@ def parse_name(name: str | ActName, n_layers: int | None = None) -> ActName:
     else:
         act = _parse(str(name).strip())
     if act.layer is not None and act.layer < 0 and n_layers is not None:
-        act = ActName(act.kind, act.layer + n_layers)
+        act = ActName(act.kind, act.layer + n_layers, act.basis)
     return act
 
 
 def _parse(text: str) -> ActName:
+    head, at, basis = text.partition("@")
+    if at or head.split(".")[0] == "features":
+        if head.split(".")[0] != "features" or not basis.strip():
+            raise UnknownNameError(
+                f"'{text}': features, and only features, take a dictionary: features.LAYER@DICTIONARY",
+                remedy="e.g. features.1@demo/resid_post.1, or give Sites(dictionary=...)", code="features_name")
+        return ActName("features", _parse_features(head).layer, basis.strip())
     if text == "final_resid":
         return ActName("resid_post", -1)
     if text in _TL_TOP:
@@ -191,3 +205,11 @@ def _parse(text: str) -> ActName:
         "a TransformerLens hook name (blocks.5.hook_resid_post) or an nnterp accessor (layers_output[5])",
         code="unknown_activation",
     )
+
+
+def _parse_features(head: str) -> ActName:
+    m = _CANON.match(head)
+    if not m or m.group(2) is None:
+        raise UnknownNameError(f"'{head}': a features name needs a layer", code="features_name",
+                               remedy="write features.LAYER@DICTIONARY, e.g. features.1@demo/resid_post.1")
+    return ActName("features", int(m.group(2)))

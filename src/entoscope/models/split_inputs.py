@@ -174,8 +174,9 @@ def sender_outputs(model: ModelAdapter, acts: dict[ActName, Tensor]) -> Tensor:
 
 # ---------------------------------------------------------------------- gradients
 class EdgeGradients:
-    """sum over runs k of w_k * sum over batch and positions of delta_s . d metric / d input(r) |_k,
-    for every sender s and receiver r, from the gradients at q, k, v, mlp_in and the final residual.
+    """For every prompt b of the batch: sum over runs k of w_k * sum over positions of
+    delta_s . d metric / d input(r) |_k, for every sender s and receiver r, from the gradients at q, k,
+    v, mlp_in and the final residual (per prompt, so that statistics can resample prompts).
 
     delta [B, T, n_senders, d] is fixed (the senders' corrupt - clean outputs, padding zeroed).
     A receiver reads y = norm(x), then its own projection (q_h = y W_Q[h] + b_Q[h], ...). With
@@ -203,7 +204,7 @@ class EdgeGradients:
         self.delta = delta.float()
         self._folded: dict[tuple[int, str], Tensor] = {}
         self._linear: dict[tuple[int, str], Tensor] = {}  # sum_k w_k g / sigma, per layer and kind
-        self.scores = torch.zeros(self.layout.n_senders, self.layout.n_receivers, device=delta.device)
+        self.scores = torch.zeros(delta.shape[0], self.layout.n_senders, self.layout.n_receivers, device=delta.device)
 
     def _fold(self, layer: int, which: str) -> Tensor:
         """M [n, d_head, d_model] (q, k, v) or [1, d_model, d_model] (mlp)."""
@@ -280,23 +281,23 @@ class EdgeGradients:
                 key = (L, which)
                 self._linear[key] = self._linear.get(key, 0) + weight * g.sum(0)
                 c = ((y - self._constant(L, which)) * g).sum(-1) / d  # (g_h . M_h x_hat) / (d sigma)
-                self.scores[:, cols] -= weight * torch.einsum("kbts,kbth->sh", e, c)
+                self.scores[:, :, cols] -= weight * torch.einsum("kbts,kbth->bsh", e, c)
         final = runs(grads[final_residual(s)]).sum(0)
         self._linear[(-1, "logits")] = self._linear.get((-1, "logits"), 0) + weight * final
 
     @torch.no_grad()
     def result(self) -> Tensor:
-        """[n_senders, n_receivers]: the sums (dense; entries that are not edges are meaningless)."""
+        """[B, n_senders, n_receivers]: the sums per prompt (dense; entries that are not edges are meaningless)."""
         out = self.scores.clone()
-        S = self.delta.shape[2]
-        lhs = self.delta.permute(2, 0, 1, 3).reshape(S, -1)  # [S, B*T*d], once
+        B, T, S, d = self.delta.shape
+        lhs = self.delta.permute(0, 2, 1, 3).reshape(B, S, T * d)  # [B, S, T*d], once
         for (L, which), g in self._linear.items():
             if which == "logits":
-                out[:, self.layout.logits_receiver] += lhs @ g.reshape(-1)
+                out[:, :, self.layout.logits_receiver] += torch.bmm(lhs, g.reshape(B, T * d, 1))[..., 0]
                 continue
             cols = dict(self._receivers(L))[which]
             u = torch.einsum("bthe,hed->btdh", g, self._fold(L, which))  # sum_k w_k g M / sigma
-            out[:, cols] += lhs @ u.reshape(-1, u.shape[-1])
+            out[:, :, cols] += torch.bmm(lhs, u.reshape(B, T * d, -1))
         return out
 
 
@@ -349,7 +350,7 @@ def check_split(model: ModelAdapter, tokens: Tensor, rtol: float = 1e-3) -> None
     rest = acts[final_residual(s)] - sender_outputs(model, acts).sum(2)  # [B, T, d]: the biases
     spread = (rest - rest[:1, :1]).abs().max()
     scale = acts[final_residual(s)].abs().max().clamp(min=1e-6)
-    if spread > rtol * scale:
+    if not spread <= rtol * scale:  # NaN fails too
         raise CheckFailedError(
             f"the senders (input, heads, MLPs) do not add up to the final residual stream: what is left "
             f"varies by {float(spread):.3g} (scale {float(scale):.3g})", code="senders_incomplete",
@@ -360,7 +361,7 @@ def check_split(model: ModelAdapter, tokens: Tensor, rtol: float = 1e-3) -> None
 def _close(mine: Tensor, theirs: Tensor, what: str, rtol: float) -> None:
     err = (mine.float() - theirs.float()).abs().max()
     scale = theirs.float().abs().max().clamp(min=1e-6)
-    if err > rtol * scale:
+    if not err <= rtol * scale:  # NaN fails too
         raise CheckFailedError(
             f"recomputing {what} from the residual stream with this model's norm and weights gives "
             f"{float(err):.3g} away from the model's own value (scale {float(scale):.3g})",

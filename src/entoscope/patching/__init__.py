@@ -2,6 +2,7 @@
 
 from . import report  # noqa: F401  (registers the report section)
 from .operation import Patching
+from .top import top_sites
 from .values import PatchInputs, PatchValue, patch_value
 
-__all__ = ["PatchInputs", "PatchValue", "Patching", "patch_value"]
+__all__ = ["PatchInputs", "PatchValue", "Patching", "patch_value", "top_sites"]

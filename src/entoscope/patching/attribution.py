@@ -99,13 +99,13 @@ def _contract(setup: Setup, chunk: Chunk, gradient: Callable[[ActName], Tensor])
     for i in range(0, len(ex_all), ROWS_PER_BLOCK):
         ex, unit = ex_all[i:i + ROWS_PER_BLOCK], unit_all[i:i + ROWS_PER_BLOCK]
         for gi, g in enumerate(setup.groups):
-            slots = make_slots(g, ex, unit, chunk.base_len)
+            slots = make_slots(g, ex, unit, chunk.base_len, chunk.base_roles)
             if not len(slots):
                 continue
             index = grid_index(slots, slots.ex, sizes)
             delta = slot_values(setup, chunk, slots, gi) - chunk.acts["base"][g.act][index]
             grad = gradient(g.act)[index]
-            contrib = (delta.double() * grad.double()).flatten(1).sum(1).cpu()
+            contrib = (delta.double() * grad.double()).reshape(len(slots), -1).sum(1).cpu()  # slots may be scalars
             out.index_put_((slots.ex, slots.unit), contrib, accumulate=True)
     return out
 
@@ -124,7 +124,7 @@ def ig_chunk(setup: Setup, chunk: Chunk, steps: int, rule: str, max_rows: int,
     unit_all = torch.arange(U).repeat(C)
     deltas: dict[ActName, Tensor] = {}
     for gi, g in enumerate(setup.groups):
-        slots = make_slots(g, ex_all, unit_all, chunk.base_len)
+        slots = make_slots(g, ex_all, unit_all, chunk.base_len, chunk.base_roles)
         if not len(slots):
             continue
         base = chunk.acts["base"][g.act]

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from ..errors import CheckFailedError
 from ..models.names import ActName
+from ..metrics import metric_where
 from ..models.partial import attention_scale, logits_at, slice_start
 from .references import Chunk
 from .slots import Slots, grid_index, make_slots, row_starts
@@ -63,7 +64,7 @@ def block_overhead(setup: Setup) -> float:
     return BLOCK_STREAM + BLOCK_CALL_MACS / max(1, per_token)
 
 
-def schedule(setup: Setup, base_len: Tensor, max_rows: int) -> list[RowBatch]:
+def schedule(setup: Setup, base_len: Tensor, max_rows: int, base_roles: Tensor | None = None) -> list[RowBatch]:
     """Every (example, unit) row of a chunk, in batches of at most `max_rows`.
 
     Rows that start part-way are grouped by their first position (a dynamic programme over the sorted
@@ -83,7 +84,7 @@ def schedule(setup: Setup, base_len: Tensor, max_rows: int) -> list[RowBatch]:
     if not len(ex):
         return batches
     if setup.path == "positions":
-        start = torch.minimum(row_starts(setup.groups, ex, unit, base_len), base_len[ex] - 1)
+        start = torch.minimum(row_starts(setup.groups, ex, unit, base_len, base_roles), base_len[ex] - 1)
     else:
         start = torch.zeros_like(ex)
     T, n = int(base_len.max()), setup.model.structure.n_layers
@@ -144,7 +145,11 @@ def exact_chunk(setup: Setup, chunk: Chunk, batches: list[RowBatch], tick: Calla
             else:
                 start = slice_start(base, b.ex.to(model.device), b.layers, b.position, model.structure.n_layers)
                 logits = logits_at(model, positions, start=start, interventions=ivs, columns=columns)
-            out[b.ex, b.unit] = score_rows(setup.metric, chunk, b.ex, logits, columns).double().cpu()
+            units = sorted(set(b.unit.tolist()))
+            sites = [setup.unit_labels[u] for u in units[:4]] if setup.unit_labels else units[:4]
+            with metric_where(f"patched rows of site(s) {', '.join(map(str, sites))}"
+                              f"{' ...' if len(units) > 4 else ''}"):
+                out[b.ex, b.unit] = score_rows(setup.metric, chunk, b.ex, logits, columns).double().cpu()
             tick()
     return out
 
@@ -155,7 +160,7 @@ def build_edits(setup: Setup, chunk: Chunk, b: RowBatch) -> Edits:
     T = chunk.base_tokens.shape[1]
     sizes = setup.sizes(T)
     for gi, g in enumerate(setup.groups):
-        slots = make_slots(g, b.ex, b.unit, chunk.base_len)
+        slots = make_slots(g, b.ex, b.unit, chunk.base_len, chunk.base_roles)
         if not len(slots):
             continue
         values = slot_values(setup, chunk, slots, gi)

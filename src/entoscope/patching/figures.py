@@ -10,6 +10,7 @@ import numpy as np
 from ..results.result import Result
 
 MAX_DRILL_SITES = 400
+TOP_FEATURE_SITES = 40  # feature sites shown (largest |value|): a dictionary has hundreds per position
 
 
 def _colour(values: np.ndarray) -> dict[str, Any]:
@@ -18,13 +19,35 @@ def _colour(values: np.ndarray) -> dict[str, Any]:
     return {"colorscale": "RdBu", "zmid": 0, "zmin": -bound or -1, "zmax": bound or 1}
 
 
-def _position_labels(result: Result, positions: list[int]) -> list[str]:
+def _position_labels(result: Result, positions: list[Any]) -> list[str]:
+    """Axis labels: a role position is its name (each prompt has its own token there); a numeric one
+    shows the first prompt's token."""
     tokens = result.extra.get("first_tokens") or []
     labels = []
     for p in positions:
+        try:
+            p = int(p)
+        except (TypeError, ValueError):
+            labels.append(str(p))
+            continue
         tok = tokens[p] if tokens and -len(tokens) <= p < len(tokens) else ""
         labels.append(f"{p}: {tok!r}" if tok else str(p))
     return labels
+
+
+def _hover(t: Any, index: str, columns: str) -> Any:
+    """Hover text per cell: the value, its interval and the influence of its most influential prompt."""
+    def text(r: Any) -> str:
+        out = f"{r['site']}<br>value {r['value']:.3g}"
+        if "value_ci_low" in r and np.isfinite(r["value_ci_low"]):
+            out += f"<br>{int(round(100 * r['ci_level']))}% CI [{r['value_ci_low']:.3g}, {r['value_ci_high']:.3g}]"
+        if "value_influence" in r and np.isfinite(r["value_influence"]):
+            out += f"<br>one prompt (#{int(r['value_influential_prompt'])}) moves it by {r['value_influence']:.2g}"
+        if r.get("value_fragile"):
+            out += " (fragile)"
+        return out + f"<br>n = {int(r['n_prompts'])}"
+    frame = t.assign(_hover=t.apply(text, axis=1))
+    return frame.pivot_table(index=index, columns=columns, values="_hover", aggfunc="first", sort=False)
 
 
 def patching_figures(result: Result) -> list[tuple[str, Any]]:
@@ -33,33 +56,44 @@ def patching_figures(result: Result) -> list[tuple[str, Any]]:
     t = result.table
     what = result.extra.get("value_label", "value")
     figs: list[tuple[str, Any]] = []
-    has = {c for c in ("layer", "position", "head", "kv_head", "neuron") if c in t and t[c].notna().all()}
-    if {"layer", "position"} <= has and len(has) == 2:
-        grid = t.pivot_table(index="layer", columns="position", values="value", aggfunc="first")
-        cols = [int(c) for c in grid.columns]
-        fig = go.Figure(go.Heatmap(z=grid.values, x=_position_labels(result, cols), y=list(grid.index),
-                                   texttemplate="%{z:.2f}", **_colour(grid.values), colorbar={"title": what}))
+    has = {c for c in ("layer", "position", "head", "kv_head", "neuron", "feature") if c in t and t[c].notna().all()}
+    if "feature" in has:
+        top = t.reindex(t["value"].abs().sort_values(ascending=False).index[:TOP_FEATURE_SITES])
+        fig = go.Figure(go.Bar(x=top["site"].astype(str), y=top["value"],
+                               error_y={"type": "data", "array": top["value_std"].fillna(0)}))
+        fig.update_layout(xaxis_title="feature site (L layer, p position, f feature)", yaxis_title=what, height=360)
+        figs.append((f"{what}: the {len(top)} feature sites of largest |value| (of {len(t)})", fig))
+    elif {"layer", "position"} <= has and len(has) == 2:
+        grid = t.pivot_table(index="layer", columns="position", values="value", aggfunc="first", sort=False)
+        hover = _hover(t, "layer", "position").reindex(index=grid.index, columns=grid.columns)
+        fig = go.Figure(go.Heatmap(z=grid.values, x=_position_labels(result, list(grid.columns)), y=list(grid.index),
+                                   texttemplate="%{z:.2f}", text=hover.values, hovertemplate="%{text}<extra></extra>",
+                                   **_colour(grid.values), colorbar={"title": what}))
         fig.update_layout(xaxis_title="position: token of the first prompt's base run", yaxis_title="layer",
                           height=160 + 32 * len(grid))
         figs.append((f"{what} by layer and position", fig))
     elif "layer" in has and ("head" in has or "kv_head" in has) and len(has) == 2:
         head = "head" if "head" in has else "kv_head"
         grid = t.pivot_table(index="layer", columns=head, values="value", aggfunc="first")
+        hover = _hover(t, "layer", head).reindex(index=grid.index, columns=grid.columns)
         fig = go.Figure(go.Heatmap(z=grid.values, x=[f"h{int(h)}" for h in grid.columns], y=list(grid.index),
-                                   texttemplate="%{z:.2f}", **_colour(grid.values), colorbar={"title": what}))
+                                   texttemplate="%{z:.2f}", text=hover.values, hovertemplate="%{text}<extra></extra>",
+                                   **_colour(grid.values), colorbar={"title": what}))
         fig.update_layout(xaxis_title=head.replace("_", "/"), yaxis_title="layer", height=160 + 32 * len(grid))
         figs.append((f"{what} by layer and head", fig))
     elif {"layer", "head", "position"} <= has:
         rows = t.assign(lh=t["layer"].astype(int).astype(str) + "." + t["head"].astype(int).astype(str))
         grid = rows.pivot_table(index="lh", columns="position", values="value", aggfunc="first", sort=False)
-        cols = [int(c) for c in grid.columns]
-        fig = go.Figure(go.Heatmap(z=grid.values, x=_position_labels(result, cols), y=list(grid.index),
+        fig = go.Figure(go.Heatmap(z=grid.values, x=_position_labels(result, list(grid.columns)), y=list(grid.index),
                                    **_colour(grid.values), colorbar={"title": what}))
         fig.update_layout(xaxis_title="position", yaxis_title="layer.head", height=160 + 14 * len(grid))
         figs.append((f"{what} by head and position", fig))
     else:
+        low, high = t["value"] - t["value_ci_low"], t["value_ci_high"] - t["value"]
         fig = go.Figure(go.Bar(x=t["site"].astype(str), y=t["value"],
-                               error_y={"type": "data", "array": t["value_std"].fillna(0)}))
+                               error_y={"type": "data", "symmetric": False, "array": high.fillna(0),
+                                        "arrayminus": low.fillna(0)}))
+        fig.update_layout(title=f"error bars: {int(round(100 * float(t['ci_level'].iloc[0])))}% bootstrap interval")
         fig.update_layout(xaxis_title="site", yaxis_title=what, height=360)
         figs.append((f"{what} by site", fig))
     pp = result.per_prompt

@@ -22,13 +22,13 @@ from pydantic import Field
 from ..data.examples import Dataset
 from ..data.tokenized import length_batches, pad_id, tokenize_data
 from ..errors import ConfigError, DataError, SiteError
-from ..metrics import ANSWER_LOGITS_ONLY, Metric
+from ..metrics import ANSWER_LOGITS_ONLY, Metric, metric_where
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
 from ..models.partial import has_taps, prefix_note, prefix_reads, prefix_support
 from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
 from ..results.result import Result
-from ..sites import Sites
+from ..sites import Sites, resolve_positions
 from .attribution import attribution_chunk, ig_chunk
 from .compare import per_pair, prompt_table, site_table
 from .exact import schedule, exact_chunk
@@ -52,6 +52,9 @@ class Patching(Operation):
                      together, or coordinates.
     metric:          logit_diff, logit, prob, logprob, prob_diff, kl (to the unpatched run), top1, or yours.
     comparison:      the table's `value`: normalized (0 = no effect, 1 = full recovery), difference, absolute.
+    aggregate:       normalized over the dataset: "ratio_of_means" ((mean patched - mean base) / (mean source -
+                     mean base), robust to a pair with a small gap) or "mean_of_ratios" (of the non-degenerate
+                     pairs). The interval, p/q-values and influence columns: `stats` (docs/statistics.md).
     patch:           the value written: source, zero, mean, resample, scaled, noise, or yours (kind "patch").
     patch_params:    options of the patch value (mean: per_position; scaled: factor, of; noise: std).
     source_position: cross-position patching: every unit reads its value at this position of the source
@@ -82,6 +85,7 @@ class Patching(Operation):
     ig_rule: Literal["left", "right", "midpoint"] = "midpoint"
     prefix_reuse: Literal["auto", "positions", "layers", "off"] = "auto"
     answer_scoring: Literal["single", "first_token"] = "single"
+    aggregate: Literal["ratio_of_means", "mean_of_ratios"] = "ratio_of_means"
     min_gap: float = Field(default=1e-6, ge=0)
     per_prompt: bool = True
 
@@ -99,7 +103,7 @@ class Patching(Operation):
         self._check_metric(metric, model, td)
         pairs = Pairs.from_data(td, self.direction)
         base_len = pairs.base_lengths()
-        siteset = self.sites.resolve(model, base_len.tolist())
+        siteset = self.sites.resolve(model, base_len.tolist(), pairs.base_roles)
         members = unit_members(siteset, model.structure, self.kv_mode)
         groups = member_groups(members)
         self._check_sites(model, groups, value, params)
@@ -109,6 +113,7 @@ class Patching(Operation):
         setup = Setup(model, groups, value_names, len(siteset), unit_layers(members), value, params, needs, metric,
                       self.align, self.source_position, self.seed, self._path(model), pairs.source is not None,
                       answer_logits_only=self.metric.type in ANSWER_LOGITS_ONLY)
+        setup.unit_labels = [u.label for u in siteset.units]
         reads = self._reads(model, setup)
         lengths = [max(len(b), len(s)) for b, s in zip(pairs.base, pairs.source_role)]
         T = max(lengths)
@@ -121,7 +126,8 @@ class Patching(Operation):
             chunk_size = min(len(td), self.batch_size)
         chunks = length_batches(lengths, chunk_size)
         rows = self._row_batch(model, T, setup)
-        schedules = [schedule(setup, base_len[idx], rows) for idx in chunks] if self.method == "exact" else []
+        schedules = [schedule(setup, base_len[idx], rows, pairs.base_role_rows(idx)) for idx in chunks] \
+            if self.method == "exact" else []
         plan = self._plan(model, td, siteset, setup, chunks, schedules, rows, per_example, T)
         state = {"td": td, "pairs": pairs, "siteset": siteset, "setup": setup, "reads": reads, "chunks": chunks,
                  "schedules": schedules, "rows": rows, "pad": pad_id(model), "mean_chunk": chunk_size,
@@ -146,12 +152,13 @@ class Patching(Operation):
         if self.source_position is not None:
             _check_source_position(groups)
         if "source" in needs:
-            check_alignment(groups, base_len, pairs.source_lengths(), self.align, self.source_position, "pair")
+            check_alignment(groups, base_len, pairs.source_lengths(), self.align, self.source_position, "pair",
+                            pairs.base_role_rows(list(range(len(base_len)))))
         if "resample" in needs:
             pairs.partner = choose_partners(pairs, self.seed, same_length=self.align == "none")
             partner_len = pairs.source_lengths()[torch.tensor(pairs.partner)]
             check_alignment(groups, base_len, partner_len, self.align, self.source_position,
-                            "resample partner of example")
+                            "resample partner of example", pairs.base_role_rows(list(range(len(base_len)))))
         if "mean" in needs and params.get("per_position", True) and \
                 int(base_len.max()) > int(pairs.source_lengths().max()):
             raise ConfigError("some base prompts are longer than every source-role prompt: the mean at their last "
@@ -319,36 +326,43 @@ class Patching(Operation):
         bar = iter(progress(range(st["ticks"]), total=st["ticks"], desc="patching", quiet=quiet))
         tick = lambda: next(bar, None)  # noqa: E731  (one step per batched patched run)
         for ci, idx in enumerate(st["chunks"]):
-            chunk = new_chunk(pairs, idx, st["pad"])
-            if self.method == "attribution":
-                estimate = attribution_chunk(setup, chunk, pairs, reads, st["pad"])
-                result = chunk.m_base.double().cpu()[:, None] + estimate
-                tick()
-            else:
-                with torch.no_grad():
-                    run_base(model, chunk, reads["base"], setup.metric, st["past_from"])
-                    run_sources(model, chunk, pairs, reads, setup.metric, st["pad"], with_source=setup.with_source)
-                if self.method == "exact":
-                    result = exact_chunk(setup, chunk, st["schedules"][ci], tick)
-                else:
-                    estimate = ig_chunk(setup, chunk, self.ig_steps, self.ig_rule, st["rows"], tick)
-                    result = chunk.m_base.double().cpu()[:, None] + estimate
-            patched[idx] = result
-            m_base[idx] = chunk.m_base.double().cpu()
-            m_source[idx] = chunk.m_source.double().cpu()
+            with metric_where(f"batch {ci + 1} of {len(st['chunks'])} (examples {_span(idx)})"):
+                self._chunk(model, st, setup, pairs, reads, ci, idx, tick, patched, m_base, m_source)
         return self._result(model, st, patched, m_base, m_source)
+
+    def _chunk(self, model: ModelAdapter, st: dict[str, Any], setup: Setup, pairs: Pairs, reads: dict[str, Any],
+               ci: int, idx: list[int], tick: Any, patched: torch.Tensor, m_base: torch.Tensor,
+               m_source: torch.Tensor) -> None:
+        """The unpatched runs and every patched run of one chunk of examples, into the [E, U] tables."""
+        chunk = new_chunk(pairs, idx, st["pad"])
+        if self.method == "attribution":
+            estimate = attribution_chunk(setup, chunk, pairs, reads, st["pad"])
+            result = chunk.m_base.double().cpu()[:, None] + estimate
+            tick()
+        else:
+            with torch.no_grad():
+                run_base(model, chunk, reads["base"], setup.metric, st["past_from"])
+                run_sources(model, chunk, pairs, reads, setup.metric, st["pad"], with_source=setup.with_source)
+            if self.method == "exact":
+                result = exact_chunk(setup, chunk, st["schedules"][ci], tick)
+            else:
+                estimate = ig_chunk(setup, chunk, self.ig_steps, self.ig_rule, st["rows"], tick)
+                result = chunk.m_base.double().cpu()[:, None] + estimate
+        patched[idx] = result
+        m_base[idx] = chunk.m_base.double().cpu()
+        m_source[idx] = chunk.m_source.double().cpu()
 
     def _result(self, model: ModelAdapter, st: dict[str, Any], patched: torch.Tensor, m_base: torch.Tensor,
                 m_source: torch.Tensor) -> Result:
         siteset, pairs = st["siteset"], st["pairs"]
-        values = per_pair(patched, m_base, m_source, self.min_gap)
+        values = per_pair(patched, m_base, m_source, self.min_gap, self.stats.degenerate_share)
         sites = siteset.frame()
         extra_cols: dict[str, Any] = {"method": self.method}
         if siteset.kind.name in ("k", "v"):
             grouped = model.structure.group_size > 1
             extra_cols["kv_copy"] = "query head's own copy" if (self.kv_mode == "query_head" and grouped) \
                 else "key/value head (whole group)" if grouped else "key/value head"
-        table = site_table(values, sites, self.comparison, extra_cols)
+        table, summary = site_table(values, sites, self.comparison, self.aggregate, self.stats, self.seed, extra_cols)
         per_prompt = None
         if self.per_prompt:
             positions, tokens = _patched_tokens(model, siteset, pairs)
@@ -362,7 +376,7 @@ class Patching(Operation):
                  "degenerate": values["degenerate"], "value_label": label,
                  "per_prompt_column": {"absolute": "patched_metric"}.get(self.comparison, self.comparison),
                  "first_tokens": [vocab[t] for t in pairs.base[0]], "path": st["setup"].path,
-                 "partners": pairs.partner}
+                 "partners": pairs.partner, "summary": summary}
         return Result(self.name, table, per_prompt=per_prompt, figures=patching_figures, title=title, extra=extra)
 
 
@@ -373,10 +387,16 @@ def _probe_metric(metric: Any, model: ModelAdapter, td: Any) -> None:
     answers = torch.tensor([td.answers[0] or [-1]]) if td.answers else torch.tensor([[-1]])
     wrong = torch.tensor([td.wrong_answers[0] or [-1]]) if td.wrong_answers else torch.tensor([[-1]])
     logits = torch.zeros(1, V)
-    out = metric(logits, answers, wrong, logits)
+    with metric_where("checked on stand-in logits (all zero) before the run"):
+        out = metric(logits, answers, wrong, logits)
     if not isinstance(out, torch.Tensor) or out.shape != (1,):
         raise ConfigError(f"the metric returned {getattr(out, 'shape', type(out))} for one prompt",
                           code="metric_shape", remedy="a metric returns one value per row: shape [B]")
+
+
+def _span(idx: list[int]) -> str:
+    shown = ", ".join(map(str, sorted(idx)[:6]))
+    return shown + (f", ... ({len(idx)} in all)" if len(idx) > 6 else "")
 
 
 def _check_source_position(groups: list) -> None:
@@ -393,7 +413,7 @@ def _bytes_per_example(model: ModelAdapter, reads: dict[str, list[ActName]], T: 
     for run, names in reads.items():
         for name in names:
             kind = {"rot_k": "k", "rot_q": "q"}.get(name.kind, name.kind)
-            total += int(np.prod(list(model.axis_sizes(kind, T).values()))) * FLOAT
+            total += int(np.prod(list(model.axis_sizes(name if kind == "features" else kind, T).values()))) * FLOAT
     if past_from is not None and model.backend == "bridge":  # the recorded keys and values (record_past)
         s = model.structure
         total += 2 * (s.n_layers - past_from) * T * s.n_kv_heads * s.d_head * FLOAT
@@ -412,8 +432,11 @@ def _patched_tokens(model: ModelAdapter, siteset: Any, pairs: Pairs) -> tuple[np
     E, U = len(pairs.base), len(siteset)
     unit_pos = np.array([np.nan if (p := (u.get("pos") if u.get("pos") is not None else u.get("query_pos"))) is None
                          else p for u in siteset.units], dtype=float)
-    lengths = np.array([len(b) for b in pairs.base], dtype=float)[:, None]
-    pos = np.where(unit_pos[None, :] < 0, unit_pos[None, :] + lengths, unit_pos[None, :])
+    lengths = torch.tensor([len(b) for b in pairs.base], dtype=torch.long)
+    roles = pairs.base_role_rows(list(range(E)))
+    pos = np.full((E, U), np.nan)
+    for u in np.flatnonzero(np.isfinite(unit_pos)):  # per unit, vectorised over examples (roles: each its own token)
+        pos[:, u] = resolve_positions(torch.full((E,), int(unit_pos[u])), lengths, roles).numpy()
     tokens = np.full((E, U), "", dtype=object)
     if np.isfinite(unit_pos).any():
         cols = np.isfinite(unit_pos)

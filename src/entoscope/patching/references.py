@@ -14,12 +14,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from ..data.roles import RoleTable
 from ..data.tokenized import TokenizedData, pad, pad_answers
 from ..errors import DataError, SiteError
 from ..metrics import MetricFn, at_positions
 from ..models.adapter import ModelAdapter
 from ..models.names import KINDS, ActName
 from ..models.partial import read_run, record_past
+from ..sites import resolve_positions
 from .slots import POSITION_AXES, SHIFTED_AXES, MemberGroup, Slots
 
 
@@ -32,16 +34,20 @@ class Pairs:
     answers: list[list[int]]
     wrong: list[list[int]]
     partner: list[int] | None = None  # resample: the example whose source-role run is used
+    base_roles: RoleTable | None = None  # the token of each role in each base run (positions by role)
 
     @staticmethod
     def from_data(td: TokenizedData, direction: str) -> Pairs:
         answers = td.answers or [[] for _ in td.prompts]
         wrong = td.wrong_answers or [[] for _ in td.prompts]
         if td.counterfactuals is None:
-            return Pairs(td.prompts, None, answers, wrong)
+            return Pairs(td.prompts, None, answers, wrong, base_roles=td.roles)
         if direction == "denoising":
-            return Pairs(td.counterfactuals, td.prompts, answers, wrong)
-        return Pairs(td.prompts, td.counterfactuals, answers, wrong)
+            return Pairs(td.counterfactuals, td.prompts, answers, wrong, base_roles=td.cf_roles)
+        return Pairs(td.prompts, td.counterfactuals, answers, wrong, base_roles=td.roles)
+
+    def base_role_rows(self, idx: list[int] | Tensor) -> Tensor | None:
+        return None if self.base_roles is None else self.base_roles.subset(idx)
 
     @property
     def source_role(self) -> list[list[int]]:
@@ -90,6 +96,7 @@ class Chunk:
     m_source: Tensor  # [C] (NaN without pairs)
     source_len: Tensor | None = None
     partner_len: Tensor | None = None
+    base_roles: Tensor | None = None  # [C, R] role positions of the base runs
     acts: dict[str, dict[ActName, Tensor]] = field(default_factory=dict)  # run -> activations
 
     @property
@@ -105,7 +112,7 @@ def new_chunk(pairs: Pairs, idx: list[int], pad_id: int) -> Chunk:
     base_tokens, base_len = pad([pairs.base[i] for i in idx], pad_id)
     empty = torch.empty(0)
     return Chunk(torch.tensor(idx), base_tokens, base_len, pad_answers([pairs.answers[i] for i in idx]),
-                 pad_answers([pairs.wrong[i] for i in idx]), empty, empty, empty)
+                 pad_answers([pairs.wrong[i] for i in idx]), empty, empty, empty, base_roles=pairs.base_role_rows(idx))
 
 
 def score(metric: MetricFn, chunk: Chunk, logits_at: Tensor, reference: Tensor) -> Tensor:
@@ -204,7 +211,7 @@ def source_positions(slots: Slots, base_len: Tensor, src_len: Tensor, align: str
 
 
 def check_alignment(groups: list[MemberGroup], base_len: Tensor, src_len: Tensor, align: str,
-                    source_position: int | None, what: str) -> None:
+                    source_position: int | None, what: str, base_roles: Tensor | None = None) -> None:
     """Refuse, naming the pair, any patched position with no aligned position in its source run."""
     for g in groups:
         cols = [j for j, a in enumerate(g.axes) if a in POSITION_AXES]
@@ -220,8 +227,7 @@ def check_alignment(groups: list[MemberGroup], base_len: Tensor, src_len: Tensor
                         "the same length")
                 continue
             for v in torch.unique(g.fixed[:, j]).tolist():
-                t = torch.full_like(base_len, v)
-                t = torch.where(t < 0, t + base_len, t)
+                t = resolve_positions(torch.full_like(base_len, v), base_len, base_roles)
                 if source_position is not None and g.axes[j] in SHIFTED_AXES:
                     s = torch.full_like(src_len, source_position)
                     s = torch.where(s < 0, s + src_len, s)

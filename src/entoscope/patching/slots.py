@@ -25,7 +25,7 @@ from torch import Tensor
 from ..errors import SiteError
 from ..models.names import KINDS, ActName
 from ..models.structure import Structure
-from ..sites import SiteSet
+from ..sites import SiteSet, resolve_positions
 
 FEATURE_AXES = frozenset({"d_model", "d_head", "one", "vocab"})
 POSITION_AXES = ("pos", "query_pos", "key_pos")
@@ -54,7 +54,7 @@ def unit_members(siteset: SiteSet, s: Structure, kv_mode: str) -> list[tuple[Mem
         members = []
         for coord in unit.members:
             d = dict(coord)
-            act = ActName(kind.name, d.get("layer")) if kind.per_layer else ActName(kind.name)
+            act = siteset.act_name(d.get("layer"))
             query_head = None
             if kind.name in ("k", "v") and "head" in d:
                 if "kv_head" in d:
@@ -142,22 +142,24 @@ class Slots:
         return self.group.ordinal[self.member]
 
 
-def make_slots(group: MemberGroup, ex_rows: Tensor, unit_rows: Tensor, base_len: Tensor) -> Slots:
-    """The slots of `group` for rows (example [R], unit [R]); base_len [C] gives each example's length."""
+def make_slots(group: MemberGroup, ex_rows: Tensor, unit_rows: Tensor, base_len: Tensor,
+               base_roles: Tensor | None = None) -> Slots:
+    """The slots of `group` for rows (example [R], unit [R]); base_len [C] gives each example's length and
+    base_roles [C, R] its role positions (negative and role positions are resolved per example)."""
     row, member = group.expand(unit_rows)
     ex = ex_rows[row]
     target = group.fixed[member].clone()
     for j in group.position_columns():
-        col = target[:, j]
-        target[:, j] = torch.where(col < 0, col + base_len[ex], col)
+        target[:, j] = resolve_positions(target[:, j], base_len[ex], None if base_roles is None else base_roles[ex])
     return Slots(group, row, ex, unit_rows[row], member, target)
 
 
-def row_starts(groups: list[MemberGroup], ex_rows: Tensor, unit_rows: Tensor, base_len: Tensor) -> Tensor:
+def row_starts(groups: list[MemberGroup], ex_rows: Tensor, unit_rows: Tensor, base_len: Tensor,
+               base_roles: Tensor | None = None) -> Tensor:
     """First position each row's patch can change: min over its members ([R]; 0 for whole positions)."""
     out = torch.full((len(ex_rows),), 2**62, dtype=torch.long)
     for g in groups:
-        slots = make_slots(g, ex_rows, unit_rows, base_len)
+        slots = make_slots(g, ex_rows, unit_rows, base_len, base_roles)
         if not len(slots):
             continue
         axes = [j for j, a in enumerate(g.axes) if a in SHIFTED_AXES]

@@ -47,6 +47,7 @@ class Setup:
     with_source: bool
     answer_logits_only: bool = False  # the metric reads the answers' and wrong answers' logits only
     means: dict[ActName, Tensor] = field(default_factory=dict)
+    unit_labels: list[str] = field(default_factory=list)  # site label of each unit (named in errors)
 
     @property
     def feature_sizes(self) -> dict[str, int]:
@@ -55,8 +56,10 @@ class Setup:
 
     def sizes(self, seq_len: int) -> dict[str, int]:
         s = self.model.structure
+        features = [g.act for g in self.groups if g.act.kind == "features"]  # one width per site set
         return {"pos": seq_len, "query_pos": seq_len, "key_pos": seq_len, "head": s.n_heads,
-                "kv_head": s.n_kv_heads, "neuron": s.d_mlp}
+                "kv_head": s.n_kv_heads, "neuron": s.d_mlp,
+                "feature": self.model.axis_sizes(features[0])["feature"] if features else 0}
 
 
 def answer_columns(setup: Setup, chunk: Chunk, ex: Tensor) -> Tensor | None:

@@ -17,10 +17,12 @@ Measured per site:
                                  its standard error over prompts
   random_metric_change           the same for a seeded random direction of the same rank at the
                                  same site (what removing *a* direction of that size does)
-  probe_<m>_ablated              the fitted probes' held-out score on the activations re-collected
-                                 after the ablation (read after the change): a linear probe whose
-                                 direction was removed outputs a constant there, so this falls to the
-                                 score of always answering one class (mean pooling: exactly; max: not)
+  probe_<m>_ablated              the fitted probes' held-out score after their own direction is removed:
+                                 each fold's probe is scored on its test rows of activations
+                                 re-collected with THAT fold's direction removed (read after the
+                                 change), then averaged over folds. A linear probe whose direction was
+                                 removed outputs a constant, so each fold's score is that of always
+                                 answering one class in its test rows (mean pooling: exactly; max: not)
   refit_<m>_ablated              a new probe fitted on the ablated activations (same split, same
                                  grid, no control): what stays linearly decodable once the direction
                                  is gone (one step of INLP, Ravfogel et al. 2020)
@@ -33,9 +35,10 @@ from typing import Any, Callable, Literal
 import numpy as np
 import pandas as pd
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from torch import Tensor
 
+from ..config_model import ConfigModel
 from ..data.tokenized import Batch
 from ..errors import ConfigError
 from ..metrics import Metric
@@ -48,7 +51,7 @@ from .project import project_out
 ABLATABLE_HEAD_POOLINGS = ("concat", "mean", "sum")
 
 
-class CausalCheck(BaseModel):
+class CausalCheck(ConfigModel):
     """Which probed sites to ablate, and the task metric to watch.
 
     sites:           "best" (the `top` sites with the highest selectivity; without a control, the
@@ -59,7 +62,6 @@ class CausalCheck(BaseModel):
     answer_scoring:  "single" (each answer one token) or "first_token".
     """
 
-    model_config = ConfigDict(extra="forbid")
 
     sites: Literal["best", "all"] | list[str] = "best"
     top: int = Field(default=1, ge=1)
@@ -134,7 +136,7 @@ def ablation(m: MemberRead, directions: Tensor, pool: PoolFn, at: Tensor | None,
 
     def for_batch(b: Batch) -> list[Intervention]:
         if m.pos is not None:
-            positions = absolute_positions(m.pos, b.lengths)
+            positions = absolute_positions(m.pos, b.lengths, b.roles)
         elif one_position is not None:
             positions = one_position(b.lengths, None if at is None else at[b.index])
         else:
@@ -182,16 +184,37 @@ def per_prompt_frame(label: str, base: Tensor, ablated: Tensor, random: Tensor |
     return frame
 
 
+def _own_direction_scores(model: ModelAdapter, batches: list[Batch], unit: UnitRead, pool: PoolFn,
+                          at: Tensor | None, head_pooling: str, n: int, fold_dirs: Tensor, X_mean: Tensor,
+                          held_out: Callable[[Tensor], dict[str, Tensor]], primary: str, quiet: bool) -> float:
+    """Mean over folds of fold f's held-out score with fold f's own direction removed (one read-only
+    collection per fold; a single fold reuses the ablation already collected)."""
+    from .collect import collect
+
+    if fold_dirs.shape[0] == 1:
+        return float(held_out(X_mean)[primary][0].double())
+    m = unit.members[0]
+    scores = []
+    for f in range(fold_dirs.shape[0]):
+        Xf = collect(model, batches, [unit], pool, at, head_pooling, n, metric=None, quiet=quiet,
+                     interventions=ablation(m, fold_dirs[f], pool, at, head_pooling),
+                     desc=f"ablate {unit.label} (fold {f})").features(0)
+        scores.append(float(held_out(Xf)[primary][f].double()))
+    return float(np.mean(scores))
+
+
 def run_causal_check(model: ModelAdapter, batches: list[Batch], units: list[UnitRead], chosen: list[int],
                      pool: PoolFn, at: Tensor | None, head_pooling: str, n: int, *,
-                     directions_of: Callable[[int], Tensor], held_out: Callable[[int, Tensor], dict[str, Tensor]],
+                     directions_of: Callable[[int], Tensor], fold_directions_of: Callable[[int], Tensor],
+                     held_out: Callable[[int, Tensor], dict[str, Tensor]],
                      refit: Callable[[int, Tensor], dict[str, Tensor]], primary: str, check: CausalCheck,
                      metric_fn: Callable[..., Tensor], metric_base: Tensor, seed: int,
                      quiet: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Ablate each chosen unit's directions (and a random baseline); returns (summary per site, per prompt).
 
-    directions_of(u) -> [k, F] the unit's probe directions; held_out(u, X [N, F]) and refit(u, X) ->
-    metric -> [F folds] scores of the fitted probe / of a new probe on re-collected activations.
+    directions_of(u) -> [k, F] the unit's probe directions (the ablation of the metric check);
+    fold_directions_of(u) -> [folds, k, F] each fold's own; held_out(u, X [N, F]) and refit(u, X) ->
+    metric -> [folds] scores of the fitted probes / of a new probe on re-collected activations.
     """
     from .collect import collect
 
@@ -212,9 +235,10 @@ def run_causal_check(model: ModelAdapter, batches: list[Batch], units: list[Unit
         row = summary_row(unit.label, check.metric.type, metric_base, ablated.metric, random_metric,
                           int(torch.linalg.matrix_rank(dirs.double())))
         X = ablated.features(0)
-        for prefix, scores in (("probe", held_out(u, X)), ("refit", refit(u, X))):
-            value = scores[primary].double()
-            row[f"{prefix}_{primary}_ablated"] = float(value.mean())
+        row[f"probe_{primary}_ablated"] = _own_direction_scores(
+            model, batches, unit, pool, at, head_pooling, n, fold_directions_of(u), X, lambda Xf: held_out(u, Xf),
+            primary, quiet)
+        row[f"refit_{primary}_ablated"] = float(refit(u, X)[primary].double().mean())
         rows.append(row)
         frames.append(per_prompt_frame(unit.label, metric_base, ablated.metric, random_metric))
     return pd.DataFrame(rows), pd.concat(frames, ignore_index=True)

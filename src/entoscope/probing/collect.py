@@ -24,7 +24,7 @@ from torch import Tensor
 from ..data.examples import Dataset
 from ..data.tokenized import Batch, TokenizedData, make_batches, pad_id, tokenize_data
 from ..errors import ConfigError
-from ..metrics import at_positions
+from ..metrics import at_positions, metric_where
 from ..models.adapter import Intervention, ModelAdapter, adapt
 from ..models.names import ActName
 from ..operation import progress
@@ -101,10 +101,11 @@ def reads_of(units: list[UnitRead]) -> list[ActName]:
 
 
 def member_features(x: Tensor, m: MemberRead, lengths: Tensor, pool: PoolFn, at: Tensor | None,
-                    head_pool: Callable[[Tensor], Tensor], pooled: dict[ActName, Tensor]) -> Tensor:
+                    head_pool: Callable[[Tensor], Tensor], pooled: dict[ActName, Tensor],
+                    roles: Tensor | None = None) -> Tensor:
     """[B, size] features of one member from its activation x [B, T, ...] (pooled values cached per act)."""
     if m.pos is not None:
-        v = x[torch.arange(x.shape[0], device=x.device), absolute_positions(m.pos, lengths).to(x.device)]
+        v = x[torch.arange(x.shape[0], device=x.device), absolute_positions(m.pos, lengths, roles).to(x.device)]
     else:
         if m.act not in pooled:
             pooled[m.act] = pool(x, lengths.to(x.device), None if at is None else at.to(x.device))
@@ -172,7 +173,8 @@ def collect(model: ModelAdapter, batches: list[Batch], units: list[UnitRead], po
             b_at = None if at is None else at[b.index]
             rows = torch.tensor(b.index, device=dev)
             for i, u in enumerate(units):
-                feats = torch.cat([member_features(out[m.act], m, b.lengths, pool, b_at, head_pool, pooled)
+                feats = torch.cat([member_features(out[m.act], m, b.lengths, pool, b_at, head_pool, pooled,
+                                                   b.roles)
                                    for m in u.members], dim=1)
                 if out_store is None:
                     dtype = torch.float64 if feats.dtype == torch.float64 else torch.float32
@@ -182,7 +184,9 @@ def collect(model: ModelAdapter, batches: list[Batch], units: list[UnitRead], po
             if metric_out is not None:
                 assert b.answers is not None and b.wrong_answers is not None
                 logits = at_positions(out.logits, b.last)
-                vals = metric(logits, b.answers.to(logits.device), b.wrong_answers.to(logits.device), None)
+                with metric_where(f"probing batch of examples {', '.join(map(str, b.index[:6]))}"
+                                  f"{' ...' if len(b.index) > 6 else ''}"):
+                    vals = metric(logits, b.answers.to(logits.device), b.wrong_answers.to(logits.device), None)
                 metric_out[b.index] = vals.detach().double().cpu()
     assert out_store is not None, "collect got no batches"
     out_store.metric = metric_out
@@ -208,7 +212,7 @@ def setup_collection(model: ModelAdapter, data: Dataset, sites: Sites, pooling: 
                      answer_scoring: Any = "single") -> CollectionSetup:
     """Tokenise, resolve the sites and the pooling, and check every per-prompt position."""
     td = tokenize_data(model, data, prepend_bos=prepend_bos, answers=answers, answer_scoring=answer_scoring)
-    siteset = sites.resolve(model, td.lengths)
+    siteset = sites.resolve(model, td.lengths, td.roles)
     units = unit_reads(model, siteset, head_pooling)
     has_pos_axis = "pos" in siteset.over or any(m.pos is not None for u in units for m in u.members)
     notes = [siteset.note] if siteset.note else []

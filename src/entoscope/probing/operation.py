@@ -289,6 +289,10 @@ class Probing(Operation):
             F, j = where[u]
             return fits[F].directions[j]
 
+        def fold_directions_of(u: int) -> torch.Tensor:
+            F, j = where[u]
+            return fits[F].fold_directions[:, j]
+
         def held_out(u: int, X: torch.Tensor) -> dict[str, torch.Tensor]:
             F, j = where[u]
             return {m: v[:, 0] for m, v in held_out_scores(fits[F], X[None], codes[F], sites=[j]).items()}
@@ -299,7 +303,7 @@ class Probing(Operation):
 
         summary, per_prompt = run_causal_check(
             model, st["batches"], cs.units, chosen, cs.pool, cs.at, cs.head_pooling, len(cs.td),
-            directions_of=directions_of, held_out=held_out, refit=refit, primary=primary, check=check,
+            directions_of=directions_of, fold_directions_of=fold_directions_of, held_out=held_out, refit=refit, primary=primary, check=check,
             metric_fn=st["metric_fn"], metric_base=collected.metric, seed=self.seed, quiet=quiet)
         return table.merge(summary, on="site", how="left"), per_prompt
 

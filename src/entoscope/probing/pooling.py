@@ -29,9 +29,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import model_validator
 from torch import Tensor
 
+from ..config_model import ConfigModel
 from ..errors import ConfigError, DataError
 from ..registry import lookup, register
 
@@ -120,7 +121,7 @@ def head_pooled_size(name: str, n_heads: int, d: int) -> int:
     return int(lookup("head_pooling", name)(torch.zeros(1, n_heads, d)).reshape(1, -1).shape[1])
 
 
-class Pooling(BaseModel):
+class Pooling(ConfigModel):
     """How positions are pooled: a registered name, or {type, key, occurrence}; a plain string works.
 
     type:       mean, max, first, last, marked, index, or a pooling you registered.
@@ -129,7 +130,6 @@ class Pooling(BaseModel):
     occurrence: marked with a token string: which match (0 = first, -1 = last, ...).
     """
 
-    model_config = ConfigDict(extra="forbid")
 
     type: str = "last"
     key: str | None = None

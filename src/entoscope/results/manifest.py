@@ -56,7 +56,7 @@ def data_record(data: Dataset | None) -> dict[str, Any] | None:
 
 
 def build_manifest(operation: Any, model: ModelAdapter, data: Dataset | None,
-                   timings: dict[str, float]) -> dict[str, Any]:
+                   timings: dict[str, float], warnings: list[dict[str, str]] | None = None) -> dict[str, Any]:
     return {
         "format_version": FORMAT_VERSION,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -67,4 +67,5 @@ def build_manifest(operation: Any, model: ModelAdapter, data: Dataset | None,
         "seed": getattr(operation, "seed", None),
         "versions": package_versions(),
         "timings": timings,
+        "warnings": list(warnings or []),
     }

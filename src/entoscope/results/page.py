@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import html
 import json
+import os
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +25,12 @@ def ensure_plotly_js(folder: Path) -> Path:
     target = folder / PLOTLY_JS
     if not target.exists():
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_suffix(".tmp")
-        tmp.write_text(get_plotlyjs(), encoding="utf-8")
-        tmp.replace(target)
+        tmp = folder / f".{PLOTLY_JS}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"  # one per writer: no clash
+        try:
+            tmp.write_text(get_plotlyjs(), encoding="utf-8")
+            tmp.replace(target)
+        finally:
+            tmp.unlink(missing_ok=True)
     return target
 
 
@@ -39,13 +44,21 @@ def table_html(frame: pd.DataFrame, max_rows: int = 200) -> str:
     return note + shown.to_html(index=False, float_format=lambda x: f"{x:.4g}", classes="table", border=0)
 
 
-def write_page(path: Path, title: str, sections: list[tuple[str, str]], js_relpath: str = f"../{PLOTLY_JS}",
-               summary: dict[str, Any] | None = None) -> Path:
+def warnings_html(warned: list[dict[str, str]]) -> str:
+    """The run's recorded warnings, shown above everything else on its page."""
+    if not warned:
+        return ""
+    items = "".join(f"<li><code>{html.escape(w['code'])}</code> {html.escape(w['message'])}</li>" for w in warned)
+    return f'<div class="warnings"><strong>warnings</strong><ul>{items}</ul></div>'
+
+
+def write_page(path: Path, title: str, sections: list[tuple[str, str]], js_relpath: str = PLOTLY_JS,
+               summary: dict[str, Any] | None = None, warned: list[dict[str, str]] | None = None) -> Path:
     """An HTML page of titled sections (raw HTML bodies); plotly loaded from `js_relpath`."""
     parts = [f"<h2>{html.escape(h)}</h2>\n{body}" for h, body in sections]
-    meta = ""
+    meta = warnings_html(warned or [])
     if summary:
-        meta = "<details><summary>run details</summary><pre>" + html.escape(json.dumps(summary, indent=2)) + \
+        meta += "<details><summary>run details</summary><pre>" + html.escape(json.dumps(summary, indent=2)) + \
             "</pre></details>"
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
@@ -55,6 +68,7 @@ body {{ font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px;
 table.table {{ border-collapse: collapse; font-size: 0.85em; }}
 table.table td, table.table th {{ padding: 2px 8px; border-bottom: 1px solid #ddd; text-align: right; }}
 pre {{ background: #f6f6f6; padding: 1em; overflow-x: auto; }}
+.warnings {{ background: #fff4e5; border-left: 4px solid #e69500; padding: 0.5em 1em; margin: 1em 0; }}
 </style></head>
 <body><h1>{html.escape(title)}</h1>
 {meta}

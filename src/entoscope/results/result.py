@@ -10,6 +10,7 @@ from typing import Any
 
 import pandas as pd
 
+from .folder import writing_run
 from .page import ensure_plotly_js, figure_div, table_html, write_page
 
 
@@ -30,6 +31,8 @@ class Result:
         self.per_prompt = per_prompt
         self.manifest: dict[str, Any] = {}
         self.plan: Any = None
+        self.js_relpath = "plotly.min.js"
+        self.warnings: list[dict[str, str]] = []  # recorded warnings of the run (also in the manifest)
         self.extra = extra or {}
         self.title = title or operation
         self._figures = figures
@@ -48,15 +51,20 @@ class Result:
             raise ValueError(f"{self.operation} has no figure")
         return figs[0][1]
 
-    def save(self, folder: str | Path, *, assets_dir: str | Path | None = None) -> Path:
+    def save(self, folder: str | Path, *, overwrite: bool = False, assets_dir: str | Path | None = None) -> Path:
         """Write table.csv, table.parquet (+ per_prompt.*), index.html and manifest.json into `folder`.
 
-        plotly.min.js is written once into `assets_dir` (default: the parent folder, i.e. the run
-        folder) and shared by every page saved there; pages saved deeper (a report's sections and
-        their examples) pass the report's folder as `assets_dir`.
+        The folder is self-contained (its own plotly.min.js) and written atomically: into a hidden
+        sibling first, renamed into place when complete. An existing run there is replaced only with
+        `overwrite=True`. Pages of a report pass the report's folder as `assets_dir` to share one
+        plotly.min.js.
         """
-        out = Path(folder)
-        out.mkdir(parents=True, exist_ok=True)
+        final = Path(folder)
+        with writing_run(final, overwrite=overwrite) as out:
+            self._write(out, final, assets_dir)
+        return final
+
+    def _write(self, out: Path, final: Path, assets_dir: str | Path | None) -> None:
         files = []
         for name, frame in (("table", self.table), ("per_prompt", self.per_prompt)):
             if frame is None:
@@ -64,19 +72,22 @@ class Result:
             frame.to_csv(out / f"{name}.csv", index=False)
             _parquet_safe(frame).to_parquet(out / f"{name}.parquet", index=False)
             files += [f"{name}.csv", f"{name}.parquet"]
-        assets = Path(assets_dir) if assets_dir is not None else out.parent
+        assets = Path(assets_dir) if assets_dir is not None else out
         ensure_plotly_js(assets)
-        rel = Path(os.path.relpath(assets.resolve() / "plotly.min.js", out.resolve())).as_posix()
+        if assets_dir is None:
+            files.append("plotly.min.js")
+        rel = Path(os.path.relpath((final if assets_dir is None else assets).resolve() / "plotly.min.js",
+                                   final.resolve())).as_posix()
         sections = [(t, figure_div(f)) for t, f in self.figures()]
         sections.append(("table", table_html(self.table)))
         summary = {k: self.manifest.get(k) for k in ("operation", "config", "timings", "created")} \
             if self.manifest else None
-        write_page(out / "index.html", self.title, sections, js_relpath=rel, summary=summary)
+        self.js_relpath = rel  # for pages save_extra writes beside index.html
+        write_page(out / "index.html", self.title, sections, js_relpath=rel, summary=summary, warned=self.warnings)
         files.append("index.html")
         self.save_extra(out, files)
         manifest = {**self.manifest, "files": files + ["manifest.json"]}
         (out / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str), encoding="utf-8")
-        return out
 
     def save_extra(self, folder: Path, files: list[str]) -> None:
         """Hook for operations that save more (directions, translators, graphs); append file names."""

@@ -7,11 +7,28 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from entoscope.errors import DataError
+
 DEMO_DIR = Path(__file__).resolve().parents[2] / "demo"
 
 
-class TaskVocabularyError(ValueError):
+class TaskVocabularyError(DataError):
     """Too few of a task's words are single tokens under the given tokenizer."""
+
+    code = "task_vocabulary"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, remedy="use a model whose tokenizer has these words as single tokens, or your "
+                         "own data (a JSONL file with prompt, counterfactual, answers)")
+
+
+class TaskParamError(DataError):
+    """A task parameter outside what the task can generate (n < 0, a too short length, ...)."""
+
+    code = "task_param_invalid"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, remedy="docs/demo_model.md lists each task's parameters and their ranges")
 
 
 def encode(tokenizer: Any, text: str) -> list[int]:

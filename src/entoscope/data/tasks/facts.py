@@ -7,7 +7,7 @@ from typing import Any
 
 from entoscope.data.examples import Dataset, Example
 from entoscope.data.tasks import vocab
-from entoscope.data.tasks._common import TaskVocabularyError, encode, tokenizer_name
+from entoscope.data.tasks._common import TaskParamError, TaskVocabularyError, encode, tokenizer_name
 
 TEMPLATES: tuple[str, ...] = (
     "The capital of {country} is",
@@ -25,7 +25,7 @@ def facts(n: int = 64, seed: int = 0, tokenizer: Any = None) -> Dataset:
     counterfactual_country.
     """
     if n < 0:
-        raise ValueError(f"facts: n must be >= 0, got {n}")
+        raise TaskParamError(f"facts: n must be >= 0, got {n}")
     pairs = [
         (i, country, capital)
         for i, (country, capital) in enumerate(vocab.COUNTRIES)
@@ -51,8 +51,8 @@ def facts(n: int = 64, seed: int = 0, tokenizer: Any = None) -> Dataset:
         t = rng.randrange(len(TEMPLATES))
         examples.append(
             Example(
-                prompt=TEMPLATES[t].format(country=country),
-                counterfactual=TEMPLATES[t].format(country=other),
+                prompt=TEMPLATES[t].format(country=f"[[SUBJ:{country}]]"),  # role SUBJ: the subject's last token
+                counterfactual=TEMPLATES[t].format(country=f"[[SUBJ:{other}]]"),
                 answers=(" " + capital,),
                 wrong_answers=(" " + other_capital,),
                 label=i,

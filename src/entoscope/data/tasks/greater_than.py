@@ -13,7 +13,7 @@ from typing import Any
 
 from entoscope.data.examples import Dataset, Example
 from entoscope.data.tasks import vocab
-from entoscope.data.tasks._common import TaskVocabularyError, encode, single_tokens, tokenizer_name
+from entoscope.data.tasks._common import TaskParamError, TaskVocabularyError, encode, single_tokens, tokenizer_name
 
 TEMPLATES: tuple[str, ...] = (
     "The {noun} lasted from the year {start} to the year {century}",
@@ -29,9 +29,11 @@ def year_sets(yy: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return vocab.TWO_DIGITS[yy + 1 :], vocab.TWO_DIGITS[: yy + 1]
 
 
-def sentence(template: int, noun: str, century: int, yy: int) -> str:
-    """The prompt of template `template` for the start year century * 100 + yy."""
-    return TEMPLATES[template].format(noun=noun, start=f"{century}{yy:02d}", century=century)
+def sentence(template: int, noun: str, century: int, yy: int, marked: bool = False) -> str:
+    """The prompt of template `template` for the start year century * 100 + yy; `marked`: its start year
+    marked with roles XX (the century's token, " 17") and YY (the two-digit token, "32")."""
+    start = f"[[XX:{century}]][[YY:{yy:02d}]]" if marked else f"{century}{yy:02d}"
+    return TEMPLATES[template].format(noun=noun, start=start, century=century)
 
 
 def _valid_years(tokenizer: Any) -> list[tuple[int, int]]:
@@ -64,7 +66,7 @@ def greater_than(n: int = 64, seed: int = 0, tokenizer: Any = None) -> Dataset:
     "01". meta: noun, century, yy, start_year, template.
     """
     if n < 0:
-        raise ValueError(f"greater_than: n must be >= 0, got {n}")
+        raise TaskParamError(f"greater_than: n must be >= 0, got {n}")
     nouns = single_tokens("greater_than", "nouns", vocab.GT_NOUNS, tokenizer, 1)
     years = _valid_years(tokenizer)
     if not years:
@@ -82,8 +84,8 @@ def greater_than(n: int = 64, seed: int = 0, tokenizer: Any = None) -> Dataset:
         answers, wrong = year_sets(yy)
         examples.append(
             Example(
-                prompt=sentence(t, noun, century, yy),
-                counterfactual=sentence(t, noun, century, COUNTERFACTUAL_YY),
+                prompt=sentence(t, noun, century, yy, marked=True),
+                counterfactual=sentence(t, noun, century, COUNTERFACTUAL_YY, marked=True),
                 answers=answers,
                 wrong_answers=wrong,
                 label=yy,

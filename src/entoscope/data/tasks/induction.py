@@ -12,7 +12,7 @@ from typing import Any
 
 from entoscope.data.examples import Dataset, Example
 from entoscope.data.tasks import vocab
-from entoscope.data.tasks._common import demo_vocab_size, single_tokens, spaced, tokenizer_name
+from entoscope.data.tasks._common import TaskParamError, demo_vocab_size, single_tokens, spaced, tokenizer_name
 
 
 def induction(n: int = 64, seed: int = 0, tokenizer: Any = None, length: int = 10) -> Dataset:
@@ -23,9 +23,9 @@ def induction(n: int = 64, seed: int = 0, tokenizer: Any = None, length: int = 1
     answer has no support in it. meta: period (= L), k, words, counterfactual_words.
     """
     if length < 3:
-        raise ValueError(f"induction: length must be >= 3 (the repeat is cut at 2 <= k < length), got {length}")
+        raise TaskParamError(f"induction: length must be >= 3 (the repeat is cut at 2 <= k < length), got {length}")
     if n < 0:
-        raise ValueError(f"induction: n must be >= 0, got {n}")
+        raise TaskParamError(f"induction: n must be >= 0, got {n}")
     words = single_tokens("induction", "words", vocab.INDUCTION_WORDS, tokenizer, 2 * length)
     rng = random.Random(seed)
     examples = []
@@ -38,8 +38,8 @@ def induction(n: int = 64, seed: int = 0, tokenizer: Any = None, length: int = 1
         cf_first = rng.sample(others, length)
         examples.append(
             Example(
-                prompt=spaced(seq + seq[:k]),
-                counterfactual=spaced(cf_first + seq[:k]),
+                prompt=_marked(seq, seq[:k]),
+                counterfactual=_marked(cf_first, seq[:k]),
                 answers=(" " + answer,),
                 wrong_answers=(" " + wrong,),
                 meta={"period": length, "k": k, "words": seq, "counterfactual_words": cf_first},
@@ -52,6 +52,14 @@ def induction(n: int = 64, seed: int = 0, tokenizer: Any = None, length: int = 1
         params={"task": "induction", "n": n, "seed": seed, "length": length,
                 "tokenizer": tokenizer_name(tokenizer)},
     )
+
+
+def _marked(first: list[str], second: list[str]) -> str:
+    """The prompt with roles A1 (the current token's first occurrence), B1 (the token after it, what an
+    induction head attends to and copies); the current token, A2, is END."""
+    k = len(second)
+    words = [f" [[A1:{w}]]" if i == k - 1 else f" [[B1:{w}]]" if i == k else " " + w for i, w in enumerate(first)]
+    return "".join(words) + spaced(second)
 
 
 def repeated_tokens(
@@ -73,10 +81,10 @@ def repeated_tokens(
     if vocab_size is None:
         vocab_size = len(tokenizer) if tokenizer is not None else demo_vocab_size()
     if length < 1:
-        raise ValueError(f"repeated_tokens: length must be >= 1, got {length}")
+        raise TaskParamError(f"repeated_tokens: length must be >= 1, got {length}")
     pool = [t for t in range(vocab_size) if t != bos_token_id]
     if len(pool) < length:
-        raise ValueError(
+        raise TaskParamError(
             f"repeated_tokens: a vocabulary of {vocab_size} ids has fewer than length={length} usable ids"
         )
     rng = random.Random(seed)

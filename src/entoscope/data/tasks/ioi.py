@@ -2,6 +2,8 @@
 
 "When Mary and John went to the store, John gave a drink to" -> " Mary" (the indirect object, IO),
 against " John" (the subject, S). ABBA: the IO is named first; BABA: the subject is named first.
+Roles (positions by role, data/roles.py): IO, S1 (the subject's first mention), S2 (its second, the
+giver), END; in a counterfactual, the names in the same slots.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from typing import Any
 
 from entoscope.data.examples import Dataset, Example
 from entoscope.data.tasks import vocab
-from entoscope.data.tasks._common import single_tokens, tokenizer_name
+from entoscope.data.tasks._common import TaskParamError, single_tokens, tokenizer_name
 
 # {a} and {b} are the two names introduced, {c} the subject who gives; every name follows a space.
 TEMPLATES: tuple[str, ...] = (
@@ -27,8 +29,9 @@ COUNTERFACTUALS = ("abc", "swap", None)
 
 
 def _fill(t: int, order: str, io: str, s: str, giver: str, slots: dict[str, str]) -> str:
-    a, b = (io, s) if order == "ABBA" else (s, io)
-    return TEMPLATES[t].format(a=a, b=b, c=giver, **slots)
+    """The prompt, its names marked with their roles: IO, S1 (the subject's first mention), S2 (the giver)."""
+    a, b = (f"[[IO:{io}]]", f"[[S1:{s}]]") if order == "ABBA" else (f"[[S1:{s}]]", f"[[IO:{io}]]")
+    return TEMPLATES[t].format(a=a, b=b, c=f"[[S2:{giver}]]", **slots)
 
 
 def ioi(
@@ -41,9 +44,9 @@ def ioi(
     None gives no counterfactual.
     """
     if counterfactual not in COUNTERFACTUALS:
-        raise ValueError(f"ioi: counterfactual must be one of {COUNTERFACTUALS}, got {counterfactual!r}")
+        raise TaskParamError(f"ioi: counterfactual must be one of {COUNTERFACTUALS}, got {counterfactual!r}")
     if n < 0:
-        raise ValueError(f"ioi: n must be >= 0, got {n}")
+        raise TaskParamError(f"ioi: n must be >= 0, got {n}")
     names = single_tokens("ioi", "names", vocab.NAMES, tokenizer, 5 if counterfactual == "abc" else 2)
     places = single_tokens("ioi", "places", vocab.PLACES, tokenizer, 1)
     objects = single_tokens("ioi", "objects", vocab.OBJECTS, tokenizer, 1)

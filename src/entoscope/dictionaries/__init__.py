@@ -1,0 +1,19 @@
+"""Dictionaries: sparse autoencoders and transcoders, read from SAELens's format, trained, used as sites.
+
+    d = entoscope.dictionaries.load_dictionary("demo/resid_post.1")   # or a SAELens folder, a registered name
+    f = d.encode(x); x_hat = d.decode(f); err = d.error(x)
+    entoscope.dictionaries.register_dictionary("mine", sae_lens_sae)  # then Sites(dictionary="mine", ...)
+
+See docs/features.md.
+"""
+
+from .catalog import DEMO, as_dictionary, for_site, get_dictionary, register_dictionary, release_members
+from .dictionary import ARCHITECTURES, Dictionary
+from .saelens import from_sae_lens, read_folder, write_folder
+
+load_dictionary = get_dictionary
+save_dictionary = write_folder
+
+__all__ = ["ARCHITECTURES", "DEMO", "Dictionary", "as_dictionary", "for_site", "from_sae_lens", "get_dictionary",
+           "load_dictionary", "read_folder", "register_dictionary", "release_members", "save_dictionary",
+           "write_folder"]

@@ -1,0 +1,134 @@
+"""Checks that keep a run from returning numbers it cannot stand behind.
+
+- `evaluating(tl)`: a model left in train mode runs with dropout, so two identical runs differ.
+  Operations run it in eval mode, say so (a recorded warning when dropout was active) and restore
+  every module's own mode afterwards.
+- `check_finite_weights(tl)`: NaN or inf in a parameter is refused, naming the parameter.
+- `first_non_finite(...)`: when a run's output is not finite, find the first hook (in the order
+  the forward runs them) whose value is not, so the error can say where it first appeared.
+- `check_describable(adapter)`: one tiny forward at load time checks what every operation assumes
+  of a decoder: causal attention (a later token does not change earlier logits), an additive
+  residual stream (resid_post = resid_pre + attn_out + mlp_out) and pre-norm logits
+  (unembed(final_norm(last resid_post)) = the model's logits). An encoder or a post-norm model
+  fails one of them and is refused, instead of being described as a decoder it is not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from ..errors import CheckFailedError, UnsupportedModelError, warn
+
+if TYPE_CHECKING:
+    from .adapter import ModelAdapter
+
+
+@contextlib.contextmanager
+def evaluating(tl: Any) -> Iterator[None]:
+    """Run `tl` in eval mode inside the block; restore each module's mode after."""
+    modes = [(m, m.training) for m in tl.modules()]
+    if any(training for _, training in modes):
+        dropout = [m for m, training in modes if training and isinstance(m, torch.nn.modules.dropout._DropoutNd)
+                   and float(getattr(m, "p", 0.0)) > 0]
+        if dropout:
+            warn(f"the model was in train mode with {len(dropout)} active dropout module(s) (p = "
+                 f"{max(float(m.p) for m in dropout):g}); entoscope ran it in eval mode (dropout off) and then "
+                 "put it back in train mode", code="train_mode_switched")
+        tl.eval()
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+def check_finite_weights(tl: Any) -> None:
+    """Refuse NaN/inf in any parameter (checked again only after a parameter changes)."""
+    params = list(tl.named_parameters())
+    stamp = tuple((id(p), p._version) for _, p in params)
+    if getattr(tl, "_entoscope_finite_stamp", None) == stamp:
+        return
+    for name, p in params:
+        if not bool(torch.isfinite(p).all()):
+            bad = int((~torch.isfinite(p)).sum())
+            name = name.replace("_original_component.", "")  # the bridge's wrapper modules add nothing
+            raise CheckFailedError(f"the model's weight {name} holds {bad} non-finite value(s) (NaN or inf)",
+                                   code="non_finite_weights",
+                                   remedy="load the weights again, or find what wrote NaN/inf into them")
+    tl._entoscope_finite_stamp = stamp
+
+
+def first_non_finite(tl: Any, tokens: Tensor, fwd_hooks: Sequence[tuple[str, Any]],
+                     watch: dict[str, str]) -> str | None:
+    """The first of the hook points `watch` (hook name -> entoscope's name; in forward order) whose
+    output is not finite, re-running the same forward with the same interventions."""
+    found: list[str] = []
+
+    def spy(x: Tensor, hook: Any = None, name: str = "") -> Tensor:
+        if not found and isinstance(x, Tensor) and x.is_floating_point() and not bool(torch.isfinite(x).all()):
+            found.append(name)
+        return x
+
+    user = {name for name, _ in fwd_hooks}
+    # a spy runs after the user's hook on the same point, so it sees the value that flows on
+    hooks = list(fwd_hooks) + [(h, functools.partial(spy, name=h)) for h in tl.hook_dict if h in watch]
+    with torch.no_grad():
+        tl.run_with_hooks(tokens, fwd_hooks=hooks, return_type="logits")
+    if not found:
+        return None
+    hook = found[0]
+    return f"{watch[hook]} (hook {hook})" + (", where an intervention writes" if hook in user else "")
+
+
+def raise_non_finite(what: str, where: str | None) -> None:
+    place = f"; it first appears at {where}" if where else ""
+    raise CheckFailedError(f"{what} holds NaN or inf{place}", code="non_finite",
+                           remedy="check the weights and any patch value or intervention written at that point; "
+                           "a float16 model may overflow: load it in float32 or bfloat16")
+
+
+def check_describable(adapter: ModelAdapter) -> None:
+    """One 4-token forward: causal, additive residual stream, pre-norm logits. Run once per model object."""
+    tl = adapter.tl
+    if getattr(tl, "_entoscope_describable", False):
+        return
+    s = adapter.structure
+    n = min(4, s.n_ctx)
+    tokens = torch.arange(1, n + 1, device=adapter.device).remainder(s.d_vocab)[None]
+    other = tokens.clone()
+    other[0, -1] = (other[0, -1] + 1) % s.d_vocab
+    last = s.n_layers - 1
+    names = {k: adapter._hook(adapter.resolve(k)) for k in (f"resid_pre.{last}", f"attn_out.{last}",
+                                                           f"mlp_out.{last}", f"resid_post.{last}")}
+    with torch.no_grad(), evaluating(tl):
+        logits, cache = tl.run_with_cache(tokens, names_filter=list(names.values()), return_type="logits")
+        logits2 = tl(other, return_type="logits")
+        resid = {k: cache[h].double() for k, h in names.items()}
+        final = adapter.weights.final_norm(resid[f"resid_post.{last}"]).double()
+        unembedded = final @ adapter.weights.W_U.double() + adapter.weights.b_U.double()
+    scale = float(logits.float().abs().max()) + 1e-6
+    tol = 1e-3 if logits.dtype in (torch.float32, torch.float64) else 3e-2  # half precision rounds at ~1e-3
+    problems = []
+    if n > 1 and not float((logits2[0, :-1].float() - logits[0, :-1].float()).abs().max()) <= tol * scale:
+        problems.append("changing the last token changed the logits at earlier positions: its attention is "
+                        "not causal (an encoder?)")
+    summed = resid[f"resid_pre.{last}"] + resid[f"attn_out.{last}"] + resid[f"mlp_out.{last}"]
+    rscale = float(resid[f"resid_post.{last}"].abs().max()) + 1e-6
+    if not float((summed - resid[f"resid_post.{last}"]).abs().max()) <= tol * rscale:
+        problems.append("resid_post is not resid_pre + attn_out + mlp_out: the residual stream is not additive "
+                        "(a post-norm block?)")
+    elif not float((unembedded - logits.double()).abs().max()) <= tol * scale:
+        problems.append("unembed(final_norm(last resid_post)) is not the model's logits")
+    if problems:
+        raise UnsupportedModelError(
+            f"{s.architecture} is not a model entoscope can describe: " + "; ".join(problems),
+            code="not_a_decoder",
+            remedy="entoscope supports pre-norm decoder-only transformers (GPT-2, GPT-NeoX/Pythia, Llama, Qwen2, "
+            "Mistral, ...); encoders (BERT) and encoder-decoders (T5) are not supported")
+    tl._entoscope_describable = True

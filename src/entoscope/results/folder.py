@@ -1,0 +1,100 @@
+"""Run folders: checked before any work, written beside and renamed into place.
+
+A run folder (one with a manifest.json) is never replaced unless the caller asks (`overwrite`),
+and never holds files of two runs: `writing_run(folder)` yields a fresh hidden sibling folder,
+and only when everything is written is it renamed to `folder` (an older run there is moved
+aside first and deleted after). An error or Ctrl-C while writing removes the partial folder
+and leaves what was there untouched. Concurrent writers of sibling folders never share a file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+from ..errors import SaveError
+
+_KEEP = "nothing was saved; what was at the destination is untouched"
+
+
+def check_writable(folder: str | Path) -> Path:
+    """Refuse a folder that cannot be created or written: a file there or above it, no permission."""
+    target = Path(folder).expanduser()
+    for parent in [target, *target.parents]:
+        if parent.exists() and not parent.is_dir():
+            if parent == target:
+                raise SaveError(f"the output folder {target} is a file", code="out_is_a_file",
+                                remedy="choose an output folder that is not a file")
+            raise SaveError(f"the output folder {target} is under {parent}, which is a file", code="out_under_a_file",
+                            remedy="choose an output folder that is not under a file")
+        if parent.exists():
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise SaveError(f"cannot write into {parent} (permission denied)", code="out_not_writable",
+                                remedy="choose a folder you can write to")
+            break
+    return target
+
+
+def check_out(folder: str | Path, *, overwrite: bool = False) -> Path:
+    """Refuse, before any work, a destination that cannot take a run folder."""
+    target = check_writable(folder)
+    if target.is_dir() and any(target.iterdir()):
+        if not (target / "manifest.json").exists():
+            raise SaveError(f"{target} exists and is not an entoscope run folder (no manifest.json); refusing to "
+                            "replace its files", code="out_not_empty",
+                            remedy="choose a new or empty folder for the run")
+        if not overwrite:
+            raise SaveError(f"{target} already holds a run", code="run_exists",
+                            remedy="pass --overwrite (Python: overwrite=True) to replace it, or choose another folder")
+    return target
+
+
+@contextlib.contextmanager
+def writing_run(folder: str | Path, *, overwrite: bool = False) -> Iterator[Path]:
+    """Yield a fresh folder to write a run into; on success it becomes `folder`, atomically per folder."""
+    target = check_out(folder, overwrite=overwrite)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+    except OSError as err:
+        raise SaveError(f"cannot create the output folder {target} ({err.strerror or err})",
+                        remedy="check the path, the free space and the permissions") from None
+    try:
+        yield partial
+        _swap_in(partial, target, overwrite)
+    except OSError as err:
+        shutil.rmtree(partial, ignore_errors=True)
+        if isinstance(err, SaveError):
+            raise
+        raise SaveError(f"writing {target} failed ({err.strerror or err}); {_KEEP}",
+                        remedy="free some disk space or choose another folder, then run again") from None
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+
+
+def _swap_in(partial: Path, target: Path, overwrite: bool) -> None:
+    os.chmod(partial, 0o755)  # mkdtemp makes it private
+    if target.exists():
+        check_out(target, overwrite=overwrite)  # another writer may have put a run there meanwhile
+        if any(target.iterdir()):
+            aside = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
+            os.rename(target, aside)
+            try:
+                os.rename(partial, target)
+            except OSError:
+                os.rename(aside, target)
+                raise
+            shutil.rmtree(aside, ignore_errors=True)
+            return
+        target.rmdir()
+    try:
+        os.rename(partial, target)
+    except OSError as err:  # another writer created it between our check and the rename
+        raise SaveError(f"{target} appeared while this run was being written (another process?); {_KEEP}",
+                        code="run_exists", remedy="write concurrent runs into different folders") from err

@@ -1,0 +1,15 @@
+"""Dataset-level numbers with their uncertainty, computed from per-prompt values (never by re-running a model).
+
+Every aggregate entoscope reports is a *weighted statistic* of a per-prompt table: a function that
+takes prompt weights [K, n] and returns [K, U] (U cells: sites, edges, heads, ...). The same function
+gives the value (all weights 1), the bootstrap distribution (multinomial resampling weights), and the
+leave-one-out values (one weight 0) used for influence and the BCa acceleration. See docs/statistics.md.
+"""
+
+from .bootstrap import (FunctionStat, RatioStat, StatFn, Summary, fragile, leave_one_out, mean_stat, ratio_stat,
+                        resample_weights, summarise)
+from .config import Stats
+from .fdr import benjamini_hochberg
+
+__all__ = ["FunctionStat", "RatioStat", "StatFn", "Stats", "Summary", "benjamini_hochberg", "fragile",
+           "leave_one_out", "mean_stat", "ratio_stat", "resample_weights", "summarise"]

@@ -1,0 +1,247 @@
+"""The bootstrap over prompts, leave-one-out influence and p-values, for any weighted statistic.
+
+A statistic is an object with `n` (prompts), `n_cells` (U) and `__call__(W [K, n], cols) -> [K, U']`
+that evaluates the aggregate under prompt weights W (rows of weights; an all-ones row is the plain
+aggregate). Resampling prompts with replacement is a row of multinomial counts (Efron & Tibshirani
+1993); leaving prompt i out is a row with w_i = 0. So one function gives the value, the bootstrap
+distribution and the jackknife values, and no model is ever re-run.
+
+Intervals: "percentile" (the alpha/2 and 1 - alpha/2 quantiles of the bootstrap values) or "bca"
+(bias-corrected and accelerated, Efron 1987: the quantiles are moved by the bias z0 = Phi^-1(share
+of bootstrap values below the estimate) and the acceleration a = sum d^3 / (6 (sum d^2)^1.5), d the
+jackknife deviations). p-values (effect vs 0) use the normal approximation with the bootstrap
+standard error, p = 2 (1 - Phi(|value| / se)), which has the resolution Benjamini-Hochberg needs.
+Both intervals use the small-sample expansion of the tail levels (Hesterberg 2015, `expanded_alpha`):
+without it a 95% bootstrap interval of a mean over 50 prompts covers only ~94%, over 20 ~92%.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from .config import Stats
+
+CELLS_PER_CHUNK = 1 << 23  # bootstrap values held at once (resamples x cells): 64 MiB of float64
+
+
+class StatFn(Protocol):
+    n: int
+    n_cells: int
+
+    def __call__(self, W: np.ndarray, cols: slice) -> np.ndarray: ...
+
+
+class RatioStat:
+    """theta(w) = (w @ num) / (w @ den), per cell. num [n, U]; den [n, U] or [n] (shared by the cells).
+
+    Covers a mean (num = values, den = 1), a mean over the finite entries (num = values with NaN as 0,
+    den = 1 where finite), and a ratio of means ((mean a - mean b) / (mean c - mean b): num = a - b,
+    den = c - b). A cell whose weighted denominator is 0 is NaN for that weight row.
+    """
+
+    def __init__(self, num: np.ndarray, den: np.ndarray) -> None:
+        self.num = np.asarray(num, dtype=np.float64)
+        if self.num.ndim == 1:
+            self.num = self.num[:, None]
+        den = np.asarray(den, dtype=np.float64)
+        self.den = den[:, None] if den.ndim == 1 else den
+        self.n, self.n_cells = self.num.shape
+
+    def __call__(self, W: np.ndarray, cols: slice = slice(None)) -> np.ndarray:
+        a = W @ self.num[:, cols]
+        d = W @ (self.den if self.den.shape[1] == 1 else self.den[:, cols])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(d != 0, a / np.where(d != 0, d, 1.0), np.nan)
+
+
+def mean_stat(values: np.ndarray) -> RatioStat:
+    """The mean over prompts of each column of values [n, U], skipping NaN entries."""
+    v = np.asarray(values, dtype=np.float64)
+    if v.ndim == 1:
+        v = v[:, None]
+    ok = np.isfinite(v)
+    return RatioStat(np.where(ok, v, 0.0), ok.astype(np.float64))
+
+
+def ratio_stat(num: np.ndarray, den: np.ndarray) -> RatioStat:
+    return RatioStat(num, den)
+
+
+class FunctionStat:
+    """A statistic given as a plain function of the weights (any aggregate; see R2 in probing)."""
+
+    def __init__(self, fn: Callable[[np.ndarray, slice], np.ndarray], n: int, n_cells: int) -> None:
+        self.fn, self.n, self.n_cells = fn, n, n_cells
+
+    def __call__(self, W: np.ndarray, cols: slice = slice(None)) -> np.ndarray:
+        return self.fn(W, cols)
+
+
+def resample_weights(n: int, n_boot: int, seed: int) -> np.ndarray:
+    """[n_boot, n] multinomial counts: each row resamples the n prompts with replacement (seeded)."""
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0xB007]))
+    return rng.multinomial(n, np.full(n, 1.0 / n), size=n_boot).astype(np.float64)
+
+
+@dataclass
+class Summary:
+    """Per cell: the value, its interval, standard error, p-value, and its most influential prompt."""
+
+    value: np.ndarray
+    ci_low: np.ndarray
+    ci_high: np.ndarray
+    se: np.ndarray
+    p_value: np.ndarray
+    influence: np.ndarray  # max over prompts of |value without that prompt - value|
+    influential: np.ndarray  # which prompt (index into the per-prompt table), -1 if none
+    level: float
+    method: str
+    n_boot: int
+    boot: np.ndarray | None = None  # [n_boot, U] when kept (circuit stability reuses them)
+
+    def columns(self, name: str = "value") -> dict[str, Any]:
+        """Table columns `<name>`, `<name>_ci_low`, `<name>_ci_high`, `<name>_se`, ..."""
+        return {name: self.value, f"{name}_ci_low": self.ci_low, f"{name}_ci_high": self.ci_high,
+                f"{name}_se": self.se, f"{name}_p": self.p_value, f"{name}_influence": self.influence,
+                f"{name}_influential_prompt": self.influential}
+
+
+def _ndtri(p: np.ndarray) -> np.ndarray:
+    return torch.special.ndtri(torch.as_tensor(p, dtype=torch.float64)).numpy()
+
+
+def _ndtr(x: np.ndarray) -> np.ndarray:
+    return torch.special.ndtr(torch.as_tensor(x, dtype=torch.float64)).numpy()
+
+
+def leave_one_out(stat: StatFn, cols: slice = slice(None), rows: int = 256) -> np.ndarray:
+    """[n, U'] the statistic with each prompt left out in turn."""
+    n = stat.n
+    out = []
+    for lo in range(0, n, rows):
+        W = np.ones((min(rows, n - lo), n))
+        W[np.arange(W.shape[0]), np.arange(lo, lo + W.shape[0])] = 0.0
+        out.append(stat(W, cols))
+    return np.concatenate(out) if out else np.empty((0, 0))
+
+
+def _t_quantile(z: float, dof: int) -> float:
+    """Student's t quantile from the normal one (Cornish-Fisher expansion; within 1e-3 for dof >= 5)."""
+    v = float(dof)
+    return (z + (z**3 + z) / (4 * v) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * v**2)
+            + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * v**3))
+
+
+def expanded_alpha(level: float, n: int) -> float:
+    """The tail probability whose normal quantile is sqrt(n / (n-1)) t_{n-1}: the percentile bootstrap's
+    small-sample expansion (Hesterberg 2015), which corrects the too-narrow bootstrap of a mean (its
+    variance is the plug-in s^2 (n-1)/n, and the t distribution's tails are heavier)."""
+    alpha = (1 - level) / 2
+    if n < 6:
+        return alpha
+    z = float(_ndtri(np.array(alpha)))
+    return float(_ndtr(np.array(np.sqrt(n / (n - 1)) * _t_quantile(z, n - 1))))
+
+
+def _interval(boot: np.ndarray, value: np.ndarray, jack: np.ndarray, level: float, method: str, n: int
+              ) -> tuple[np.ndarray, np.ndarray]:
+    alpha = expanded_alpha(level, n)
+    finite = np.isfinite(boot)
+    lo_q = np.full(value.shape, alpha)
+    hi_q = np.full(value.shape, 1 - alpha)
+    if method == "bca" and jack.shape[0] >= 3:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            share = (np.where(finite, boot < value, False).sum(0) + 0.5 * np.where(finite, boot == value, False).sum(0)
+                     ) / finite.sum(0)
+            z0 = _ndtri(share)
+            d = np.nanmean(jack, 0) - jack
+            a = np.nansum(d ** 3, 0) / (6 * np.nansum(d ** 2, 0) ** 1.5)
+            za, zb = _ndtri(np.array(alpha)), _ndtri(np.array(1 - alpha))
+            adj_lo = _ndtr(z0 + (z0 + za) / (1 - a * (z0 + za)))
+            adj_hi = _ndtr(z0 + (z0 + zb) / (1 - a * (z0 + zb)))
+        ok = np.isfinite(adj_lo) & np.isfinite(adj_hi)  # degenerate distributions fall back to percentiles
+        lo_q = np.where(ok, adj_lo, lo_q)
+        hi_q = np.where(ok, adj_hi, hi_q)
+    low = np.full(value.shape, np.nan)
+    high = np.full(value.shape, np.nan)
+    whole = finite.all(0)  # cells with every resample defined: one sort, quantiles by interpolation
+    if whole.any():
+        low[whole], high[whole] = _quantiles(np.sort(boot[:, whole], 0), lo_q[whole], hi_q[whole])
+    for j in np.flatnonzero(~whole):  # cells undefined on some resamples: their own quantiles
+        b = boot[finite[:, j], j]
+        if b.size:
+            low[j], high[j] = np.quantile(b, [lo_q[j], hi_q[j]])
+    return low, high
+
+
+def _quantiles(sorted_boot: np.ndarray, lo_q: np.ndarray, hi_q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-column quantiles (numpy's default linear rule) of column-sorted values at per-column levels."""
+    n = sorted_boot.shape[0]
+    cols = np.arange(sorted_boot.shape[1])
+
+    def at(q: np.ndarray) -> np.ndarray:
+        pos = np.clip(q, 0, 1) * (n - 1)
+        i = np.floor(pos).astype(int)
+        j = np.minimum(i + 1, n - 1)
+        return sorted_boot[i, cols] + (pos - i) * (sorted_boot[j, cols] - sorted_boot[i, cols])
+    return at(lo_q), at(hi_q)
+
+
+def summarise(stat: StatFn, stats: Stats, seed: int, *, keep_boot: bool = False) -> Summary:
+    """Value, interval, se, p-value and leave-one-out influence of every cell of `stat`."""
+    with warnings.catch_warnings():  # all-NaN cells (undefined statistics) are expected and stay NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return _summarise(stat, stats, seed, keep_boot)
+
+
+def _summarise(stat: StatFn, stats: Stats, seed: int, keep_boot: bool) -> Summary:
+    n, U = stat.n, stat.n_cells
+    value = stat(np.ones((1, n)))[0] if n else np.full(U, np.nan)
+    jack = leave_one_out(stat) if n > 1 else np.full((0, U), np.nan)
+    with np.errstate(invalid="ignore"):
+        dev = np.abs(jack - value[None]) if jack.size else np.full((0, U), np.nan)
+    if dev.shape[0]:
+        filled = np.where(np.isfinite(dev), dev, -1.0)
+        influential = filled.argmax(0)
+        influence = np.where(filled.max(0) >= 0, filled.max(0), np.nan)
+        influential = np.where(np.isfinite(influence), influential, -1)
+    else:
+        influence, influential = np.full(U, np.nan), np.full(U, -1)
+    nan = np.full(U, np.nan)
+    if stats.n_boot == 0 or n < 2:
+        return Summary(value, nan.copy(), nan.copy(), nan.copy(), nan.copy(), influence, influential,
+                       stats.ci_level, stats.ci_method, 0)
+    W = resample_weights(n, stats.n_boot, seed)
+    low, high, se = nan.copy(), nan.copy(), nan.copy()
+    step = max(1, CELLS_PER_CHUNK // max(1, stats.n_boot))
+    kept = np.empty((stats.n_boot, U)) if keep_boot else None
+    for c0 in range(0, U, step):
+        cols = slice(c0, min(U, c0 + step))
+        boot = stat(W, cols)
+        if kept is not None:
+            kept[:, cols] = boot
+        low[cols], high[cols] = _interval(boot, value[cols], jack[:, cols] if jack.size else jack, stats.ci_level,
+                                          stats.ci_method, n)
+        with np.errstate(invalid="ignore"):
+            se[cols] = np.nanstd(boot, 0, ddof=1) if stats.n_boot > 1 else np.nan
+    with np.errstate(invalid="ignore", divide="ignore"):
+        z = np.abs(value) / se
+        p = np.where(se > 0, 2 * (1 - _ndtr(z)), np.where(value == 0, 1.0, 0.0))
+    p = np.where(np.isfinite(value) & np.isfinite(se), p, np.nan)
+    return Summary(value, low, high, se, p, influence, influential, stats.ci_level, stats.ci_method,
+                   stats.n_boot, kept)
+
+
+def fragile(summary: Summary, share: float) -> np.ndarray:
+    """Cells one prompt carries: leaving it out moves the value by more than `share` of
+    max(|value|, 10% of the largest |value| in the table)."""
+    scale = np.nanmax(np.abs(summary.value)) if np.isfinite(summary.value).any() else 0.0
+    floor = np.maximum(np.abs(summary.value), 0.1 * scale)
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isfinite(summary.influence), summary.influence > share * floor, False)

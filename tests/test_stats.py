@@ -1,0 +1,75 @@
+"""The statistics layer against brute force and known answers: coverage, leave-one-out, BH, resampling."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from entoscope.stats import (FunctionStat, Stats, benjamini_hochberg, leave_one_out, mean_stat, ratio_stat,
+                             resample_weights, summarise)
+
+
+@pytest.mark.parametrize("method", ["percentile", "bca"])
+def test_95_percent_intervals_cover_a_known_mean_in_93_to_97_percent_of_400_sets(method):
+    rng = np.random.default_rng(2024)
+    sets = rng.normal(3.0, 2.0, size=(400, 50))  # 400 independent datasets of 50 prompts, true mean 3
+    s = summarise(mean_stat(sets.T), Stats(n_boot=1000, ci_method=method), seed=11)  # one cell per dataset
+    covered = np.mean((s.ci_low <= 3.0) & (3.0 <= s.ci_high))
+    assert 0.93 <= covered <= 0.97, covered
+    np.testing.assert_allclose(s.value, sets.mean(1))
+
+
+def test_bootstrap_values_are_means_of_resampled_prompts():
+    x = np.random.default_rng(0).normal(size=(12, 3))
+    W = resample_weights(12, 50, seed=5)
+    assert (W.sum(1) == 12).all()
+    stat = mean_stat(x)
+    for row in range(5):
+        idx = np.repeat(np.arange(12), W[row].astype(int))  # the resampled dataset, written out
+        np.testing.assert_allclose(stat(W[row:row + 1])[0], x[idx].mean(0), atol=1e-12)
+
+
+def test_ratio_of_means_and_leave_one_out_by_brute_force():
+    rng = np.random.default_rng(1)
+    patched, base, source = rng.normal(size=(9, 4)), rng.normal(size=9), rng.normal(size=9) + 5
+    stat = ratio_stat(patched - base[:, None], source - base)
+    direct = (patched.mean(0) - base.mean()) / (source.mean() - base.mean())
+    np.testing.assert_allclose(stat(np.ones((1, 9)))[0], direct)
+    loo = leave_one_out(stat)
+    for i in range(9):
+        keep = np.arange(9) != i
+        expected = (patched[keep].mean(0) - base[keep].mean()) / (source[keep].mean() - base[keep].mean())
+        np.testing.assert_allclose(loo[i], expected, atol=1e-12)
+    s = summarise(stat, Stats(n_boot=200), seed=0)
+    worst = np.abs(loo - direct).argmax(0)
+    np.testing.assert_array_equal(s.influential, worst)
+    np.testing.assert_allclose(s.influence, np.abs(loo - direct).max(0))
+
+
+def test_nan_entries_are_skipped_and_an_undefined_cell_stays_nan():
+    x = np.array([[1.0, np.nan], [3.0, np.nan], [np.nan, np.nan]])
+    s = summarise(mean_stat(x), Stats(n_boot=100), seed=0)
+    assert s.value[0] == 2.0 and np.isnan(s.value[1]) and np.isnan(s.ci_low[1])
+
+
+def test_benjamini_hochberg_matches_a_hand_computed_case():
+    p = np.array([0.01, 0.04, 0.03, 0.005, np.nan, 0.5])
+    # sorted finite: 0.005, 0.01, 0.03, 0.04, 0.5 (m = 5): p*m/rank = .025, .025, .05, .05, .5
+    q = benjamini_hochberg(p)
+    np.testing.assert_allclose(q, [0.025, 0.05, 0.05, 0.025, np.nan, 0.5])
+
+
+def test_p_values_follow_the_bootstrap_standard_error():
+    rng = np.random.default_rng(3)
+    x = np.column_stack([rng.normal(0.0, 1.0, 200), rng.normal(1.0, 1.0, 200)])
+    s = summarise(mean_stat(x), Stats(n_boot=2000), seed=1)
+    np.testing.assert_allclose(s.se, x.std(0, ddof=1) / np.sqrt(200), rtol=0.1)  # the mean's standard error
+    assert s.p_value[1] < 1e-6 and s.p_value[0] > 1e-3
+
+
+def test_a_function_statistic_works_like_a_ratio():
+    x = np.arange(10.0)
+    fn = FunctionStat(lambda W, cols: (W @ x[:, None]) / W.sum(1, keepdims=True), n=10, n_cells=1)
+    a = summarise(fn, Stats(n_boot=300), seed=4)
+    b = summarise(mean_stat(x), Stats(n_boot=300), seed=4)
+    np.testing.assert_allclose([a.value, a.ci_low, a.ci_high], [b.value, b.ci_low, b.ci_high])
