@@ -1,37 +1,43 @@
-"""Benchmark of exact activation patching: entoscope's batched engine against TransformerLens.
+"""Benchmark of exact activation patching: entoscope's batched engine against what users write.
 
-    python benchmarks/bench_patching.py            # GPT-2-small-sized model, 2 intra-op threads
-    python benchmarks/bench_patching.py --quick    # 2 layers, 4 pairs, 1 repeat: a smoke run (about a minute)
-    python benchmarks/bench_patching.py --threads 4 --backend bridge
+    python benchmarks/bench_patching.py                     # HookedTransformer (transformer-lens 3.x), 1 thread
+    python benchmarks/bench_patching.py --backend bridge    # TransformerBridge (transformer-lens 3.x and 4.x)
+    python benchmarks/bench_patching.py --backend bridge --curves   # cost against prompt length and layers
+    python benchmarks/bench_patching.py --quick             # 2 layers, 4 pairs, 1 repeat: a smoke run
 
 Model: a random GPT-2-small-sized model (transformers.GPT2Config() defaults: 12 layers, d_model
-768, 50257-token vocabulary) built offline, as a HookedTransformer (TransformerLens's own patching
-utilities take one) or a TransformerBridge. Prompts: 15 random tokens (BOS first), clean and
-corrupt differing everywhere after BOS; metric: logit difference of two fixed tokens at the last
-position. Sweep: resid_pre at every layer x position (12 x 15 = 180 sites), exact denoising.
+768, 50257-token vocabulary) built offline, as a HookedTransformer or a TransformerBridge. Prompts:
+15 random tokens (BOS first), clean and corrupt differing everywhere after BOS; metric: logit
+difference of two fixed tokens at the last position. Sweep: resid_pre at every layer x position
+(12 x 15 = 180 sites), exact denoising.
 
-Compared, in this one process, with the thread count set and printed:
-  (a) a plain TransformerLens loop: one run_with_hooks per patch (a hook writing the clean value);
-  (b) transformer_lens.patching.get_act_patch_resid_pre (also one forward per patch);
-  (c) entoscope.patching.Patching(method="exact"), prefix reuse "auto" (layers and positions on a
-      HookedTransformer) and, for reference, prefix_reuse "off" (batched full forwards).
-on one pair and on a dataset of 32 pairs (TransformerLens runs the 32 as one batch per patch; on
-the dataset, (a) runs only with --loop-dataset and "off" only with --full-off: each costs about as
-much as (b)). Times are the median of --repeat runs (one pair)
-and of --repeat-dataset runs (the dataset); "max |diff|" is the largest difference of the [layer, pos]
-metric grid from (b). Peak memory is the largest rise, during a call, of the bytes malloc has handed
-out (glibc's mallinfo2, where torch's CPU tensors live; sampled every millisecond), above what was
-allocated when the call began (the model's weights are not counted).
+Compared, in this one process, with the thread count set and printed (default 1):
+  (a) a plain loop: one run_with_hooks per patch (a hook writing the clean value; the pairs of a
+      dataset in one batch);
+  (b) hooked: transformer_lens.patching.get_act_patch_resid_pre (also one forward per patch);
+      bridge: a batched run_with_hooks sweep, every (pair, layer, position) its own row, 16 patched
+      rows per forward (hooks that write each row's clean value at its own layer and position);
+  (c) entoscope.patching.Patching(method="exact"), prefix reuse "auto" (layers and positions) and, for
+      reference, prefix_reuse "off" (batched full forwards).
+on one pair and on a dataset of 32 pairs (on the dataset, (a) runs only with --loop-dataset and "off"
+only with --full-off: each costs about as much as (b)). Times are the median of --repeat runs (one
+pair) and of --repeat-dataset runs (the dataset); "max |diff|" is the largest difference of the
+[layer, pos] metric grid from (b). Peak memory is the largest rise, during a call, of the bytes malloc
+has handed out (glibc's mallinfo2, where torch's CPU tensors live; sampled every millisecond), above
+what was allocated when the call began (the model's weights are not counted).
+
+--curves: one pair, prompts of 16, 64 and 256 tokens (12 layers) and 6, 12, 24 layers (64 tokens),
+resid_pre at every layer x 8 positions spread over the prompt (0 .. T-1): (b) against (c) auto, with
+the work model of each: (b) costs cells x a full forward; (c) about sum over cells of
+(n_layers - L) x (T - p) block-positions (plus one unembedded row per cell).
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import statistics
 import sys
-import threading
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -40,53 +46,9 @@ os.environ.setdefault("ENTOSCOPE_QUIET", "1")
 
 import torch  # noqa: E402
 
+from common import MEMORY_MEASURE, PeakMemory  # noqa: E402
+
 ANSWER, WRONG = 11, 17
-
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                      "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-
-def _allocated_reader():
-    """A function giving the bytes malloc has handed out now (glibc >= 2.33), else the resident set size."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallinfo2.restype = _MallInfo2
-
-        def allocated() -> int:
-            info = libc.mallinfo2()
-            return info.uordblks + info.hblkhd  # heap in use + mmap-ed blocks (torch's big tensors)
-        allocated()
-        return allocated, "bytes allocated (glibc mallinfo2)"
-    except (OSError, AttributeError):
-        import resource
-
-        return (lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024), "max resident set size"
-
-
-ALLOCATED, MEMORY_MEASURE = _allocated_reader()
-
-
-class PeakMemory:
-    """Largest rise of allocated memory during the `with` block, sampled every millisecond in a thread."""
-
-    def __enter__(self) -> PeakMemory:
-        self.start = self.peak = ALLOCATED()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-        self._thread.start()
-        return self
-
-    def _watch(self) -> None:
-        while not self._stop.wait(0.001):
-            self.peak = max(self.peak, ALLOCATED())
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, ALLOCATED())
-        self.rise = self.peak - self.start
 
 
 def build_model(n_layers: int, backend: str):
@@ -130,7 +92,7 @@ def tl_loop(model, clean: torch.Tensor, corrupt: torch.Tensor) -> torch.Tensor:
 
 
 def tl_patching(model, clean: torch.Tensor, corrupt: torch.Tensor) -> torch.Tensor:
-    """(b) transformer_lens.patching.get_act_patch_resid_pre."""
+    """(b) hooked: transformer_lens.patching.get_act_patch_resid_pre."""
     from transformer_lens import patching
 
     with torch.no_grad():
@@ -138,7 +100,37 @@ def tl_patching(model, clean: torch.Tensor, corrupt: torch.Tensor) -> torch.Tens
         return patching.get_act_patch_resid_pre(model, corrupt, cache, metric).cpu()
 
 
-def entoscope_patching(model, clean: torch.Tensor, corrupt: torch.Tensor, reuse: str) -> torch.Tensor:
+def batched_sweep(model, clean: torch.Tensor, corrupt: torch.Tensor, positions: list[int] | None = None,
+                  rows: int = 16) -> torch.Tensor:
+    """(b) bridge: every (pair, layer, position) one row, `rows` rows per run_with_hooks; the [layer, pos]
+    grid of the mean over pairs of the metric."""
+    N, T = clean.shape
+    L = model.cfg.n_layers
+    pos_list = list(range(T)) if positions is None else positions
+    with torch.no_grad():
+        _, cache = model.run_with_cache(clean, names_filter=lambda n: n.endswith("hook_resid_pre"))
+        cells = torch.tensor([(e, layer, p) for layer in range(L) for p in pos_list for e in range(N)])
+        out = torch.zeros(N, L, len(pos_list))
+        column = {p: j for j, p in enumerate(pos_list)}
+        for i in range(0, len(cells), rows):
+            pair, layer, pos = cells[i:i + rows].unbind(1)
+            hooks = []
+            for lay in torch.unique(layer).tolist():
+                sel = (layer == lay).nonzero()[:, 0]
+                name = f"blocks.{lay}.hook_resid_pre"
+
+                def hook(x, hook, sel=sel, name=name):
+                    x[sel, pos[sel]] = cache[name][pair[sel], pos[sel]]
+                    return x
+                hooks.append((name, hook))
+            logits = model.run_with_hooks(corrupt[pair], fwd_hooks=hooks)
+            out[pair, layer, torch.tensor([column[int(p)] for p in pos])] = \
+                logits[:, -1, ANSWER] - logits[:, -1, WRONG]
+    return out.mean(0)
+
+
+def entoscope_patching(model, clean: torch.Tensor, corrupt: torch.Tensor, reuse: str,
+                       positions: list[int] | None = None) -> torch.Tensor:
     """(c) entoscope's batched engine; the [layer, pos] grid of the dataset-mean metric."""
     from entoscope import Sites
     from entoscope.data import Dataset, Example
@@ -146,8 +138,8 @@ def entoscope_patching(model, clean: torch.Tensor, corrupt: torch.Tensor, reuse:
 
     data = Dataset("bench", tuple(Example(tuple(c.tolist()), tuple(k.tolist()), answers=(ANSWER,),
                                           wrong_answers=(WRONG,)) for c, k in zip(clean, corrupt)))
-    op = Patching(sites=Sites(activation="resid_pre", over=["layer", "position"]), comparison="absolute",
-                  prefix_reuse=reuse, per_prompt=False, memory_budget_mb=4096)
+    op = Patching(sites=Sites(activation="resid_pre", over=["layer", "position"], positions=positions or "all"),
+                  comparison="absolute", prefix_reuse=reuse, per_prompt=False, memory_budget_mb=4096)
     table = op.run(model, data, quiet=True).table
     return torch.tensor(table.pivot(index="layer", columns="position", values="value").values, dtype=torch.float32)
 
@@ -164,44 +156,23 @@ def measure(fn, repeat: int) -> tuple[float, torch.Tensor, int]:
     return statistics.median(times), out, peak
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
-    ap.add_argument("--layers", type=int, default=12)
-    ap.add_argument("--length", type=int, default=15)
-    ap.add_argument("--pairs", type=int, default=32, help="pairs of the dataset run")
-    ap.add_argument("--repeat", type=int, default=3, help="runs of each method on one pair (median)")
-    ap.add_argument("--repeat-dataset", type=int, default=1, help="runs of each method on the dataset")
-    ap.add_argument("--full-off", action="store_true", help="also run prefix_reuse off on the dataset")
-    ap.add_argument("--loop-dataset", action="store_true", help="also run the loop baseline (a) on the dataset")
-    ap.add_argument("--backend", choices=["hooked", "bridge"], default="hooked")
-    ap.add_argument("--quick", action="store_true", help="2 layers, 4 pairs, 1 repeat: a smoke run")
-    args = ap.parse_args()
-    if args.quick:
-        args.layers, args.pairs, args.repeat, args.repeat_dataset = 2, 4, 1, 1
-    torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} intra-op threads, {os.cpu_count()} cores, "
-          f"python {sys.version.split()[0]}; backend {args.backend}; peak memory: {MEMORY_MEASURE}")
-    t0 = time.perf_counter()
-    model = build_model(args.layers, args.backend)
-    n_params = sum(p.numel() for p in model.parameters())
-    print(f"model: GPT-2-small-sized random ({args.layers} layers, {n_params / 1e6:.0f}M parameters), built in "
-          f"{time.perf_counter() - t0:.0f} s; {args.layers} x {args.length} = {args.layers * args.length} "
-          f"resid_pre sites")
+def sweep_table(args, model) -> None:
     vocab = 300  # ids the tiny tokenizer knows; the model's own vocabulary is 50257
-    head = f"{'pairs':>5}  {'method':<40} {'time':>9} {'vs (b)':>8} {'vs (a)':>8} {'max |diff|':>11} {'peak mem':>10}"
+    head = f"{'pairs':>5}  {'method':<44} {'time':>9} {'vs (b)':>8} {'vs (a)':>8} {'max |diff|':>11} {'peak mem':>10}"
     print()
     print(head)
     print("-" * len(head), flush=True)
+    baseline = ("(b) transformer_lens.patching", tl_patching) if args.backend == "hooked" else \
+        ("(b) batched run_with_hooks, 16 rows/forward", batched_sweep)
     for n in (1, args.pairs):
         clean, corrupt = make_pairs(n, args.length, vocab)
-        runs = {"(b) transformer_lens.patching": lambda: tl_patching(model, clean, corrupt)}
+        runs = {baseline[0]: lambda: baseline[1](model, clean, corrupt)}
         if n == 1 or args.loop_dataset:
-            runs["(a) TransformerLens loop"] = lambda: tl_loop(model, clean, corrupt)
+            runs["(a) plain loop, one run_with_hooks per patch"] = lambda: tl_loop(model, clean, corrupt)
         runs["(c) entoscope exact, prefix reuse auto"] = lambda: entoscope_patching(model, clean, corrupt, "auto")
         if n == 1 or args.full_off:
             runs["(c) entoscope exact, prefix reuse off"] = lambda: entoscope_patching(model, clean, corrupt, "off")
-        entoscope_patching(model, clean[:1], corrupt[:1], "auto")  # warm-up (vocabulary strings, kernels)
+        entoscope_patching(model, clean[:1], corrupt[:1], "auto")  # warm-up (vocabulary strings, kernels, check)
         repeat = args.repeat if n == 1 else args.repeat_dataset
         ref = ref_t = loop_t = None
         for label, fn in runs.items():
@@ -211,8 +182,65 @@ def main() -> int:
             if label.startswith("(a)"):
                 loop_t = t
             vs_loop = f"{loop_t / t:>7.2f}x" if loop_t else f"{'-':>8}"
-            print(f"{n:>5}  {label:<40} {t:>8.2f}s {ref_t / t:>7.2f}x {vs_loop} {float((out - ref).abs().max()):>11.2e} "
+            print(f"{n:>5}  {label:<44} {t:>8.2f}s {ref_t / t:>7.2f}x {vs_loop} {float((out - ref).abs().max()):>11.2e} "
                   f"{peak / 2**20:>8.0f}MiB", flush=True)
+
+
+def curves(args) -> None:
+    """(b) against (c) for prompt lengths and layer counts, one pair, 8 positions per layer."""
+    head = (f"{'layers':>6} {'tokens':>6} {'cells':>5}  {'(b) time':>9} {'(c) time':>9} {'ratio':>7} {'work ratio':>10} "
+            f"{'max |diff|':>10} {'(b) peak':>9} {'(c) peak':>9}")
+    print()
+    print(head)
+    print("-" * len(head), flush=True)
+    for n_layers, T in [(12, 16), (12, 64), (12, 256), (6, 64), (24, 64)]:
+        model = build_model(n_layers, args.backend)
+        clean, corrupt = make_pairs(1, T, 300)
+        positions = sorted({round(i * (T - 1) / 7) for i in range(8)})
+        entoscope_patching(model, clean, corrupt, "auto", positions[-2:])  # warm-up
+        tb, ref, pb = measure(lambda: batched_sweep(model, clean, corrupt, positions), 1)
+        tc, out, pc = measure(lambda: entoscope_patching(model, clean, corrupt, "auto", positions), 1)
+        cells = n_layers * len(positions)
+        work = sum((n_layers - L) * (T - p) for L in range(n_layers) for p in positions)
+        print(f"{n_layers:>6} {T:>6} {cells:>5}  {tb:>8.2f}s {tc:>8.2f}s {tb / tc:>6.2f}x "
+              f"{cells * n_layers * T / work:>9.2f}x {float((out - ref).abs().max()):>10.2e} "
+              f"{pb / 2**20:>7.0f}MiB {pc / 2**20:>7.0f}MiB", flush=True)
+        del model
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--length", type=int, default=15)
+    ap.add_argument("--pairs", type=int, default=32, help="pairs of the dataset run")
+    ap.add_argument("--repeat", type=int, default=3, help="runs of each method on one pair (median)")
+    ap.add_argument("--repeat-dataset", type=int, default=1, help="runs of each method on the dataset")
+    ap.add_argument("--full-off", action="store_true", help="also run prefix_reuse off on the dataset")
+    ap.add_argument("--loop-dataset", action="store_true", help="also run the loop baseline (a) on the dataset")
+    ap.add_argument("--backend", choices=["hooked", "bridge"], default="hooked")
+    ap.add_argument("--curves", action="store_true", help="cost against prompt length and layers (one pair)")
+    ap.add_argument("--quick", action="store_true", help="2 layers, 4 pairs, 1 repeat: a smoke run")
+    args = ap.parse_args()
+    if args.quick:
+        args.layers, args.pairs, args.repeat, args.repeat_dataset = 2, 4, 1, 1
+    torch.set_num_threads(args.threads)
+    import transformer_lens  # noqa: F401
+    from importlib.metadata import version
+
+    print(f"torch {torch.__version__}, transformer-lens {version('transformer-lens')}, {torch.get_num_threads()} "
+          f"intra-op threads, {os.cpu_count()} cores, python {sys.version.split()[0]}; backend {args.backend}; "
+          f"peak memory: {MEMORY_MEASURE}")
+    if args.curves:
+        curves(args)
+        return 0
+    t0 = time.perf_counter()
+    model = build_model(args.layers, args.backend)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"model: GPT-2-small-sized random ({args.layers} layers, {n_params / 1e6:.0f}M parameters), built in "
+          f"{time.perf_counter() - t0:.0f} s; {args.layers} x {args.length} = {args.layers * args.length} "
+          f"resid_pre sites")
+    sweep_table(args, model)
     return 0
 
 

@@ -3,8 +3,10 @@ peak-memory measurement. Every benchmark reports ratios against a baseline run i
 
 from __future__ import annotations
 
+import ctypes
 import os
 import resource
+import threading
 import time
 from contextlib import contextmanager
 from typing import Any, Iterator
@@ -78,3 +80,49 @@ def measured(fn: Any, *args: Any) -> tuple[float, float]:
     out = q.get()
     p.join()
     return out
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                      "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def _allocated_reader():
+    """A function giving the bytes malloc has handed out now (glibc >= 2.33), else the resident set size."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = _MallInfo2
+
+        def allocated() -> int:
+            info = libc.mallinfo2()
+            return info.uordblks + info.hblkhd  # heap in use + mmap-ed blocks (torch's big tensors)
+        allocated()
+        return allocated, "bytes allocated (glibc mallinfo2)"
+    except (OSError, AttributeError):
+        import resource
+
+        return (lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024), "max resident set size"
+
+
+ALLOCATED, MEMORY_MEASURE = _allocated_reader()
+
+
+class PeakMemory:
+    """Largest rise of allocated memory during the `with` block, sampled every millisecond in a thread."""
+
+    def __enter__(self) -> PeakMemory:
+        self.start = self.peak = ALLOCATED()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+        return self
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.001):
+            self.peak = max(self.peak, ALLOCATED())
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, ALLOCATED())
+        self.rise = self.peak - self.start

@@ -122,6 +122,31 @@ def test_single_patched_edge_equals_hand_written_hooks(variant):
         torch.testing.assert_close(mine - clean, theirs - clean, atol=float(0.01 * effect) + 2e-6, rtol=0, msg=name)
 
 
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: f"{v[0]}-{v[1]}{'-compat' if v[2] else ''}")
+def test_a_circuit_run_starting_at_its_first_patched_layer_equals_the_full_forward(variant):
+    """EdgePatcher starts each circuit's run at the first block whose receivers read a patched edge, from the
+    clean run; the answer-position logits must equal run_with_edges' full forward."""
+    from entoscope.metrics import at_positions
+    from entoscope.models.split_inputs import CleanRun, PatchedRun
+
+    a = adapt(get_tiny(*variant))
+    graph = ComponentGraph.from_model(a)
+    b = _pair(seed=5)
+    C, _ = corrupt_senders(a, b)
+    clean = CleanRun.of(a, a.run(b.tokens, CleanRun.reads(a.structure)).acts)
+    late = graph.mask.clone()
+    late[:, : a.structure.n_layers // 2 * graph.layout.per_layer_receivers] = False  # receivers of the top half
+    torch.manual_seed(1)
+    for kept in (graph.mask & ~(late & (torch.rand(late.shape) > 0.5)), graph.mask & (torch.rand(late.shape) > 0.5)):
+        patched = (graph.mask & ~kept).float()
+        run = PatchedRun(a, C, patched)
+        expected = at_positions(run_with_edges(a, b.tokens, C, graph, kept), b.last)
+        with torch.no_grad():
+            got = run.logits_at(b.last, b.tokens, clean)
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    assert PatchedRun(a, C, (late & graph.mask).float()).first_layer == a.structure.n_layers // 2
+
+
 def test_patcher_batches_equal_one_prompt_runs():
     model = get_tiny("gpt2", "bridge", False)
     a = adapt(model)

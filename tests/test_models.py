@@ -325,6 +325,19 @@ def test_a_run_without_logits_stops_after_the_last_block_read(tiny):
         handle.remove()
 
 
+def test_logits_at_chosen_positions_are_the_full_runs_rows(tiny):
+    """Right-padded prompts of different lengths: each row's logits at its own last position (a bridge asks
+    HuggingFace to unembed the last positions only) equal those rows of the full logits."""
+    a = adapt(tiny)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randint(1, 300, (3, 9), generator=g)
+    last = torch.tensor([8, 5, 6])
+    full = a.run(x, ["resid_post.1"])
+    some = a.run(x, ["resid_post.1"], logits_at=last)
+    torch.testing.assert_close(some.logits, full.logits[torch.arange(3), last], atol=1e-5, rtol=0)
+    torch.testing.assert_close(some["resid_post.1"], full["resid_post.1"], atol=1e-6, rtol=0)
+
+
 # ---------------------------------------------------------------- names
 def test_aliases_resolve_to_canonical_names():
     assert parse_name("blocks.5.hook_resid_post") == ActName("resid_post", 5)

@@ -13,7 +13,7 @@ from entoscope.models import adapt, load_model
 from entoscope.models.tiny import tiny_model
 from entoscope.patching import Patching, patch_value
 
-from conftest import has_hooked_transformer, needs_hooked
+from conftest import get_tiny, has_hooked_transformer, needs_hooked
 
 BACKENDS = [("bridge", False), ("bridge", True)] + ([("hooked", False)] if has_hooked_transformer() else [])
 
@@ -138,13 +138,20 @@ PREFIX_SITES = [
 ]
 
 
-@needs_hooked
-@pytest.mark.parametrize("family", ["gpt2", "neox", "llama", "demo"])
-def test_prefix_reuse_equals_the_naive_path(family):
-    model = load_model("demo", backend="hooked") if family == "demo" else tiny_model(family, "hooked")
+PREFIX_CASES = [(f, "hooked", False) for f in ("gpt2", "neox", "llama", "demo")] + \
+    [(f, "bridge", False) for f in ("gpt2", "neox", "llama")] + [(f, "bridge", True) for f in ("gpt2", "neox", "llama")]
+
+
+@pytest.mark.parametrize("case", PREFIX_CASES, ids=lambda c: f"{c[0]}-{c[1]}{'-compat' if c[2] else ''}")
+def test_prefix_reuse_equals_the_naive_path(case):
+    family, backend, compat = case
+    if backend == "hooked" and not has_hooked_transformer():
+        pytest.skip("transformer-lens 4.x has no HookedTransformer")
+    model = load_model("demo", backend=backend) if family == "demo" else get_tiny(family, backend, compat)
     data = random_pairs(5, [6, 9, 7, 9, 8], seed=1)  # mixed lengths: padded batches, negative positions
-    paths = ("positions", "layers", "off") if family in ("demo", "gpt2") else ("positions", "off")
-    for sites in PREFIX_SITES:
+    paths = ("positions", "off") if backend == "hooked" and family in ("neox", "llama") else ("positions", "layers", "off")
+    site_sets = PREFIX_SITES if not compat else PREFIX_SITES[::3]  # compatibility mode: the same code, fewer kinds
+    for sites in site_sets:
         results = {}
         for reuse in paths:
             op = Patching(sites=sites, comparison="absolute", prefix_reuse=reuse, batch_size=7)
@@ -152,7 +159,36 @@ def test_prefix_reuse_equals_the_naive_path(family):
             results[reuse] = op.run(model, data, quiet=True).extra["patched"]
         assert results["off"].std() > 0
         for reuse in paths[:-1]:
-            torch.testing.assert_close(results[reuse], results["off"], atol=1e-4, rtol=0)
+            torch.testing.assert_close(results[reuse], results["off"], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("case", [(f, c) for f in ("gpt2", "neox", "llama") for c in (False, True)],
+                         ids=lambda c: f"{c[0]}{'-compat' if c[1] else ''}")
+def test_bridge_sweep_equals_a_plain_full_forward_sweep(case):
+    """The resid_pre layer x position sweep on a bridge (prefix reuse: positions) against one run_with_hooks
+    per prompt and cell, written here."""
+    model = get_tiny(case[0], "bridge", case[1])
+    data = random_pairs(3, [7, 9, 8], seed=4)
+    op = Patching(sites=es.Sites(activation="resid_pre", over=["layer", "position"], positions=[0, 2, 4, -2, -1]),
+                  comparison="absolute", metric="logprob", per_prompt=True)
+    result = op.run(model, data, quiet=True)
+    assert result.extra["path"] == "positions"
+    pp = result.per_prompt
+    for e, ex in enumerate(data):
+        clean, corrupt = torch.tensor([ex.prompt]), torch.tensor([ex.counterfactual])
+        T = clean.shape[1]
+        _, cache = model.run_with_cache(clean)
+        for L in range(adapt(model).structure.n_layers):
+            for p in (0, 2, 4, T - 2, T - 1):
+                def hook(x, hook, p=p, name=f"blocks.{L}.hook_resid_pre"):
+                    x = x.clone()
+                    x[:, p] = cache[name][:, p]
+                    return x
+                with torch.no_grad():
+                    logits = model.run_with_hooks(corrupt, fwd_hooks=[(f"blocks.{L}.hook_resid_pre", hook)])
+                expected = logits[0, -1].log_softmax(-1)[ex.answers[0]]
+                got = pp[(pp.example == e) & (pp.layer == L) & (pp.token_position == p)].patched_metric
+                assert len(got) == 1 and abs(float(got.iloc[0]) - float(expected)) < 1e-5
 
 
 # ---------------------------------------------------------------------- a dataset run equals single-pair runs
@@ -362,7 +398,6 @@ def test_refusals_at_plan_time_run_no_model():
         (dict(method="integrated_gradients", patch="noise"), ioi, ConfigError, "ig_per_row_patch"),
         (dict(method="attribution", kv_mode="query_head", sites=es.Sites(activation="k", over=["layer", "head"])),
          ioi, None, None),  # the demo model has no grouped-query attention: nothing to refuse
-        (dict(prefix_reuse="positions"), ioi, ConfigError, "prefix_reuse_unsupported"),
         (dict(patch="no_such_value"), ioi, UnknownNameError, "unknown_patch"),
         (dict(patch="noise", patch_params={"sigma": 1}), ioi, ConfigError, "patch_param_unknown"),
         (dict(patch="mean", patch_params={"per_position": False},

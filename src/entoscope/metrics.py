@@ -96,6 +96,7 @@ def top1(logits: Tensor, answers: Tensor, wrong: Tensor, reference: Tensor | Non
 
 
 NEEDS_WRONG = {"logit_diff", "prob_diff"}
+ANSWER_LOGITS_ONLY = {"logit_diff", "logit"}  # read no logit but the answers' and wrong answers'
 
 
 class Metric(ConfigModel):

@@ -10,8 +10,11 @@ clean run; none kept, the corrupt run. The biases (attention b_O, MLP biases) ar
 receiver's input whatever is kept. The mechanics (each receiver recomputed from its own residual)
 are in entoscope.models.split_inputs.PatchedRun.
 
-`EdgePatcher` holds, per batch, the corrupt run's sender outputs and the clean run's logits, then
-evaluates any number of circuits with one forward pass per circuit per batch.
+`EdgePatcher` holds, per batch, the corrupt run's sender outputs and the clean run's (its logits,
+residual stream and sender outputs), then evaluates any number of circuits with one forward pass
+per circuit per batch. A circuit's run starts at the first block whose receivers read a patched edge
+(everything below is the clean run: ACDC, which prunes from the logits down, mostly tries circuits
+that differ from the clean run in late layers only), and unembeds the answer positions only.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from torch import Tensor
 from ..data.tokenized import Batch
 from ..metrics import at_positions
 from ..models.adapter import ModelAdapter
-from ..models.split_inputs import PatchedRun, sender_outputs, sender_reads
+from ..models.split_inputs import CleanRun, PatchedRun, sender_outputs, sender_reads
 from .graph import ComponentGraph
 
 MetricFn = Callable[[Tensor, Tensor, Tensor, Tensor | None], Tensor]
@@ -58,17 +61,19 @@ class EdgePatcher:
         self.model, self.graph, self.batches, self.metric = model, graph, list(batches), metric
         self.forward_passes = 0
         self._corrupt: list[Tensor] = []
+        self._clean: list[CleanRun] = []
         self._reference: list[Tensor] = []
         self._answers: list[tuple[Tensor, Tensor]] = []
         full, empty = [], []
         for b in self.batches:
             assert b.answers is not None and b.wrong_answers is not None
             C, corrupt_logits = corrupt_senders(model, b)
-            clean_logits = model.run(b.tokens).logits
+            clean = model.run(b.tokens, CleanRun.reads(model.structure))
             self.forward_passes += 2
-            ref = at_positions(clean_logits, b.last)
+            ref = at_positions(clean.logits, b.last)
             answers, wrong = b.answers.to(ref.device), b.wrong_answers.to(ref.device)
             self._corrupt.append(C)
+            self._clean.append(CleanRun.of(model, clean.acts))
             self._reference.append(ref)
             self._answers.append((answers, wrong))
             full.append(metric(ref, answers, wrong, ref).cpu())
@@ -86,10 +91,13 @@ class EdgePatcher:
     def per_prompt(self, kept: Tensor) -> Tensor:
         """The metric of the circuit `kept` for every prompt, in dataset order: [N]."""
         values = []
-        for b, C, ref, (answers, wrong) in zip(self.batches, self._corrupt, self._reference, self._answers):
-            logits = run_with_edges(self.model, b.tokens, C, self.graph, kept)
+        patched = (self.graph.mask & ~kept.bool())
+        for b, C, clean, ref, (answers, wrong) in zip(self.batches, self._corrupt, self._clean, self._reference,
+                                                      self._answers):
+            with torch.no_grad():
+                logits = PatchedRun(self.model, C, patched.to(C.dtype)).logits_at(b.last, b.tokens, clean)
             self.forward_passes += 1
-            values.append(self.metric(at_positions(logits, b.last), answers, wrong, ref).cpu())
+            values.append(self.metric(logits, answers, wrong, ref).cpu())
         return self._in_order(torch.cat(values))
 
     def mean(self, kept: Tensor) -> float:

@@ -28,8 +28,15 @@ have zero proximity gets importance 0 everywhere; it has then no edge above any 
 Routes. Top-down from the node resid_post.(L-1) at the prompt's last position (where the next
 token, `predicted`, is read): at each level from the top, every edge into a node already in the
 graph whose importance is ABOVE tau (strictly) is kept, and its source node joins the graph.
-Everything is computed batched over prompts; only the kept edges become networkx graphs, one
-MultiDiGraph per prompt (parallel edges: one per head, plus residual and MLP edges).
+
+Work. One read-only forward per batch of prompts (no logits but the last position's). Importances
+are then computed layer by layer from the top, only at the nodes the routes have reached (and at
+each prompt's last position, which the component table reads at every layer), and for each node
+only over its sources j <= i: the (node, source) pairs are listed flat and every head's proximity
+for a pair comes from one batched tensor, with no Python loop over heads or positions.
+`flow_importances` computes those of every node (the same numbers). Only the kept edges become
+networkx graphs, one MultiDiGraph per prompt (parallel edges: one per head, plus residual and MLP
+edges).
 """
 
 from __future__ import annotations
@@ -93,68 +100,119 @@ def proximity(parts: Tensor, total: Tensor) -> Tensor:
     return (total.abs().sum(-1) - (total - parts).abs().sum(-1)).clamp(min=0)
 
 
-def _attention_proximity(total: Tensor, pattern: Tensor, vo: Tensor, granularity: str, max_floats: int) -> Tensor:
-    """Proximity of each attention part pattern[b,h,i,j] * vo[b,j,h] to total[b,i], chunked over queries.
-
-    total [B, T, d], pattern [B, H, T, T], vo [B, T, H, d] -> [B, T, H, T] (head) or [B, T, T] (token).
-    """
-    B, H, T, _ = pattern.shape
-    d = total.shape[-1]
-    per_query = B * T * d * (H if granularity == "head" else 1)
-    chunk = max(1, min(T, max_floats // max(1, per_query)))
-    out = []
-    for q0 in range(0, T, chunk):
-        p = pattern[:, :, q0:q0 + chunk]  # [B, H, q, T]
-        y = total[:, q0:q0 + chunk]  # [B, q, d]
-        if granularity == "head":
-            parts = p.permute(0, 2, 1, 3)[..., None] * vo.permute(0, 2, 1, 3)[:, None]  # [B, q, H, T, d]
-            out.append(proximity(parts, y[:, :, None, None]))
-        else:
-            parts = torch.einsum("bhqk,bkhm->bqkm", p, vo)  # [B, q, T, d]
-            out.append(proximity(parts, y[:, :, None]))
-    return torch.cat(out, dim=1)
-
-
 def _denominator(total: Tensor) -> Tensor:
     """The sum of a node's proximities, with 1 where it is 0 (all shares of that node are then 0)."""
     return torch.where(total > 0, total, torch.ones_like(total))
 
 
+@dataclass
+class _AttentionShares:
+    """Shares of the parts of one layer's attention node at some nodes (zero at the others)."""
+
+    attn: Tensor  # [B, T, H, T] or [B, T, T]
+    residual: Tensor  # [B, T]
+    bias: Tensor  # [B, T]
+    mlp: Tensor | None  # [B, T] (parallel blocks: the MLP writes the same node)
+
+
+def _attention_shares(model: ModelAdapter, acts: dict[ActName, Tensor], layer: int, nodes: Tensor,
+                      granularity: str, max_floats: int, dtype: torch.dtype) -> _AttentionShares:
+    """Shares of every part of the node attention writes at `layer` (resid_mid; resid_post with parallel
+    blocks), at the nodes where `nodes` [B, T] is True.
+
+    The attention parts of node (b, i) are A^h[i, j] (v^h_j @ W_O[h]) for sources j <= i only (the others
+    are zero under causal attention): the (node, source) pairs are listed flat, and each pair's
+    proximities for all heads come from one [pairs, H, d_model] tensor (chunked to `max_floats`)."""
+    s, w = model.structure, model.weights
+
+    def act(kind: str, L: int) -> Tensor:
+        return acts[ActName(kind, L)].to(dtype)
+
+    pre = act("resid_pre", 0) if layer == 0 else act("resid_post", layer - 1)
+    node = act("resid_post" if s.parallel else "resid_mid", layer)
+    B, T, d = node.shape
+    H = s.n_heads
+    b, i = nodes.nonzero(as_tuple=True)  # [Q] the nodes asked
+    y = node[b, i]  # [Q, d]
+    norm = y.abs().sum(-1)
+
+    def closeness(part: Tensor) -> Tensor:  # proximity to y of one part per node, [Q, d] -> [Q]
+        return (norm - (y - part).abs().sum(-1)).clamp(min=0)
+
+    prox_res, prox_bias = closeness(pre[b, i]), closeness(w.b_O(layer).to(dtype).expand_as(y))
+    prox_mlp = closeness(act("mlp_out", layer)[b, i]) if s.parallel else None
+    v = act("v", layer).repeat_interleave(s.group_size, dim=2)  # [B, T, H, d_head] per query head
+    vo = torch.einsum("bkhd,hdm->bkhm", v, w.W_O(layer).to(dtype))  # [B, T, H, d]
+    pattern = act("pattern", layer)  # [B, H, T, T]
+    counts = i + 1  # node (b, i) has sources 0..i
+    owner = torch.repeat_interleave(torch.arange(len(i), device=i.device), counts)  # [N] node of each pair
+    source = torch.arange(len(owner), device=i.device) - (torch.cumsum(counts, 0) - counts)[owner]
+    chunk = max(1, max_floats // (H * d))
+    prox_attn = []
+    for n0 in range(0, len(owner), chunk):
+        o, j = owner[n0:n0 + chunk], source[n0:n0 + chunk]
+        weight = pattern[b[o], :, i[o], j]  # [n, H]
+        parts = weight[..., None] * vo[b[o], j]  # [n, H, d]
+        if granularity == "token":
+            parts = parts.sum(1)  # [n, d]: the heads of the layer as one part
+        target = y[o][:, None] if granularity == "head" else y[o]
+        prox_attn.append((norm[o].reshape(-1, *[1] * (parts.dim() - 2))
+                          - (target - parts).abs().sum(-1)).clamp(min=0))
+    prox_attn_flat = torch.cat(prox_attn) if prox_attn else y.new_zeros((0, H) if granularity == "head" else (0,))
+    total = prox_res + prox_bias + torch.zeros_like(norm).index_add_(
+        0, owner, prox_attn_flat.reshape(len(owner), -1).sum(-1))
+    if prox_mlp is not None:
+        total = total + prox_mlp
+    den = _denominator(total)
+    attn = node.new_zeros((B, T, H, T) if granularity == "head" else (B, T, T))
+    share = prox_attn_flat / den[owner].reshape(-1, *[1] * (prox_attn_flat.dim() - 1))
+    if granularity == "head":
+        attn[b[owner], i[owner], :, source] = share
+    else:
+        attn[b[owner], i[owner], source] = share
+
+    def dense(values: Tensor) -> Tensor:
+        out = node.new_zeros(B, T)
+        out[b, i] = values / den
+        return out
+    return _AttentionShares(attn, dense(prox_res), dense(prox_bias), None if prox_mlp is None else dense(prox_mlp))
+
+
+def _mlp_shares(acts: dict[ActName, Tensor], layer: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """Sequential blocks: (MLP, residual) shares of resid_post.layer at every position, [B, T] each."""
+    post = acts[ActName("resid_post", layer)].to(dtype)
+    prox_mlp = proximity(acts[ActName("mlp_out", layer)].to(dtype), post)
+    prox_res = proximity(acts[ActName("resid_mid", layer)].to(dtype), post)
+    den = _denominator(prox_mlp + prox_res)
+    return prox_mlp / den, prox_res / den
+
+
+def _dtype(acts: dict[ActName, Tensor]) -> torch.dtype:
+    """At least float32 (L1 norms of half-precision vectors lose too much)."""
+    return torch.promote_types(acts[ActName("resid_pre", 0)].dtype, torch.float32)
+
+
 def flow_importances(model: ModelAdapter, acts: dict[ActName, Tensor], granularity: Granularity = "head",
                      max_floats: int = 2**25) -> FlowImportances:
-    """Importances of all nodes' parts, from the activations of `flow_reads` (one batched run).
-
-    Computed in float32 at least (L1 norms of half-precision vectors lose too much)."""
-    s, w = model.structure, model.weights
-    dtype = torch.promote_types(acts[ActName("resid_pre", 0)].dtype, torch.float32)
-
-    def act(kind: str, layer: int) -> Tensor:
-        return acts[ActName(kind, layer)].to(dtype)
-
+    """Importances of the parts of EVERY node, from the activations of `flow_reads` (one batched run).
+    (`trace_routes` computes only those of the nodes its routes reach.)"""
+    s = model.structure
+    dtype = _dtype(acts)
+    B, T = acts[ActName("resid_pre", 0)].shape[:2]
+    every = torch.ones(B, T, dtype=torch.bool, device=acts[ActName("resid_pre", 0)].device)
     attn, attn_res, attn_bias, mlp, mlp_res = [], [], [], [], []
     for L in range(s.n_layers):
-        pre = act("resid_pre", 0) if L == 0 else act("resid_post", L - 1)
-        node = act("resid_post" if s.parallel else "resid_mid", L)
-        v = act("v", L).repeat_interleave(s.group_size, dim=2)  # per query head
-        vo = torch.einsum("bkhd,hdm->bkhm", v, w.W_O(L).to(dtype))
-        prox_attn = _attention_proximity(node, act("pattern", L), vo, granularity, max_floats)
-        prox_res = proximity(pre, node)
-        prox_bias = proximity(w.b_O(L).to(dtype), node)
-        total = prox_res + prox_bias + prox_attn.flatten(2).sum(-1)
+        shares = _attention_shares(model, acts, L, every, granularity, max_floats, dtype)
+        attn.append(shares.attn)
+        attn_res.append(shares.residual)
+        attn_bias.append(shares.bias)
         if s.parallel:
-            prox_mlp = proximity(act("mlp_out", L), node)
-            total = total + prox_mlp
-            mlp.append(prox_mlp / _denominator(total))
+            assert shares.mlp is not None
+            mlp.append(shares.mlp)
         else:
-            post = act("resid_post", L)
-            prox_mlp, prox_mlp_res = proximity(act("mlp_out", L), post), proximity(node, post)
-            denominator = _denominator(prox_mlp + prox_mlp_res)
-            mlp.append(prox_mlp / denominator)
-            mlp_res.append(prox_mlp_res / denominator)
-        denominator = _denominator(total)
-        attn.append(prox_attn / denominator.reshape(*denominator.shape, *[1] * (prox_attn.dim() - 2)))
-        attn_res.append(prox_res / denominator)
-        attn_bias.append(prox_bias / denominator)
+            m, r = _mlp_shares(acts, L, dtype)
+            mlp.append(m)
+            mlp_res.append(r)
     return FlowImportances(s.parallel, granularity, torch.stack(attn), torch.stack(attn_res), torch.stack(attn_bias),
                            torch.stack(mlp), None if s.parallel else torch.stack(mlp_res))
 
@@ -178,36 +236,55 @@ class Routes:
     alive_post: Tensor
 
 
-def trace_routes(imp: FlowImportances, last: Tensor, tau: float) -> Routes:
-    """Top-down from resid_post.(L-1)@last: keep the edges above tau into nodes already in the graph."""
-    L, B, T = imp.attn_residual.shape
-    alive_post = torch.zeros(L, B, T, dtype=torch.bool)
-    alive_post[L - 1, torch.arange(B), last] = True
-    alive_node = torch.zeros_like(alive_post)
-    alive_pre = torch.zeros_like(alive_post)
-    keep_attn = torch.zeros(imp.attn.shape, dtype=torch.bool)
-    keep_res = torch.zeros_like(alive_post)
-    keep_mlp = torch.zeros_like(alive_post)
-    keep_mlp_res = None if imp.parallel else torch.zeros_like(alive_post)
+def trace_routes(model: ModelAdapter, acts: dict[ActName, Tensor], last: Tensor, tau: float,
+                 granularity: Granularity = "head", max_floats: int = 2**25) -> tuple[FlowImportances, Routes]:
+    """Top-down from resid_post.(L-1)@last: keep the edges above tau into nodes already in the graph.
+
+    Importances are computed layer by layer from the top, only where they are needed: at the nodes the
+    routes have reached, and at each prompt's last position (the table reads every layer there); they
+    are 0 elsewhere. The kept edges equal thresholding `flow_importances` (every node) top-down."""
+    s = model.structure
+    dtype = _dtype(acts)
+    ref = acts[ActName("resid_pre", 0)]
+    B, T = ref.shape[:2]
+    L, dev = s.n_layers, ref.device
+    H = s.n_heads if granularity == "head" else None
+    zeros = lambda *shape, kind=dtype: torch.zeros(*shape, dtype=kind, device=dev)  # noqa: E731
+    attn_shape = (L, B, T, H, T) if H else (L, B, T, T)
+    imp = FlowImportances(s.parallel, granularity, zeros(*attn_shape), zeros(L, B, T), zeros(L, B, T),
+                          zeros(L, B, T), None if s.parallel else zeros(L, B, T))
+    at_last = zeros(B, T, kind=torch.bool)
+    at_last[torch.arange(B, device=dev), last.to(dev)] = True
+    alive_post, alive_node, alive_pre = (zeros(L, B, T, kind=torch.bool) for _ in range(3))
+    keep_attn = zeros(*attn_shape, kind=torch.bool)
+    keep_res, keep_mlp = zeros(L, B, T, kind=torch.bool), zeros(L, B, T, kind=torch.bool)
+    keep_mlp_res = None if s.parallel else zeros(L, B, T, kind=torch.bool)
     for layer in range(L - 1, -1, -1):
-        if layer < L - 1:
-            alive_post[layer] = alive_pre[layer + 1]
-        if imp.parallel:
-            alive_node[layer] = alive_post[layer]
-            keep_mlp[layer] = (imp.mlp[layer] > tau) & alive_node[layer]
-        else:
+        alive_post[layer] = at_last if layer == L - 1 else alive_pre[layer + 1]
+        if not s.parallel:
             assert imp.mlp_residual is not None and keep_mlp_res is not None
-            keep_mlp[layer] = (imp.mlp[layer] > tau) & alive_post[layer]
-            keep_mlp_res[layer] = (imp.mlp_residual[layer] > tau) & alive_post[layer]
+            m, r = _mlp_shares(acts, layer, dtype)
+            asked = alive_post[layer] | at_last
+            imp.mlp[layer], imp.mlp_residual[layer] = m * asked, r * asked
+            keep_mlp[layer] = (m > tau) & alive_post[layer]
+            keep_mlp_res[layer] = (r > tau) & alive_post[layer]
             alive_node[layer] = keep_mlp[layer] | keep_mlp_res[layer]
-        live = alive_node[layer].reshape(B, T, *([1] * (imp.attn.dim() - 3)))
-        keep_attn[layer] = (imp.attn[layer] > tau) & live
-        keep_res[layer] = (imp.attn_residual[layer] > tau) & alive_node[layer]
+        else:
+            alive_node[layer] = alive_post[layer]
+        shares = _attention_shares(model, acts, layer, alive_node[layer] | at_last, granularity, max_floats, dtype)
+        imp.attn[layer], imp.attn_residual[layer], imp.attn_bias[layer] = shares.attn, shares.residual, shares.bias
+        if s.parallel:
+            assert shares.mlp is not None
+            imp.mlp[layer] = shares.mlp
+            keep_mlp[layer] = (shares.mlp > tau) & alive_node[layer]
+        live = alive_node[layer].reshape(B, T, *([1] * (shares.attn.dim() - 2)))
+        keep_attn[layer] = (shares.attn > tau) & live
+        keep_res[layer] = (shares.residual > tau) & alive_node[layer]
         sources = keep_attn[layer].flatten(1, -2).any(dim=1)  # [B, source]: any query (and head) kept
         alive_pre[layer] = keep_res[layer] | sources
-        if imp.parallel:
+        if s.parallel:
             alive_pre[layer] |= keep_mlp[layer]
-    return Routes(keep_attn, keep_res, keep_mlp, keep_mlp_res, alive_node, alive_pre, alive_post)
+    return imp, Routes(keep_attn, keep_res, keep_mlp, keep_mlp_res, alive_node, alive_pre, alive_post)
 
 
 def node_id(state: str, layer: int, position: int) -> str:
@@ -330,12 +407,11 @@ class InformationFlowRoutes(Operation):
         comp_last = torch.zeros_like(comp_sum)
         for batch in progress(st["batches"], total=len(st["batches"]), desc="ifr", quiet=quiet):
             with torch.no_grad():
-                out = model.run(batch.tokens, reads)
-                imp = flow_importances(model, out.acts, self.granularity, st["max_floats"])
-                imp = _to_cpu(imp)
                 last = batch.last
-                routes = trace_routes(imp, last, self.tau)
-                predicted = out.logits[torch.arange(len(batch)), last.to(out.logits.device)].argmax(-1).cpu()
+                out = model.run(batch.tokens, reads, logits_at=last)
+                imp, routes = trace_routes(model, out.acts, last, self.tau, self.granularity, st["max_floats"])
+                imp, routes = _to_cpu(imp), _routes_to_cpu(routes)
+                predicted = out.logits.argmax(-1).cpu()
             idx = torch.tensor(batch.index)
             _component_stats(imp, routes, last, idx, comp_sum, comp_edges, comp_last)
             for j, ex in enumerate(batch.index):
@@ -383,6 +459,11 @@ def _to_cpu(imp: FlowImportances) -> FlowImportances:
     fields = ("attn", "attn_residual", "attn_bias", "mlp", "mlp_residual")
     return replace(imp, **{f: None if getattr(imp, f) is None else getattr(imp, f).detach().float().cpu()
                            for f in fields})
+
+
+def _routes_to_cpu(routes: Routes) -> Routes:
+    return Routes(**{f: None if getattr(routes, f) is None else getattr(routes, f).cpu()
+                     for f in routes.__dataclass_fields__})
 
 
 def _component_stats(imp: FlowImportances, routes: Routes, last: Tensor, idx: Tensor, comp_sum: Tensor,

@@ -11,6 +11,7 @@ activations equal a one-prompt run. Values at pad positions are meaningless and 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -314,11 +315,16 @@ class ModelAdapter:
 
     # ------------------------------------------------------------------ runs
     def run(self, tokens: Tensor, read: Iterable[ActName | str] = (), *,
-            interventions: Sequence[Intervention] = (), grad: bool = False, logits: bool = True) -> RunOutput:
+            interventions: Sequence[Intervention] = (), grad: bool = False, logits: bool = True,
+            logits_at: Tensor | None = None) -> RunOutput:
         """One batched forward pass: logits and the activations named in `read`.
 
         With logits=False a read-only run stops after the last block it reads (TransformerLens's
         stop_at_layer), skipping the later blocks, the final norm and the unembedding; `.logits` is None.
+        (A bridge cannot stop after its last block: there HuggingFace is asked for the last position's
+        logits only, `logits_to_keep=1`, where its forward takes that argument.)
+        With `logits_at` (one position per row, [B]) `.logits` holds only those rows' logits, [B, d_vocab]
+        (a read-only bridge run unembeds the positions from the earliest of them on only).
 
         Without interventions or gradients the run goes through `run_with_cache` (so a CachedModel
         serves it from disk); otherwise through `run_with_hooks`, never cached. With `grad=True`
@@ -333,10 +339,15 @@ class ModelAdapter:
             for base in self._sources(act):
                 hooks_needed[self._hook(base)] = base
         with torch.set_grad_enabled(grad):  # derived reads (result, unfolded norms) too
+            logits = logits or logits_at is not None
             stop = None if logits or ivs or grad else self._stop_layer(list(hooks_needed.values()))
+            kept = tokens.shape[1]  # positions HuggingFace unembeds (the last ones)
             fwd_hooks = self.intervention_hooks(ivs)
             if not ivs and not grad:
-                kw = {} if stop is None else {"stop_at_layer": stop}
+                kw: dict[str, Any] = {} if stop is None else {"stop_at_layer": stop}
+                if (not logits or logits_at is not None) and self._keeps_last_logits():
+                    kept = 1 if not logits else kept - int(logits_at.min())
+                    kw["logits_to_keep"] = kept
                 out_logits, cache = self.runner.run_with_cache(
                     tokens, names_filter=sorted(hooks_needed), return_type="logits", **kw)
                 raw = {base: cache[h] for h, base in hooks_needed.items()}
@@ -346,8 +357,21 @@ class ModelAdapter:
                     fwd_hooks.append((h, self._saver(raw, base)))
                 out_logits = self.tl.run_with_hooks(tokens, fwd_hooks=fwd_hooks, return_type="logits")
             out = {act: self._derive(act, raw) for act in acts}
+        if logits_at is not None:
+            rows = torch.arange(len(logits_at), device=out_logits.device)
+            out_logits = out_logits[rows, logits_at.to(out_logits.device) - (tokens.shape[1] - kept)]
         self._check_finite(tokens, fwd_hooks if ivs else [], out_logits if logits else None, out)
         return RunOutput(out_logits if logits else None, out)
+
+    def _keeps_last_logits(self) -> bool:
+        """Whether this bridge's HuggingFace forward can unembed the last position only (logits_to_keep)."""
+        if self.backend != "bridge":
+            return False
+        forward = getattr(getattr(self.tl, "original_model", None), "forward", None)
+        try:
+            return "logits_to_keep" in inspect.signature(forward).parameters
+        except (TypeError, ValueError):
+            return False
 
     def _check_finite(self, tokens: Tensor, fwd_hooks: list, logits: Tensor | None, acts: dict[ActName, Tensor]) -> None:
         """NaN/inf in what a run returns is an error naming the first hook point where it appears."""

@@ -415,6 +415,30 @@ class PatchedRun:
     def run(self, tokens: Tensor) -> RunOutput:
         return self.model.run(tokens, interventions=self.interventions())
 
+    @property
+    def first_layer(self) -> int:
+        """The first block with a receiver that reads a patched edge (n_layers when only the logits do)."""
+        touched = self.touched.nonzero()[:, 0]
+        if not len(touched):
+            return self.s.n_layers
+        return min(int(touched[0]) // self.layout.per_layer_receivers, self.s.n_layers)
+
+    def logits_at(self, positions: Tensor, tokens: Tensor, clean: CleanRun | None = None) -> Tensor:
+        """Logits [B, d_vocab] at `positions` of this patched run. Every receiver below `first_layer`
+        reads only kept edges, so up to there the run IS the clean one: given `clean` (and a model that
+        can start at a layer), the run starts at that block from the clean residual, with the senders
+        below it at their clean outputs; otherwise it is a full forward."""
+        from .partial import Start, logits_at, prefix_support
+
+        if clean is None or prefix_support(self.model) == "none":
+            return logits_at(self.model, positions, tokens=tokens, interventions=self.interventions())
+        layer = min(self.first_layer, self.s.n_layers - 1)
+        below = self.layout.senders_before_attn(layer)
+        self.actual[:, :, :below] = clean.senders[:, :, :below]
+        start = Start(layer, 0, clean.resid[layer])
+        return logits_at(self.model, positions, start=start, interventions=self.interventions())
+
+
     # --- the pieces
     def _offsets(self, n_read: int, receivers: Tensor) -> Tensor:
         """[B, T, len(receivers), d]: sum_s patched[s, r] (corrupt_s - actual_s) over the first n_read
@@ -489,3 +513,21 @@ class PatchedRun:
     def _final(self, x: Tensor) -> Tensor:
         offset = self._offsets(self.layout.n_senders, torch.tensor([self.layout.logits_receiver]))[:, :, 0]
         return x + offset
+
+
+@dataclass
+class CleanRun:
+    """What patched runs starting part-way take from the clean run: the residual entering each block
+    (resid[L]: [B, T, d_model]) and every sender's output ([B, T, n_senders, d_model])."""
+
+    resid: list[Tensor]
+    senders: Tensor
+
+    @staticmethod
+    def reads(s: Structure) -> list[ActName]:
+        return sorted(set(sender_reads(s)) | {ActName("resid_pre", L) for L in range(s.n_layers)})
+
+    @staticmethod
+    def of(model: ModelAdapter, acts: dict[ActName, Tensor]) -> CleanRun:
+        resid = [acts[ActName("resid_pre", L)] for L in range(model.structure.n_layers)]
+        return CleanRun(resid, sender_outputs(model, acts))

@@ -35,7 +35,7 @@ from ..metrics import at_positions
 from ..models.partial import logits_at, slice_start
 from .references import Chunk, Pairs, run_sources, score
 from .slots import grid_index, make_slots
-from .writes import Setup, score_rows, slot_values
+from .writes import Setup, answer_columns, score_rows, slot_values
 
 ROWS_PER_BLOCK = 4096  # (example, unit) rows whose slots are gathered at once
 
@@ -142,12 +142,14 @@ def ig_chunk(setup: Setup, chunk: Chunk, steps: int, rule: str, max_rows: int,
             leaf: dict[str, Tensor] = {}
             iv = Intervention(act, _interpolate(delta, ex, coef, leaf))
             positions = chunk.last[ex]
+            columns = answer_columns(setup, chunk, ex)
             if setup.path != "none" and act.layer is not None:
                 start = slice_start(chunk.acts["base"], ex.to(model.device), act.layer, 0, model.structure.n_layers)
-                logits = logits_at(model, positions, start=start, interventions=[iv], grad=True)
+                logits = logits_at(model, positions, start=start, interventions=[iv], grad=True, columns=columns)
             else:
-                logits = logits_at(model, positions, tokens=chunk.base_tokens[ex], interventions=[iv], grad=True)
-            m = score_rows(setup.metric, chunk, ex, logits)
+                logits = logits_at(model, positions, tokens=chunk.base_tokens[ex], interventions=[iv], grad=True,
+                                   columns=columns)
+            m = score_rows(setup.metric, chunk, ex, logits, columns)
             (g,) = torch.autograd.grad(m.sum(), [leaf["x"]], allow_unused=True)
             if g is not None:
                 total.index_add_(0, ex.to(total.device), g.detach().double())

@@ -1,12 +1,14 @@
 """Exact patching, batched: many (prompt, patch) rows in one forward, each starting where it can.
 
-Every row is one example patched at one unit. Rows are sorted by the first layer their patch can
-change and, under causal attention, the first position; a batch of rows then runs blocks L.. on
-positions P.. only (HookedTransformer: `models.partial`), from the base runs' cached residual
-stream and keys/values, and reads logits at the answer positions alone. Which rows share a batch
-is chosen per layer by a small dynamic programme over the start positions: a batch costs a fixed
-overhead plus rows x (T - P) token-blocks. On a backend that cannot start part-way
-(TransformerBridge) every batch is a full forward of the rows' base prompts.
+Every row is one example patched at one unit. A row's patch can change nothing before its first
+layer L and, under causal attention, its first position p; the row then runs blocks L.. on positions
+p.. only (`models.partial`: HookedTransformer and TransformerBridge alike), from the base runs'
+cached residual stream and keys/values, and logits are read at the answer positions alone. Rows are
+grouped by first position (a small dynamic programme over the sorted start positions: a batch costs
+a fixed overhead per block call plus, per row, (n_layers - L) x (T - P) token-blocks, P the batch's
+first position); within a batch, rows enter the run at their own first layer, so a batch's matrices
+grow as it goes deeper. On a model that cannot start part-way (`prefix_support` "none") every batch
+is a full forward of the rows' base prompts.
 
 All writes into one activation are one intervention that indexes rows (`writes.Edits`); values
 come from the unpatched runs (`writes.slot_values`).
@@ -27,66 +29,97 @@ from ..metrics import metric_where
 from ..models.partial import attention_scale, logits_at, slice_start
 from .references import Chunk
 from .slots import Slots, grid_index, make_slots, row_starts
-from .writes import Edits, Setup, score_rows, slot_values
+from .writes import Edits, Setup, answer_columns, score_rows, slot_values
 
-OVERHEAD_TOKENS = 64  # what one more forward costs, in rows x positions (weights read, Python, hooks)
+# What one more block call costs, in token-blocks (one position through one block): the weights streamed
+# from memory once per call (about as much as BLOCK_STREAM tokens of work on a CPU) plus a fixed Python and
+# hook overhead of about BLOCK_CALL_MACS multiply-adds. Measured on GPT-2-small-sized models (about 25).
+BLOCK_STREAM = 16
+BLOCK_CALL_MACS = 6e7
 
 
 @dataclass
 class RowBatch:
-    """Rows (example in the chunk, unit) run together from block `layer` (-1: a full run), position `position`."""
+    """Rows (example in the chunk, unit) run together from position `position`, each from its own first
+    block `layers[i]` (sorted: rows with later layers join the run there; -1: a full run)."""
 
     ex: Tensor
     unit: Tensor
-    layer: int
+    layers: Tensor
     position: int
+
+    @property
+    def layer(self) -> int:
+        """The first block the batch runs (-1: full runs)."""
+        return int(self.layers[0])
 
     def __len__(self) -> int:
         return len(self.ex)
 
 
+def block_overhead(setup: Setup) -> float:
+    """One block call's fixed cost, in token-blocks (see BLOCK_STREAM)."""
+    s = setup.model.structure
+    per_token = 2 * s.d_model * s.d_head * (s.n_heads + s.n_kv_heads) + s.d_model * s.d_mlp * (3 if s.gated_mlp else 2)
+    return BLOCK_STREAM + BLOCK_CALL_MACS / max(1, per_token)
+
+
 def schedule(setup: Setup, base_len: Tensor, max_rows: int, base_roles: Tensor | None = None) -> list[RowBatch]:
-    """Every (example, unit) row of a chunk, in batches of at most `max_rows`."""
+    """Every (example, unit) row of a chunk, in batches of at most `max_rows`.
+
+    Rows that start part-way are grouped by their first position (a dynamic programme over the sorted
+    start positions, `_split`); within a group rows are sorted by first layer and run together, each
+    joining the run at its own layer. Rows of model-level units (layer -1) run full forwards."""
     C, U = len(base_len), setup.n_units
     ex = torch.arange(C).repeat_interleave(U)
     unit = torch.arange(U).repeat(C)
     if setup.path == "none":
-        return [RowBatch(ex[i:i + max_rows], unit[i:i + max_rows], -1, 0) for i in range(0, len(ex), max_rows)]
-    layer = setup.unit_layer[unit]
+        layer = torch.full_like(ex, -1)
+    else:
+        layer = setup.unit_layer[unit]
+    full = layer < 0
+    batches = [RowBatch(ex[full][i:i + max_rows], unit[full][i:i + max_rows], layer[full][i:i + max_rows], 0)
+               for i in range(0, int(full.sum()), max_rows)]
+    ex, unit, layer = ex[~full], unit[~full], layer[~full]
+    if not len(ex):
+        return batches
     if setup.path == "positions":
         start = torch.minimum(row_starts(setup.groups, ex, unit, base_len, base_roles), base_len[ex] - 1)
-        start = torch.where(layer < 0, torch.zeros_like(start), start)
     else:
         start = torch.zeros_like(ex)
-    T = int(base_len.max())
-    order = torch.argsort(layer * (T + 1) + start, stable=True)
+    T, n = int(base_len.max()), setup.model.structure.n_layers
+    order = torch.argsort(start * (n + 1) + layer, stable=True)
     ex, unit, layer, start = ex[order], unit[order], layer[order], start[order]
-    batches = []
-    for L in torch.unique(layer).tolist():
-        sel = (layer == L).nonzero().flatten()
-        lo = int(sel[0])
-        for a, b in _split(start[sel], T, max_rows, full=L < 0):
-            for i in range(lo + a, lo + b, max_rows):
-                j = min(i + max_rows, lo + b)
-                batches.append(RowBatch(ex[i:j], unit[i:j], int(L), 0 if L < 0 else int(start[i])))
+    for a, b in _split(start, layer, T, n, max_rows, block_overhead(setup)):
+        by_layer = a + torch.argsort(layer[a:b], stable=True)
+        for i in range(0, b - a, max_rows):
+            rows = by_layer[i:i + max_rows]
+            batches.append(RowBatch(ex[rows], unit[rows], layer[rows], int(start[a])))
     return batches
 
 
-def _split(starts: Tensor, T: int, max_rows: int, full: bool) -> list[tuple[int, int]]:
-    """Split sorted start positions into runs [a, b) minimising sum(overhead + rows x (T - first start))."""
+def _split(starts: Tensor, layers: Tensor, T: int, n_layers: int, max_rows: int,
+           overhead: float) -> list[tuple[int, int]]:
+    """Split rows sorted by start position into runs [a, b) minimising the sum over runs of
+    (blocks walked x overhead per block call) + sum over rows of (n_layers - layer) x (T - first start)."""
     n = len(starts)
     values, counts = torch.unique_consecutive(starts, return_counts=True)
     k = len(values)
-    if full or k == 1 or k > 512:
+    if k == 1 or k > 512:
         return [(0, n)]
     cum = [0] + torch.cumsum(counts, 0).tolist()
+    work = [0] + torch.cumsum(n_layers - layers, 0).tolist()  # token-blocks per position, cumulated
+    low = [int(layers[cum[i]:cum[i + 1]].min()) for i in range(k)]  # first layer among each start's rows
     v = values.tolist()
     best = [0.0] + [math.inf] * k
     back = [0] * (k + 1)
     for j in range(1, k + 1):
-        for i in range(j):
+        first = n_layers
+        for i in range(j - 1, -1, -1):
+            first = min(first, low[i])
             rows = cum[j] - cum[i]
-            cost = best[i] + math.ceil(rows / max_rows) * OVERHEAD_TOKENS + rows * (T - v[i])
+            cost = (best[i] + math.ceil(rows / max_rows) * (n_layers - first) * overhead
+                    + (work[cum[j]] - work[cum[i]]) * (T - v[i]))
             if cost < best[j]:
                 best[j], back[j] = cost, i
     cuts, j = [], k
@@ -106,16 +139,17 @@ def exact_chunk(setup: Setup, chunk: Chunk, batches: list[RowBatch], tick: Calla
             edits = build_edits(setup, chunk, b)
             positions = chunk.last[b.ex] - b.position
             ivs = edits.interventions()
+            columns = answer_columns(setup, chunk, b.ex)
             if b.layer < 0:
-                logits = logits_at(model, positions, tokens=chunk.base_tokens[b.ex], interventions=ivs)
+                logits = logits_at(model, positions, tokens=chunk.base_tokens[b.ex], interventions=ivs, columns=columns)
             else:
-                start = slice_start(base, b.ex.to(model.device), b.layer, b.position, model.structure.n_layers)
-                logits = logits_at(model, positions, start=start, interventions=ivs)
+                start = slice_start(base, b.ex.to(model.device), b.layers, b.position, model.structure.n_layers)
+                logits = logits_at(model, positions, start=start, interventions=ivs, columns=columns)
             units = sorted(set(b.unit.tolist()))
             sites = [setup.unit_labels[u] for u in units[:4]] if setup.unit_labels else units[:4]
             with metric_where(f"patched rows of site(s) {', '.join(map(str, sites))}"
                               f"{' ...' if len(units) > 4 else ''}"):
-                out[b.ex, b.unit] = score_rows(setup.metric, chunk, b.ex, logits).double().cpu()
+                out[b.ex, b.unit] = score_rows(setup.metric, chunk, b.ex, logits, columns).double().cpu()
             tick()
     return out
 

@@ -22,10 +22,10 @@ from pydantic import Field
 from ..data.examples import Dataset
 from ..data.tokenized import length_batches, pad_id, tokenize_data
 from ..errors import ConfigError, DataError, SiteError
-from ..metrics import Metric, metric_where
+from ..metrics import ANSWER_LOGITS_ONLY, Metric, metric_where
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
-from ..models.partial import has_taps, prefix_reads, prefix_support
+from ..models.partial import has_taps, prefix_note, prefix_reads, prefix_support
 from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
 from ..results.result import Result
 from ..sites import Sites, resolve_positions
@@ -111,12 +111,14 @@ class Patching(Operation):
         value_names = [ActName("rot_k", g.act.layer) if g.query_head and g.act.kind == "k"
                        and model.structure.positional == "rotary" else g.act for g in groups]
         setup = Setup(model, groups, value_names, len(siteset), unit_layers(members), value, params, needs, metric,
-                      self.align, self.source_position, self.seed, self._path(model), pairs.source is not None)
+                      self.align, self.source_position, self.seed, self._path(model), pairs.source is not None,
+                      answer_logits_only=self.metric.type in ANSWER_LOGITS_ONLY)
         setup.unit_labels = [u.label for u in siteset.units]
         reads = self._reads(model, setup)
         lengths = [max(len(b), len(s)) for b, s in zip(pairs.base, pairs.source_role)]
         T = max(lengths)
-        per_example = _bytes_per_example(model, reads, T)
+        past_from = self._past_from(setup)
+        per_example = _bytes_per_example(model, reads, T, past_from)
         if self.method == "attribution":
             per_example += _backward_bytes(model, T)
         chunk_size = max(1, min(len(td), 64, int(self.memory_budget_mb * 2**20 / 2) // max(1, per_example)))
@@ -129,6 +131,7 @@ class Patching(Operation):
         plan = self._plan(model, td, siteset, setup, chunks, schedules, rows, per_example, T)
         state = {"td": td, "pairs": pairs, "siteset": siteset, "setup": setup, "reads": reads, "chunks": chunks,
                  "schedules": schedules, "rows": rows, "pad": pad_id(model), "mean_chunk": chunk_size,
+                 "past_from": past_from,
                  "ticks": self._ticks(chunks, schedules, rows, groups)}
         return Prepared(model, data, plan, state)
 
@@ -221,10 +224,10 @@ class Patching(Operation):
             return support if self.method == "exact" else ("layers" if support != "none" else "none")
         rank = {"none": 0, "layers": 1, "positions": 2}
         if rank[support] < rank[self.prefix_reuse]:
+            why = prefix_note(model)
             raise ConfigError(f"prefix_reuse: {self.prefix_reuse} is not possible on this model (it supports "
-                              f"{support!r})", code="prefix_reuse_unsupported",
-                              remedy="use prefix_reuse: auto (TransformerBridge always runs full forwards; a "
-                              "HookedTransformer starts at a layer)")
+                              f"{support!r}{': ' + why if why else ''})", code="prefix_reuse_unsupported",
+                              remedy="use prefix_reuse: auto (it takes what this model supports)")
         if self.method == "integrated_gradients":
             return "layers"
         return self.prefix_reuse
@@ -232,9 +235,8 @@ class Patching(Operation):
     def _reads(self, model: ModelAdapter, setup: Setup) -> dict[str, list[ActName]]:
         names = sorted(set(setup.value_names))
         base: set[ActName] = set()
-        if setup.path != "none":  # exact runs start at each unit's first layer, IG at each activation's
-            starts = setup.unit_layer.tolist() if self.method == "exact" else [g.act.layer for g in setup.groups]
-            layers = sorted({int(L) for L in starts if L is not None and L >= 0})
+        layers = self._start_layers(setup)
+        if setup.path != "none":
             base |= set(prefix_reads(model, layers, positions=setup.path == "positions"))
         if self.method != "exact":
             base |= {g.act for g in setup.groups}
@@ -242,6 +244,16 @@ class Patching(Operation):
             base |= set(names)
         return {"base": sorted(base), "source": names if "source" in setup.needs else [],
                 "resample": names if "resample" in setup.needs else [], "mean": names if "mean" in setup.needs else []}
+
+    def _start_layers(self, setup: Setup) -> list[int]:
+        """The layers patched runs start at: each unit's first layer (exact), each activation's (IG)."""
+        starts = setup.unit_layer.tolist() if self.method == "exact" else [g.act.layer for g in setup.groups]
+        return sorted({int(L) for L in starts if L is not None and L >= 0})
+
+    def _past_from(self, setup: Setup) -> int | None:
+        """The first layer whose cached keys/values runs starting at a position need (None: no such runs)."""
+        layers = self._start_layers(setup)
+        return min(layers) if layers and setup.path == "positions" else None
 
     def _row_batch(self, model: ModelAdapter, T: int, setup: Setup) -> int:
         if self.batch_size is not None:
@@ -268,7 +280,7 @@ class Patching(Operation):
             batches = [len(b) for sch in schedules for b in sch]
             forward, backward = E * references + mean + E * U, 0
             sizes += batches
-            notes.append(_path_note(setup.path))
+            notes.append(_path_note(model, setup.path, self.prefix_reuse))
         elif self.method == "attribution":
             forward, backward = E * references + mean, E
             notes.append("attribution: per batch of prompts, one forward with gradients, one backward and one "
@@ -279,7 +291,7 @@ class Patching(Operation):
             forward, backward = E * references + mean + runs, runs
             sizes += [min(rows, E * self.ig_steps)] * max(1, -(-runs // rows))
             notes.append(f"integrated gradients: {self.ig_steps} points, {self.ig_rule} rule, alpha = "
-                         f"{_alpha_text(self.ig_rule)}; {_path_note(setup.path)}")
+                         f"{_alpha_text(self.ig_rule)}; {_path_note(model, setup.path, self.prefix_reuse)}")
         if any(g.query_head for g in setup.groups):
             notes.append("k/v: each query head's own copy is patched (kv_mode query_head)")
         elif {g.act.kind for g in setup.groups} & {"k", "v"} and model.structure.group_size > 1:
@@ -329,7 +341,7 @@ class Patching(Operation):
             tick()
         else:
             with torch.no_grad():
-                run_base(model, chunk, reads["base"], setup.metric)
+                run_base(model, chunk, reads["base"], setup.metric, st["past_from"])
                 run_sources(model, chunk, pairs, reads, setup.metric, st["pad"], with_source=setup.with_source)
             if self.method == "exact":
                 result = exact_chunk(setup, chunk, st["schedules"][ci], tick)
@@ -396,12 +408,15 @@ def _check_source_position(groups: list) -> None:
                             remedy="add position to sites.over, or give positions in coordinates")
 
 
-def _bytes_per_example(model: ModelAdapter, reads: dict[str, list[ActName]], T: int) -> int:
+def _bytes_per_example(model: ModelAdapter, reads: dict[str, list[ActName]], T: int, past_from: int | None) -> int:
     total = 0
     for run, names in reads.items():
         for name in names:
             kind = {"rot_k": "k", "rot_q": "q"}.get(name.kind, name.kind)
             total += int(np.prod(list(model.axis_sizes(name if kind == "features" else kind, T).values()))) * FLOAT
+    if past_from is not None and model.backend == "bridge":  # the recorded keys and values (record_past)
+        s = model.structure
+        total += 2 * (s.n_layers - past_from) * T * s.n_kv_heads * s.d_head * FLOAT
     return total + 2 * T * model.structure.d_vocab * FLOAT
 
 
@@ -431,12 +446,20 @@ def _patched_tokens(model: ModelAdapter, siteset: Any, pairs: Pairs) -> tuple[np
     return pos, tokens
 
 
-def _path_note(path: str) -> str:
-    return {"positions": "patched runs start at the first changed layer and position (HookedTransformer "
-                         "start_at_layer + frozen key/value cache); logits read at the answer positions only",
-            "layers": "patched runs start at the first changed layer (HookedTransformer start_at_layer)",
-            "none": "every patched run is a full forward (this backend cannot start part-way, or prefix_reuse: off)",
-            }[path]
+def _path_note(model: ModelAdapter, path: str, asked: str) -> str:
+    how = {"hooked": {"positions": "the HookedTransformer's blocks called from that layer on, with a frozen "
+                                   "key/value cache",
+                      "layers": "the HookedTransformer's blocks called from that layer on"},
+           "bridge": {"positions": "the bridge's blocks called from that layer on, with a frozen key/value prefix",
+                      "layers": "the bridge's blocks called from that layer on"}}[model.backend]
+    note = {"positions": f"patched runs start at the first changed layer and position ({how['positions']}); "
+                         "logits read at the answer positions only",
+            "layers": f"patched runs start at the first changed layer ({how['layers']})",
+            "none": "every patched run is a full forward"}[path]
+    if asked == "off":
+        return note + " (prefix_reuse: off)"
+    why = prefix_note(model)
+    return note + (f" ({why}; the shortcut is refused)" if why else "")
 
 
 def _alpha_text(rule: str) -> str:

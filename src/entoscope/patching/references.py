@@ -20,7 +20,7 @@ from ..errors import DataError, SiteError
 from ..metrics import MetricFn, at_positions
 from ..models.adapter import ModelAdapter
 from ..models.names import KINDS, ActName
-from ..models.partial import read_run
+from ..models.partial import read_run, record_past
 from ..sites import resolve_positions
 from .slots import POSITION_AXES, SHIFTED_AXES, MemberGroup, Slots
 
@@ -121,9 +121,13 @@ def score(metric: MetricFn, chunk: Chunk, logits_at: Tensor, reference: Tensor) 
     return metric(logits_at, chunk.answers.to(dev), chunk.wrong.to(dev), reference)
 
 
-def run_base(model: ModelAdapter, chunk: Chunk, reads: list[ActName], metric: MetricFn) -> None:
-    """The unpatched base runs: activations, the reference logits and the base metric."""
+def run_base(model: ModelAdapter, chunk: Chunk, reads: list[ActName], metric: MetricFn,
+             past_from: int | None = None) -> None:
+    """The unpatched base runs: activations, the reference logits and the base metric; with `past_from`,
+    also what each block from that layer on caches (runs starting at a position read it)."""
     logits, chunk.acts["base"] = read_run(model, chunk.base_tokens, reads)
+    if past_from is not None:
+        record_past(model, chunk.acts["base"], past_from)
     chunk.reference = at_positions(logits, chunk.last).detach()
     chunk.m_base = score(metric, chunk, chunk.reference, chunk.reference).detach()
 

@@ -45,6 +45,7 @@ class Setup:
     seed: int
     path: PrefixSupport
     with_source: bool
+    answer_logits_only: bool = False  # the metric reads the answers' and wrong answers' logits only
     means: dict[ActName, Tensor] = field(default_factory=dict)
     unit_labels: list[str] = field(default_factory=list)  # site label of each unit (named in errors)
 
@@ -61,10 +62,24 @@ class Setup:
                 "feature": self.model.axis_sizes(features[0])["feature"] if features else 0}
 
 
-def score_rows(metric: MetricFn, chunk: Chunk, ex: Tensor, logits: Tensor) -> Tensor:
-    """The metric of patched rows (logits at their answer positions), each against its example."""
+def answer_columns(setup: Setup, chunk: Chunk, ex: Tensor) -> Tensor | None:
+    """The token ids whose logits the metric reads for rows `ex` (sorted), or None when it reads them all."""
+    if not setup.answer_logits_only:
+        return None
+    ids = torch.cat([chunk.answers[ex], chunk.wrong[ex]], 1).flatten()
+    return torch.unique(ids[ids >= 0])
+
+
+def score_rows(metric: MetricFn, chunk: Chunk, ex: Tensor, logits: Tensor, columns: Tensor | None = None) -> Tensor:
+    """The metric of patched rows (logits at their answer positions), each against its example. With
+    `columns`, logits holds only those token ids' logits (`answer_columns`)."""
     dev = logits.device
-    return metric(logits, chunk.answers[ex].to(dev), chunk.wrong[ex].to(dev), chunk.reference[ex].to(dev))
+    answers, wrong = chunk.answers[ex].to(dev), chunk.wrong[ex].to(dev)
+    if columns is not None:
+        cols = columns.to(dev)
+        answers, wrong = (torch.where(ids >= 0, torch.searchsorted(cols, ids.clamp(min=0)), ids)
+                          for ids in (answers, wrong))
+    return metric(logits, answers, wrong, chunk.reference[ex].to(dev))
 
 
 def _position_dim(name: ActName) -> int:

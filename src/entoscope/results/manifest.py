@@ -8,6 +8,7 @@ fingerprint of its weights), the data (its spec and its records), package versio
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import importlib.metadata as md
 import platform
 from typing import Any
@@ -19,13 +20,19 @@ FORMAT_VERSION = 1
 
 
 def package_versions() -> dict[str, str]:
+    return dict(_versions())
+
+
+@functools.cache
+def _versions() -> tuple[tuple[str, str], ...]:
+    """Read once per process (each lookup reads package metadata from disk: tens of ms in all)."""
     out = {"python": platform.python_version()}
     for pkg in ("entoscope", "torch", "transformer-lens", "transformers", "numpy", "pandas", "plotly"):
         try:
             out[pkg] = md.version(pkg)
         except md.PackageNotFoundError:
             out[pkg] = "not installed"
-    return out
+    return tuple(out.items())
 
 
 def model_identity(model: ModelAdapter) -> dict[str, Any]:
