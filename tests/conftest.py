@@ -75,3 +75,29 @@ def random_pair_batch(seed: int = 0, B: int = 4, T: int = 8, corrupt_to: int = 4
     wrong = torch.randint(1, 300, (B, 1), generator=g)
     lengths = torch.full((B,), T)
     return Batch(list(range(B)), tokens, lengths, corrupt, lengths.clone(), answers, wrong)
+
+
+@pytest.fixture(scope="session")
+def example_runs(tmp_path_factory):
+    """Every entry of every examples/*.yaml, run on the demo model with few prompts (4; probing 40) and saved:
+    {(file, entry): saved folder}. Tuned-lens entries get translators trained here (a few steps)."""
+    from pathlib import Path
+
+    import entoscope as es
+    from entoscope.config import build_operation, load_experiments
+
+    root = tmp_path_factory.mktemp("examples")
+    model = es.load_model("demo")
+    lens = es.TunedLens.for_model(model)
+    lens.fit(model, es.tasks.ioi(n=8, seed=1), steps=5, quiet=True)
+    lens.save(root / "translators")
+    os.environ["TUNED_LENS"] = str(root / "translators")
+    done = {}
+    for path in sorted(Path(__file__).resolve().parent.parent.glob("examples/*.yaml")):
+        for name, entry in load_experiments(path).items():
+            op, spec = build_operation(entry, where=name)
+            cap = 40 if op.name == "probing" else 4  # probes need train, validation and test rows
+            data = spec.model_copy(update={"n": min(spec.n or cap, cap)}) if spec is not None else None
+            result = op.run(model, data, quiet=True)
+            done[(path.name, name)] = result.save(root / path.stem / name)
+    return done

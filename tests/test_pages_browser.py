@@ -59,12 +59,23 @@ def _artifacts() -> Path:
 
 
 def test_every_report_page_renders_offline_and_reads_cleanly(report):
-    from playwright.sync_api import sync_playwright
-
     pages = _pages(report)
     assert len(pages) >= 8
+    _check_pages(report, pages, "report")
+
+
+def test_every_example_page_renders_offline_and_reads_cleanly(example_runs):
+    folders = list(example_runs.values())
+    root = folders[0].parent.parent
+    _check_pages(root, [p for f in folders for p in _pages(f)], "examples")
+
+
+def _check_pages(root: Path, pages: list[Path], label: str) -> None:
+    from playwright.sync_api import sync_playwright
+
     problems: dict[str, list[str]] = {}
-    shots = _artifacts()
+    shots = _artifacts() / label
+    shots.mkdir(exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         for path in pages:
@@ -79,7 +90,7 @@ def test_every_report_page_renders_offline_and_reads_cleanly(report):
             page.wait_for_load_state("load")
             page.wait_for_timeout(300)
             found = page.evaluate(CHECKS)
-            name = path.relative_to(report).as_posix()
+            name = path.relative_to(root).as_posix()
             page.screenshot(path=str(shots / (name.replace("/", "__") + ".png")), full_page=True)
             issues = [f"console: {e}" for e in errors] + [f"network: {u}" for u in outside]
             issues += [f"figure not rendered: {f}" for f in found["empty"]]
