@@ -283,7 +283,7 @@ class CircuitResult(Result):
         self.circuit.save_json(folder / "circuit.json")
         self.circuit.save_graphml(folder / "circuit.graphml")
         write_page(folder / "circuit.html", self.title, [("circuit", figure_div(circuit_figure(self.circuit)))],
-                   js_relpath=self.js_relpath)
+                   js_relpath=self.js_relpath, back=self.back_relpath)
         (folder / "summary.json").write_text(json.dumps(self.summary, indent=2, default=float), encoding="utf-8")
         files += ["circuit.json", "circuit.graphml", "circuit.html", "summary.json"]
         if self.extra.get("curve") is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import os
 from collections.abc import Callable
@@ -21,24 +22,51 @@ class Result:
     per_prompt: optional DataFrame of per-prompt values (for drill-down), or None.
     manifest:   config, model identity, data, versions, seed and timings (set by Operation.run).
     extra:      named tensors or objects an operation keeps for Python users (not saved as tables).
+    takeaway:   a sentence or two computed from the numbers: what the result shows (page lead, notebook).
+    blank_note: what a blank (NaN) cell of the table means for this operation.
     """
+
+    _shown_in_notebook = False  # plotly.js goes into the first Result a notebook displays, once
 
     def __init__(self, operation: str, table: pd.DataFrame, *, per_prompt: pd.DataFrame | None = None,
                  figures: Callable[[Result], list[tuple[str, Any]]] | None = None, title: str | None = None,
-                 extra: dict[str, Any] | None = None) -> None:
+                 extra: dict[str, Any] | None = None, takeaway: str | Callable[[Result], str] = "",
+                 blank_note: str = "") -> None:
         self.operation = operation
         self.table = table
         self.per_prompt = per_prompt
         self.manifest: dict[str, Any] = {}
         self.plan: Any = None
         self.js_relpath = "plotly.min.js"
+        self.back_relpath: str | None = None
         self.warnings: list[dict[str, str]] = []  # recorded warnings of the run (also in the manifest)
         self.extra = extra or {}
         self.title = title or operation
         self._figures = figures
+        self._takeaway = takeaway
+        self.blank_note = blank_note
 
     def __repr__(self) -> str:
         return f"<Result {self.operation}: {len(self.table)} rows; columns {list(self.table.columns)}>"
+
+    @property
+    def takeaway(self) -> str:
+        """What the result shows, in a sentence or two computed from its numbers ('' if none)."""
+        t = self._takeaway
+        return t(self) if callable(t) else t
+
+    def _repr_html_(self) -> str:
+        """A notebook shows the takeaway, the main figure and the head of the table."""
+        figs = self.figures()
+        parts = [f"<h4>{html.escape(self.title)}</h4>"]
+        if self.takeaway:
+            parts.append(f"<p>{html.escape(self.takeaway)}</p>")
+        if figs:
+            first = not Result._shown_in_notebook
+            Result._shown_in_notebook = True
+            parts.append(figs[0][1].to_html(full_html=False, include_plotlyjs=first))
+        parts.append(table_html(self.table, max_rows=10, note=self.blank_note))
+        return "".join(parts)
 
     def figures(self) -> list[tuple[str, Any]]:
         """(title, plotly figure) pairs for the page."""
@@ -79,11 +107,16 @@ class Result:
         rel = Path(os.path.relpath((final if assets_dir is None else assets).resolve() / "plotly.min.js",
                                    final.resolve())).as_posix()
         sections = [(t, figure_div(f)) for t, f in self.figures()]
-        sections.append(("table", table_html(self.table)))
+        sections.append(("table", table_html(self.table, note=self.blank_note)))
         summary = {k: self.manifest.get(k) for k in ("operation", "config", "timings", "created")} \
             if self.manifest else None
         self.js_relpath = rel  # for pages save_extra writes beside index.html
-        write_page(out / "index.html", self.title, sections, js_relpath=rel, summary=summary, warned=self.warnings)
+        back = None
+        if assets_dir is not None and (Path(assets_dir) / "index.html").resolve() != (final / "index.html").resolve():
+            back = Path(os.path.relpath(Path(assets_dir).resolve() / "index.html", final.resolve())).as_posix()
+        self.back_relpath = back  # for pages save_extra writes beside index.html
+        write_page(out / "index.html", self.title, sections, js_relpath=rel, summary=summary, warned=self.warnings,
+                   lead=self.takeaway, back=back)
         files.append("index.html")
         self.save_extra(out, files)
         manifest = {**self.manifest, "files": files + ["manifest.json"]}
