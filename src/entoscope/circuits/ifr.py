@@ -431,8 +431,8 @@ class InformationFlowRoutes(Operation):
 
         figs = []
         for g in result.extra["graphs"][: self.drawn_routes]:
-            figs.append((f"route of example {g.graph['example']} (predicts {g.graph['predicted']!r})",
-                         route_figure(g)))
+            name = f"route of example {g.graph['example']} (predicts {g.graph['predicted']!r})"
+            figs.append((name, route_figure(g, title=name)))
         heat = component_heatmap(result.table)
         if heat is not None:
             figs.append(("fraction of prompts whose route uses each head (and MLP)", heat))

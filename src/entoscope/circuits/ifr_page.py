@@ -1,8 +1,8 @@
 """Drawing information flow routes: residual states up (embeddings at the bottom), token positions
-across, one line per kept edge with its width by importance (attention blue, MLP orange, residual
-grey). Attention edges of different heads between the same two nodes bend apart; the MLP edge
-bends right of the residual edge it runs beside. Hovering an edge's middle shows its component and
-importance."""
+across, one smooth curve per kept edge with its width by importance (attention blue, MLP orange,
+residual grey). Attention edges of different heads between the same two nodes arc apart; the MLP
+edge arcs right of the residual edge it runs beside. Hovering an edge's middle shows its component
+and importance."""
 
 from __future__ import annotations
 
@@ -27,7 +27,16 @@ def _level_names(n_layers: int, parallel: bool) -> dict[int, str]:
     return names
 
 
-def route_figure(graph: Any) -> Any:
+def _arc(x0: float, y0: float, x1: float, y1: float, bend: float, n: int = 9) -> tuple[list[float], list[float]]:
+    """Points of a quadratic curve from (x0, y0) to (x1, y1) whose middle is pushed `bend` to the right."""
+    t = np.linspace(0.0, 1.0, n)
+    cx, cy = (x0 + x1) / 2 + 2 * bend, (y0 + y1) / 2
+    xs = (1 - t) ** 2 * x0 + 2 * (1 - t) * t * cx + t ** 2 * x1
+    ys = (1 - t) ** 2 * y0 + 2 * (1 - t) * t * cy + t ** 2 * y1
+    return xs.tolist(), ys.tolist()
+
+
+def route_figure(graph: Any, title: str | None = None) -> Any:
     """A plotly figure of one route graph (a MultiDiGraph from `ifr.route_graph`)."""
     import plotly.graph_objects as go
 
@@ -46,8 +55,9 @@ def route_figure(graph: Any) -> Any:
         xm, ym = (x0 + x1) / 2 + bend, (y0 + y1) / 2
         width_bin = int(np.ceil(d["importance"] * WIDTH_BINS))
         xs, ys = lines.setdefault((d["kind"], width_bin), ([], []))
-        xs += [x0, xm, x1, None]
-        ys += [y0, ym, y1, None]
+        ax, ay = _arc(x0, y0, x1, y1, bend)
+        xs += ax + [None]
+        ys += ay + [None]
         mx, my, text = mids[d["kind"]]
         mx.append(xm)
         my.append(ym)
@@ -68,12 +78,13 @@ def route_figure(graph: Any) -> Any:
     tokens = json.loads(g.graph.get("tokens", "[]"))
     levels = _level_names(int(g.graph.get("n_layers", 0)), bool(g.graph.get("parallel", False)))
     fig.update_layout(
+        title=title or f"information flow routes of prompt {g.graph.get('example', '')}",
         height=180 + 45 * len(levels), hovermode="closest",
         xaxis={"title": "position: token", "tickmode": "array", "tickvals": list(range(len(tokens))),
                "ticktext": [f"{i}: {t!r}" for i, t in enumerate(tokens)], "tickangle": -45},
         yaxis={"title": "residual state", "tickmode": "array", "tickvals": list(levels),
                "ticktext": list(levels.values())},
-        legend={"orientation": "h", "y": 1.05})
+        legend={"orientation": "h", "x": 1.0, "xanchor": "right", "y": 1.0, "yanchor": "bottom"})
     return fig
 
 

@@ -167,6 +167,7 @@ class Circuits(Operation):
         summary: dict[str, Any] = {"method": self.method, "metric": self.metric.type, "n_edges_total": graph.n_edges}
         curve = decisions = None
         extra_cols: dict[str, Any] = {}
+        node_stats: dict[str, tuple[float, float, float]] | None = None
         stability = None
         if self.method == "acdc":
             assert patcher is not None
@@ -180,6 +181,10 @@ class Circuits(Operation):
             scores = per_prompt_scores.mean(0)
             circuit = Circuit(graph, scores, self._select(graph, scores))
             extra_cols = self._edge_intervals(graph, per_prompt_scores)
+            node_values = (per_prompt_scores * circuit.kept).sum(-1).double().numpy()  # [E, senders]
+            ns = summarise(mean_stat(node_values), self.stats, self.seed)
+            node_stats = {n: (float(ns.value[i]), float(ns.ci_low[i]), float(ns.ci_high[i]))
+                          for i, n in enumerate(graph.senders)}
             if patcher is not None and self.faithfulness:
                 curve, numbers = faithfulness_curve(
                     patcher, circuit.scores, self.faithfulness, self.absolute,  # type: ignore[arg-type]
@@ -221,7 +226,7 @@ class Circuits(Operation):
         return CircuitResult(self.name, circuit.table(extra_cols), per_prompt=per_prompt, figures=_figures,
                              title=f"circuit ({self.method}, {self.metric.type}) on {data_name}",
                              extra={"circuit": circuit, "curve": curve, "summary": summary, "decisions": decisions,
-                                    "stability": stability})
+                                    "stability": stability, "node_stats": node_stats})
 
     def _scores(self, model: ModelAdapter, graph: ComponentGraph, batches: list[Batch], metric: Any,
                 patcher: EdgePatcher | None, quiet: bool) -> Tensor:
@@ -282,7 +287,8 @@ class CircuitResult(Result):
     def save_extra(self, folder: Path, files: list[str]) -> None:
         self.circuit.save_json(folder / "circuit.json")
         self.circuit.save_graphml(folder / "circuit.graphml")
-        write_page(folder / "circuit.html", self.title, [("circuit", figure_div(circuit_figure(self.circuit)))],
+        drawing = circuit_figure(self.circuit, node_stats=self.extra.get("node_stats"))
+        write_page(folder / "circuit.html", self.title, [("circuit", figure_div(drawing))],
                    js_relpath=self.js_relpath, back=self.back_relpath)
         (folder / "summary.json").write_text(json.dumps(self.summary, indent=2, default=float), encoding="utf-8")
         files += ["circuit.json", "circuit.graphml", "circuit.html", "summary.json"]
@@ -300,7 +306,7 @@ def _figures(result: Result) -> list[tuple[str, Any]]:
     title = f"circuit: {circuit.n_kept} of {circuit.graph.n_edges} edges"
     if "faithfulness" in s:
         title += f", faithfulness {s['faithfulness']:.3f}"
-    figs = [(title, circuit_figure(circuit, title=title))]
+    figs = [(title, circuit_figure(circuit, title=title, node_stats=result.extra.get("node_stats")))]
     curve = result.extra.get("curve")
     if curve is not None and len(curve):
         figs.append((f"faithfulness curve (CPR {s['cpr']:.3f}, CMD {s['cmd']:.3f})", faithfulness_figure(curve)))
