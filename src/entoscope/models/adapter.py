@@ -148,6 +148,7 @@ class ModelAdapter:
             raise SiteError(f"{name}: this model has rotary positions: nothing is added to the residual "
                             "stream for position", code="no_learned_positions",
                             remedy="positions enter through q and k; read q.L/k.L, or embed")
+        self.impl.check_servable(act)
         return act
 
     def hook_name(self, name: ActName | str) -> str:
@@ -163,7 +164,6 @@ class ModelAdapter:
             raise SiteError(f"{act}: this HookedTransformer was loaded without processing, so its norm "
                             "output has no hook", code="no_single_hook",
                             remedy="load it with TransformerLens's processing (HookedTransformer.from_pretrained)")
-        self.impl.check_servable(act)
         return self.impl.key(act)
 
     def _needs_unfolded_norm(self, act: ActName) -> bool:
