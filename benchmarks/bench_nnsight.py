@@ -52,8 +52,9 @@ def main() -> None:
     blocks = nn.transformer.h
 
     def one_trace() -> None:
+        kept: list = []
         with torch.no_grad(), nn.trace(batch):
-            kept = [b.output.save() for b in blocks]
+            kept.extend(b.output.save() for b in blocks)
         assert len(kept) == len(blocks)
 
     def multi_invoke() -> None:
@@ -61,8 +62,8 @@ def main() -> None:
         with torch.no_grad(), nn.trace() as tracer:
             for row in batch:
                 with tracer.invoke(row[None]):
-                    kept.append([b.output.save() for b in blocks])
-        assert len(kept) == len(batch)
+                    kept.extend(b.output.save() for b in blocks)
+        assert len(kept) == len(batch) * len(blocks)
 
     t1, tm = best(one_trace, args.repeats), best(multi_invoke, args.repeats)
     print(f"multi-invoke     one batch {t1:7.3f} s  one invoke per prompt {tm:7.3f} s  ratio {tm / t1:5.2f}")
