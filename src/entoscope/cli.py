@@ -52,8 +52,9 @@ def _model_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
     g.add_argument("--model", default="demo", metavar="NAME",
                    help="'demo', a local HuggingFace folder, or a hub name")
-    g.add_argument("--backend", choices=["bridge", "hooked"], default="bridge",
-                   help="TransformerBridge (HuggingFace's weights) or HookedTransformer (transformer-lens < 4)")
+    g.add_argument("--backend", choices=["bridge", "hooked", "nnsight"], default="bridge",
+                   help="TransformerBridge (HuggingFace's weights), HookedTransformer (transformer-lens < 4), or an "
+                   "nnsight LanguageModel (HuggingFace's weights, traced by nnsight; pip install 'entoscope[nnsight]')")
     g.add_argument("--compat", action="store_true", help="bridge in compatibility mode (LayerNorm folded)")
     g.add_argument("--device", default=None, metavar="DEVICE", help="torch device: cpu, cuda, cuda:N, mps (default: cpu)")
     g.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16", "float16"])

@@ -1,8 +1,10 @@
-"""`ModelAdapter`: entoscope's one view of any accepted model. The only class that talks to TransformerLens.
+"""`ModelAdapter`: entoscope's one view of any accepted model.
 
-Accepted: a TransformerBridge (plain or in compatibility mode), a HookedTransformer, or either
-wrapped in `CachedModel`. Everything an operation needs goes through here: the structure record,
-tokenising, runs that read activations, runs with interventions, and the weights.
+Accepted: a TransformerBridge (plain or in compatibility mode), a HookedTransformer, an nnsight
+LanguageModel, or any of them wrapped in `CachedModel`. Everything an operation needs goes through
+here: the structure record, tokenising, runs that read activations, runs with interventions, and the
+weights. What differs between kinds of model sits behind `Backend` (backend.py, one class per kind);
+this class only names, lowers derived sites to base ones, and checks.
 
 Padding: operations batch prompts right-padded with no attention mask. Attention is causal, so a
 real token never attends to a later pad and sits at the same position as when run alone: its
@@ -11,7 +13,6 @@ activations equal a one-prompt run. Values at pad positions are meaningless and 
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,12 +20,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..errors import DataError, SiteError, UnsupportedModelError
+from ..errors import DataError, SiteError
 from . import features
+from .backend import Backend, BaseIntervention, backend_for
 from .guards import check_describable, check_finite_weights, evaluating, first_non_finite, raise_non_finite
 from .names import KINDS, ActName, parse_name
-from .structure import Structure
-from .weights import Weights
 
 InterventionFn = Callable[[Tensor], Tensor]
 
@@ -74,126 +74,60 @@ class RunOutput:
         return self.acts[key]
 
 
-def _backend_of(tl: Any) -> str:
-    try:
-        from transformer_lens.model_bridge import TransformerBridge
-        if isinstance(tl, TransformerBridge):
-            return "bridge"
-    except ImportError:  # pragma: no cover - every supported release has the bridge
-        pass
-    try:
-        from transformer_lens import HookedTransformer
-        if isinstance(tl, HookedTransformer):
-            return "hooked"
-    except ImportError:  # transformer-lens 4.x has no HookedTransformer
-        pass
-    raise UnsupportedModelError(
-        f"entoscope accepts a TransformerLens TransformerBridge or HookedTransformer (optionally in "
-        f"entoscope.CachedModel), not {type(tl).__module__}.{type(tl).__name__}",
-        remedy="wrap a HuggingFace model first: TransformerBridge.boot_transformers(name) or "
-        "entoscope.load_model(name)",
-    )
+def _split(model: Any) -> tuple[Any, Any]:
+    """(the model itself, the CachedModel around it or None)."""
+    if getattr(type(model), "_entoscope_wrapper", False):
+        return model.model, model
+    return model, None
+
+
+def module_of(model: Any) -> Any:
+    """The torch module that holds a model's weights: the TransformerLens model, or the HuggingFace
+    model inside an nnsight one (CachedModel and ModelAdapter unwrapped)."""
+    if isinstance(model, ModelAdapter):
+        return model.tl
+    inner, _ = _split(model)
+    from .nnsight_backend import NNsightBackend
+
+    return inner.__dict__["_module"] if NNsightBackend.accepts(inner) else inner
 
 
 def unwrap(model: Any) -> tuple[Any, Any]:
-    """(the TransformerLens model, the object to call run_with_cache on: a CachedModel if any)."""
+    """(the module holding the weights, the object to call run_with_cache on: a CachedModel if any)."""
     if isinstance(model, ModelAdapter):
         return model.tl, model.runner
-    if getattr(type(model), "_entoscope_wrapper", False):
-        return model.model, model
-    return model, model
+    inner, cached = _split(model)
+    return module_of(inner), cached if cached is not None else inner
 
 
 class ModelAdapter:
-    """A uniform view of a TransformerLens model. Build with `adapt(model)`."""
+    """A uniform view of a model. Build with `adapt(model)`.
+
+    `impl` is the model's `Backend` (backend.py: a TransformerBridge, a HookedTransformer, an nnsight
+    LanguageModel); `tl` the torch module that holds its weights; `runner` what cached reads call
+    (a CachedModel where the model is wrapped in one)."""
 
     def __init__(self, model: Any) -> None:
-        self.tl, self.runner = unwrap(model)
-        self.backend = _backend_of(self.tl)
-        self.structure = self._describe()
-        self.weights = Weights(self.tl, self.structure)
-        self._check_hooks()
+        inner, cached = _split(model)
+        self.impl: Backend = backend_for(inner)
+        self.model = inner
+        self.tl = self.impl.module
+        self.runner = cached if cached is not None else self.impl.runner
+        self.backend = self.impl.name
+        self.structure = self.impl.structure()
+        self.weights = self.impl.weights(self.structure)
         check_finite_weights(self.tl)
+        self.impl.check_sites(self.structure)
         check_describable(self)
 
     def evaluating(self) -> Any:
         """Context: the model in eval mode (dropout off), each module's own mode restored after."""
         return evaluating(self.tl)
 
-    # ------------------------------------------------------------------ structure
-    def _describe(self) -> Structure:
-        cfg = self.tl.cfg
-        missing = [f for f in ("n_layers", "n_heads", "d_model", "d_head", "d_vocab") if
-                   getattr(cfg, f, None) in (None, -1)]
-        if missing or not hasattr(self.tl, "blocks"):
-            raise UnsupportedModelError(
-                f"cannot describe this model: its config lacks {', '.join(missing) or 'blocks'}",
-                remedy="entoscope supports decoder-only transformers with attention and MLP blocks "
-                "(GPT-2, GPT-NeoX/Pythia, Llama, Qwen2, Mistral and what TransformerBridge maps alike)",
-            )
-        norm_type = str(getattr(cfg, "normalization_type", None))
-        if norm_type not in ("LN", "LNPre", "RMS", "RMSPre"):
-            raise UnsupportedModelError(
-                f"cannot describe this model's normalisation {norm_type!r}",
-                remedy="entoscope knows LayerNorm and RMSNorm models (pre-norm)")
-        pos = str(getattr(cfg, "positional_embedding_type", "standard"))
-        if pos not in ("standard", "rotary"):
-            raise UnsupportedModelError(f"cannot describe positional embedding type {pos!r}",
-                                        remedy="entoscope knows learned ('standard') and rotary positions")
-        if self.backend == "bridge":
-            compat = bool(getattr(self.tl, "compatibility_mode", False))
-            mode = "compat" if compat else "plain"
-            folded = compat and self._norms_are_identity()
-        else:
-            folded = norm_type.endswith("Pre")
-            mode = "processed" if folded else "unprocessed"
-        n_heads = int(cfg.n_heads)
-        n_kv = getattr(cfg, "n_key_value_heads", None) or n_heads
-        arch = getattr(cfg, "architecture", None) or getattr(cfg, "original_architecture", None) or "unknown"
-        tied = self._tied()
-        return Structure(
-            architecture=str(arch), n_layers=int(cfg.n_layers), n_heads=n_heads, n_kv_heads=int(n_kv),
-            d_model=int(cfg.d_model), d_head=int(cfg.d_head), d_mlp=int(getattr(cfg, "d_mlp", 0) or 0),
-            d_vocab=int(cfg.d_vocab), n_ctx=int(cfg.n_ctx),
-            norm="rmsnorm" if norm_type.startswith("RMS") else "layernorm", norm_folded=folded,
-            positional="rotary" if pos == "rotary" else "learned",
-            parallel=bool(getattr(cfg, "parallel_attn_mlp", False)),
-            gated_mlp=bool(getattr(cfg, "gated_mlp", False)), act_fn=str(getattr(cfg, "act_fn", "")),
-            backend=self.backend, mode=mode, tied_embeddings=tied,
-        )
-
-    def _norms_are_identity(self) -> bool:
-        """Compatibility mode folds each norm's weight into the next matrices and leaves weight 1, bias 0."""
-        mods = [self.tl.ln_final] + [getattr(b, ln) for b in self.tl.blocks for ln in ("ln1", "ln2")]
-        for mod in mods:
-            for name, p in mod.named_parameters():
-                target = 1.0 if name.endswith("weight") or name.endswith("w") else 0.0
-                if not torch.all(p == target):
-                    return False
-        return True
-
-    def _tied(self) -> bool:
-        if self.backend == "bridge":
-            hf_cfg = getattr(getattr(self.tl, "original_model", None), "config", None)
-            return bool(getattr(hf_cfg, "tie_word_embeddings", False))
-        return False  # HookedTransformer keeps separate W_E and W_U
-
-    def _check_hooks(self) -> None:
-        """Refuse at load time a model whose hooks do not carry what the layer needs."""
-        names = set(self.tl.hook_dict.keys())
-        needed = ["resid_pre", "resid_post", "attn_out", "mlp_out", "z", "pattern", "q", "k", "v"]
-        lacking = [k for k in needed if self._hook(ActName(k, 0)) not in names]
-        if lacking:
-            raise UnsupportedModelError(
-                f"this model does not expose the hooks entoscope needs for {', '.join(lacking)} "
-                f"(looked for {', '.join(self._hook(ActName(k, 0)) for k in lacking)})",
-                remedy="use an architecture TransformerBridge maps fully (GPT-2, NeoX, Llama, Qwen2, ...)",
-            )
-
     # ------------------------------------------------------------------ names
     @property
     def name(self) -> str:
-        return str(getattr(self.tl.cfg, "model_name", None) or self.structure.architecture)
+        return self.impl.model_name or self.structure.architecture
 
     def resolve(self, name: ActName | str) -> ActName:
         """Canonical name for `name` (aliases accepted), validated against this model."""
@@ -214,27 +148,12 @@ class ModelAdapter:
             raise SiteError(f"{name}: this model has rotary positions: nothing is added to the residual "
                             "stream for position", code="no_learned_positions",
                             remedy="positions enter through q and k; read q.L/k.L, or embed")
+        self.impl.check_servable(act)
         return act
 
-    def _hook(self, act: ActName) -> str:
-        L = act.layer
-        if act.kind in ("attn_in", "mlp_in"):
-            ln = "ln1" if act.kind == "attn_in" else "ln2"
-            return f"blocks.{L}.{ln}.hook_out" if self.backend == "bridge" else f"blocks.{L}.{ln}.hook_normalized"
-        table = {
-            "embed": "hook_embed", "pos_embed": "hook_pos_embed", "final_scale": "ln_final.hook_scale",
-            "resid_pre": "blocks.{L}.hook_resid_pre", "resid_mid": "blocks.{L}.hook_resid_mid",
-            "resid_post": "blocks.{L}.hook_resid_post", "attn_out": "blocks.{L}.hook_attn_out",
-            "mlp_out": "blocks.{L}.hook_mlp_out", "ln1_scale": "blocks.{L}.ln1.hook_scale",
-            "ln2_scale": "blocks.{L}.ln2.hook_scale", "q": "blocks.{L}.attn.hook_q",
-            "k": "blocks.{L}.attn.hook_k", "v": "blocks.{L}.attn.hook_v", "z": "blocks.{L}.attn.hook_z",
-            "attn_scores": "blocks.{L}.attn.hook_attn_scores", "pattern": "blocks.{L}.attn.hook_pattern",
-            "mlp_pre": "blocks.{L}.mlp.hook_pre", "mlp_post": "blocks.{L}.mlp.hook_post",
-        }
-        return table[act.kind].format(L=L)
-
     def hook_name(self, name: ActName | str) -> str:
-        """The backend's hook name for an activation (derived ones have none: result, logits)."""
+        """The backend's name for an activation (a TransformerLens hook name; the canonical name under nnsight);
+        derived ones have none (result, logits). Refuses what this model cannot serve."""
         act = self.resolve(name)
         if act.kind == "features":
             return self.hook_name(features.dictionary(act).hook_out)  # where feature writes go
@@ -245,15 +164,15 @@ class ModelAdapter:
             raise SiteError(f"{act}: this HookedTransformer was loaded without processing, so its norm "
                             "output has no hook", code="no_single_hook",
                             remedy="load it with TransformerLens's processing (HookedTransformer.from_pretrained)")
-        return self._hook(act)
+        return self.impl.key(act)
 
     def _needs_unfolded_norm(self, act: ActName) -> bool:
-        return act.kind in ("attn_in", "mlp_in") and self.backend == "hooked" and not self.structure.norm_folded
+        return self.impl.computes_norm(act, self.structure)
 
     # ------------------------------------------------------------------ tokens
     @property
     def tokenizer(self) -> Any:
-        return self.tl.tokenizer
+        return self.impl.tokenizer
 
     @property
     def bos_token_id(self) -> int | None:
@@ -320,80 +239,56 @@ class ModelAdapter:
         """One batched forward pass: logits and the activations named in `read`.
 
         With logits=False a read-only run stops after the last block it reads (TransformerLens's
-        stop_at_layer), skipping the later blocks, the final norm and the unembedding; `.logits` is None.
-        (A bridge cannot stop after its last block: there HuggingFace is asked for the last position's
-        logits only, `logits_to_keep=1`, where its forward takes that argument.)
+        stop_at_layer; nnsight's tracer.stop), skipping the later blocks, the final norm and the
+        unembedding; `.logits` is None. (A bridge cannot stop after its last block: there HuggingFace is
+        asked for the last position's logits only, `logits_to_keep=1`, where its forward takes that argument.)
         With `logits_at` (one position per row, [B]) `.logits` holds only those rows' logits, [B, d_vocab]
-        (a read-only bridge run unembeds the positions from the earliest of them on only).
+        (a read-only run unembeds the positions from the earliest of them on only, where it can).
 
-        Without interventions or gradients the run goes through `run_with_cache` (so a CachedModel
-        serves it from disk); otherwise through `run_with_hooks`, never cached. With `grad=True`
-        the returned activations are part of the autograd graph (torch.autograd.grad works on them).
-        Activations read at a site that is also intervened on are the values after the change.
+        Without interventions or gradients the run goes through the runner's `run_with_cache` (so a
+        CachedModel serves it from disk); otherwise through the backend's own run, never cached. With
+        `grad=True` the returned activations are part of the autograd graph (torch.autograd.grad works on
+        them). Activations read at a site that is also intervened on are the values after the change.
         """
         tokens = tokens.to(self.device)
         acts = [self.resolve(n) for n in read]
-        ivs = [Intervention(self.resolve(iv.act), iv.fn) for iv in interventions]
-        hooks_needed: dict[str, ActName] = {}
+        ivs = self.lower([Intervention(self.resolve(iv.act), iv.fn) for iv in interventions])
+        bases: dict[ActName, None] = {}
         for act in acts:
             for base in self._sources(act):
-                hooks_needed[self._hook(base)] = base
+                bases[base] = None
         with torch.set_grad_enabled(grad):  # derived reads (result, unfolded norms) too
             logits = logits or logits_at is not None
-            stop = None if logits or ivs or grad else self._stop_layer(list(hooks_needed.values()))
             kept = tokens.shape[1]  # positions HuggingFace unembeds (the last ones)
-            fwd_hooks = self.intervention_hooks(ivs)
             if not ivs and not grad:
+                stop = None if logits else self._stop_layer(list(bases))
                 kw: dict[str, Any] = {} if stop is None else {"stop_at_layer": stop}
-                if (not logits or logits_at is not None) and self._keeps_last_logits():
+                if (not logits or logits_at is not None) and self.impl.keeps_last_logits():
                     kept = 1 if not logits else kept - int(logits_at.min())
                     kw["logits_to_keep"] = kept
+                keys = {self.impl.key(b): b for b in bases}
                 out_logits, cache = self.runner.run_with_cache(
-                    tokens, names_filter=sorted(hooks_needed), return_type="logits", **kw)
-                raw = {base: cache[h] for h, base in hooks_needed.items()}
+                    tokens, names_filter=sorted(keys), return_type="logits", **kw)
+                raw = {base: cache[k] for k, base in keys.items()}
             else:
-                raw = {}
-                for h, base in hooks_needed.items():
-                    fwd_hooks.append((h, self._saver(raw, base)))
-                out_logits = self.tl.run_with_hooks(tokens, fwd_hooks=fwd_hooks, return_type="logits")
+                out_logits, raw = self.impl.run(tokens, list(bases), ivs)
             out = {act: self._derive(act, raw) for act in acts}
         if logits_at is not None:
             rows = torch.arange(len(logits_at), device=out_logits.device)
             out_logits = out_logits[rows, logits_at.to(out_logits.device) - (tokens.shape[1] - kept)]
-        self._check_finite(tokens, fwd_hooks if ivs else [], out_logits if logits else None, out)
+        self._check_finite(tokens, ivs, out_logits if logits else None, out)
         return RunOutput(out_logits if logits else None, out)
 
-    def _keeps_last_logits(self) -> bool:
-        """Whether this bridge's HuggingFace forward can unembed the last position only (logits_to_keep)."""
-        if self.backend != "bridge":
-            return False
-        forward = getattr(getattr(self.tl, "original_model", None), "forward", None)
-        try:
-            return "logits_to_keep" in inspect.signature(forward).parameters
-        except (TypeError, ValueError):
-            return False
-
-    def _check_finite(self, tokens: Tensor, fwd_hooks: list, logits: Tensor | None, acts: dict[ActName, Tensor]) -> None:
-        """NaN/inf in what a run returns is an error naming the first hook point where it appears."""
+    def _check_finite(self, tokens: Tensor, ivs: list[BaseIntervention], logits: Tensor | None,
+                      acts: dict[ActName, Tensor]) -> None:
+        """NaN/inf in what a run returns is an error naming the first site where it appears."""
         # attention scores hold -inf above the diagonal (the causal mask) by design
         bad = [str(a) for a, t in acts.items() if a.kind != "attn_scores" and t.is_floating_point()
                and not bool(torch.isfinite(t.detach()).all())]
         if logits is not None and not bool(torch.isfinite(logits.detach()).all()):
             bad.append("logits")
         if bad:
-            raise_non_finite(f"this run's {', '.join(bad)}",
-                             first_non_finite(self.tl, tokens, fwd_hooks, self._watchable_hooks()))
-
-    def _watchable_hooks(self) -> dict[str, str]:
-        """Hook name -> canonical name of every activation this model has (where a NaN can be located)."""
-        out = {}
-        for kind, k in KINDS.items():
-            for L in range(self.structure.n_layers) if k.per_layer else [None]:
-                try:
-                    out[self.hook_name(ActName(kind, L))] = str(ActName(kind, L))
-                except Exception:  # noqa: BLE001 - a kind this model has no hook for
-                    continue
-        return {h: n for h, n in out.items() if h in self.tl.hook_dict}
+            raise_non_finite(f"this run's {', '.join(bad)}", first_non_finite(self, tokens, ivs))
 
     def _stop_layer(self, reads: list[ActName]) -> int | None:
         """The block after the last one `reads` needs, or None when a read comes after every block."""
@@ -426,18 +321,11 @@ class ModelAdapter:
             raise AssertionError("logits are returned as RunOutput.logits")
         return raw[act]
 
-    @staticmethod
-    def _saver(store: dict[ActName, Tensor], act: ActName) -> Callable:
-        # Returning x matters: the bridge hands some hooks (q, k, v, z) a reshaped copy and only a
-        # returned tensor flows on, so a stored-but-not-returned copy would be off the autograd path.
-        def hook(x: Tensor, hook: Any = None) -> Tensor:
-            store[act] = x
-            return x
-        return hook
-
-    def intervention_hooks(self, ivs: Sequence[Intervention]) -> list[tuple[str, Callable]]:
-        """(hook name, hook function) pairs that apply `ivs` (canonical names) in a backend run."""
-        hooks: list[tuple[str, Callable]] = []
+    def lower(self, ivs: Sequence[Intervention]) -> list[BaseIntervention]:
+        """Interventions at base sites (what a backend applies) for `ivs`: canonical names (resolved), or
+        the attention taps rot_q.L / rot_k.L. A head's result and a dictionary's features are written
+        through the sites they are computed from."""
+        out: list[BaseIntervention] = []
         for iv in ivs:
             act = iv.act
             assert isinstance(act, ActName)
@@ -445,32 +333,28 @@ class ModelAdapter:
                 raise SiteError("logits cannot be intervened on", code="site_not_writable",
                                 remedy="intervene on resid_post of the last layer, or edit the logits yourself")
             if act.kind == "result":
-                hooks.extend(self._result_hooks(act, iv.fn))
-                continue
-            if act.kind == "features":
-                hooks.extend(features.hooks(self, act, iv.fn))
-                continue
-            if self._needs_unfolded_norm(act):
+                out.extend(self._result_writes(act, iv.fn))
+            elif act.kind == "features":
+                out.extend(features.interventions(act, iv.fn))
+            elif self._needs_unfolded_norm(act):
                 raise SiteError(f"{act} cannot be written on an unprocessed HookedTransformer",
                                 code="site_not_writable", remedy="use resid_pre/resid_mid, or a processed model")
+            else:
+                out.append((act, iv.fn))
+        return out
 
-            def hook(x: Tensor, hook: Any = None, fn: InterventionFn = iv.fn) -> Tensor:
-                return fn(x)
-            hooks.append((self._hook(act), hook))
-        return hooks
-
-    def _result_hooks(self, act: ActName, fn: InterventionFn) -> list[tuple[str, Callable]]:
+    def _result_writes(self, act: ActName, fn: InterventionFn) -> list[BaseIntervention]:
         """Writing a head's result: attn_out += sum_h (new_result_h - result_h); result from z."""
         stash: dict[str, Tensor] = {}
         W_O = self.weights.W_O(act.layer)
 
-        def keep_z(z: Tensor, hook: Any = None) -> None:
+        def keep_z(z: Tensor) -> None:
             stash["z"] = z
 
-        def edit_out(out: Tensor, hook: Any = None) -> Tensor:
+        def edit_out(out: Tensor) -> Tensor:
             result = torch.einsum("bphd,hdm->bphm", stash.pop("z"), W_O.to(out.dtype))
             return out + (fn(result) - result).sum(dim=2)
-        return [(self._hook(ActName("z", act.layer)), keep_z), (self._hook(ActName("attn_out", act.layer)), edit_out)]
+        return [(ActName("z", act.layer), keep_z), (ActName("attn_out", act.layer), edit_out)]
 
     # ------------------------------------------------------------------ misc
     def axis_sizes(self, kind: str | ActName, seq_len: int | None = None) -> dict[str, int]:

@@ -1,11 +1,15 @@
 """`CachedModel`: keeps what `run_with_cache` returned on disk, so a forward pass already made is read back.
 
-    cached = CachedModel(model, cache_dir=".activation_cache")   # a TransformerBridge or HookedTransformer
+    cached = CachedModel(model, cache_dir=".activation_cache")   # a TransformerBridge, HookedTransformer or nnsight model
     logits, cache = cached.run_with_cache(tokens, names_filter=[...])   # computed, written
     logits, cache = cached.run_with_cache(tokens, names_filter=[...])   # read back, bit for bit
 
 Everything but `run_with_cache` is forwarded to the wrapped model (a method that returns the model
 returns the wrapper). `cache_dir=None` passes every call straight through. See docs/cache.md.
+
+An nnsight model has no `run_with_cache` of its own: the wrapper calls entoscope's (NNsightRunner,
+over canonical site names: `resid_pre.0`, `z.1`), keys it on the HuggingFace module's weights, and
+returns a plain dict of tensors.
 
 An entry is `<cache_dir>/<model folder>/<base>-<names>.safetensors`: `base` digests everything but
 the activation names (entry format, library versions and numerics settings, device placement, the
@@ -384,11 +388,11 @@ class _Selector:
     """
 
     def __init__(self, model: Any, stop_at_layer: Any) -> None:
-        from .adapter import _backend_of
+        from .backend import backend_name
 
         self.model = model
         self.names = list(model.hook_dict.items())
-        self.bridge = _backend_of(model) == "bridge"
+        self.bridge = backend_name(model) == "bridge"
         self.compat = self.bridge and bool(getattr(model, "compatibility_mode", False))
         self.aliases = {k: hp.name for k, hp in self.names
                         if isinstance(getattr(hp, "name", None), str) and k != hp.name} if self.bridge else {}
@@ -490,7 +494,7 @@ class CachedModel:
 
     _entoscope_wrapper = True
     _OWN = frozenset({"model", "cache_dir", "verify", "dedupe_rows", "grad", "_lock", "_stats", "_bypass",
-                      "_subset_ok", "_redirect", "_warned", "_swept"})
+                      "_subset_ok", "_redirect", "_warned", "_swept", "_target"})
 
     def __init__(self, model: Any, cache_dir: str | os.PathLike[str] | None = ".activation_cache", *,
                  verify: Literal["version", "full"] = "version", dedupe_rows: bool = True,
@@ -499,9 +503,9 @@ class CachedModel:
             raise UnsupportedModelError("this model is already a CachedModel",
                                         remedy="wrap the model itself: CachedModel(cached.model, ...)",
                                         code="already_cached")
-        from .adapter import _backend_of
+        from .backend import backend_for
 
-        _backend_of(model)  # refuses anything but a TransformerBridge or a HookedTransformer
+        runner = backend_for(model).runner  # refuses anything but a TransformerBridge, HookedTransformer, nnsight model
         if verify not in ("version", "full"):
             raise ConfigError(f"unknown verify mode {verify!r}", remedy="use 'version' or 'full'",
                               code="unknown_verify_mode")
@@ -512,6 +516,7 @@ class CachedModel:
         if grad not in ("detach", "bypass"):
             raise ConfigError(f"unknown grad mode {grad!r}", remedy="use 'detach' or 'bypass'", code="unknown_grad_mode")
         object.__setattr__(self, "grad", grad)
+        object.__setattr__(self, "_target", runner)
         self._init_state()
 
     def _init_state(self) -> None:
@@ -566,6 +571,9 @@ class CachedModel:
         state = {"grad": "detach", **state}
         for k, v in state.items():
             object.__setattr__(self, k, v)
+        from .backend import backend_for
+
+        object.__setattr__(self, "_target", backend_for(self.model).runner)
         self._init_state()
 
     # ------------------------------------------------------------------ stats
@@ -606,10 +614,10 @@ class CachedModel:
         """Where this model's entries live (None when caching is off)."""
         if self.cache_dir is None:
             return None
-        from .adapter import _backend_of
+        from .backend import backend_name
 
-        name = str(getattr(self.model.cfg, "model_name", None) or "model")
-        return self.cache_dir / f"{_safe_name(name)}__{_backend_of(self.model)}"
+        name = str(getattr(self._target.cfg, "model_name", None) or "model")
+        return self.cache_dir / f"{_safe_name(name)}__{backend_name(self.model)}"
 
     def _count(self, key: str, n: int = 1) -> None:
         with self._lock:
@@ -626,7 +634,7 @@ class CachedModel:
     def run_with_cache(self, *args: Any, **kwargs: Any) -> Any:
         """The wrapped model's `run_with_cache`, read from disk when this exact call was made before."""
         if self.cache_dir is None:
-            return self.model.run_with_cache(*args, **kwargs)
+            return self._target.run_with_cache(*args, **kwargs)
         try:
             plan = self._plan(args, kwargs)
         except Exception as why:
@@ -637,7 +645,7 @@ class CachedModel:
             with self._lock:
                 self._stats["bypassed"] += 1
                 self._bypass[reason] += 1
-            return self.model.run_with_cache(*args, **kwargs)
+            return self._target.run_with_cache(*args, **kwargs)
         try:
             hit = self._lookup(plan)
         except Exception as err:  # the cache must never break a run: recompute
@@ -647,22 +655,25 @@ class CachedModel:
             return hit
         self._count("misses")
         with torch.no_grad():  # what is returned is detached, as on a hit: no graph is built for nothing
-            out, cache = self.model.run_with_cache(*args, **kwargs)
+            out, cache = self._target.run_with_cache(*args, **kwargs)
         self._store(plan, out, cache)
         return out, cache
 
     def _plan(self, args: tuple, kwargs: dict[str, Any]) -> _Plan:
-        model = self.model
-        from .adapter import _backend_of
+        model = self._target
+        from .adapter import module_of
+        from .backend import backend_name
 
-        backend = _backend_of(model)
+        backend = backend_name(self.model)
+        if getattr(self.model, "_edits", None):  # nnsight: edits replayed on every trace (model.edit())
+            raise _Bypass("nnsight_edits")
         if kwargs.get("incl_bwd"):
             raise _Bypass("incl_bwd")
         if kwargs.get("remove_batch_dim"):
             raise _Bypass("remove_batch_dim")
         if len(args) > 1:
             raise _Bypass("positional_args")
-        state = inspect_model(model, full=self.verify == "full")
+        state = inspect_model(module_of(self.model), full=self.verify == "full")
         if state.active_hooks:
             raise _Bypass("hooks")
         if state.unhashable:
@@ -719,7 +730,7 @@ class CachedModel:
             # A callable cannot be hashed; what it selects can. TransformerLens applies it to every
             # hook name (no alias mapping), so the key is the resolved names under their own kind.
             try:
-                chosen = [n for n in self.model.hook_dict if names_filter(n)]
+                chosen = [n for n in self._target.hook_dict if names_filter(n)]
             except Exception:
                 raise _Bypass("names_filter") from None
             return _Request("callable", tuple(sorted(set(chosen))))
@@ -732,7 +743,7 @@ class CachedModel:
             return self._read(plan, path)
         if plan.request.kind == "all" or not self._subset_ok or plan.start_at_layer is not None:
             return None
-        selector = _Selector(self.model, plan.stop_at_layer)
+        selector = _Selector(self._target, plan.stop_at_layer)
         hooked = selector.hooked(plan.request, strict=True)
         if not hooked:
             return None
@@ -864,7 +875,7 @@ class CachedModel:
             if t is None:
                 return None
             cache[key] = t
-        if plan.return_cache_object:
+        if plan.return_cache_object and self._target is self.model:
             from transformer_lens import ActivationCache
 
             return out, ActivationCache(cache, self.model, has_batch_dim=True)
@@ -877,7 +888,7 @@ class CachedModel:
         if not self._subset_ok:
             return
         try:
-            selector = _Selector(self.model, plan.stop_at_layer)
+            selector = _Selector(self._target, plan.stop_at_layer)
             hooked = selector.hooked(plan.request)
             # (nothing to compare where the selector leaves the call to TransformerLens: hooked None)
             ok = plan.start_at_layer is not None or hooked is None or \

@@ -16,7 +16,7 @@ fixed, and the model's own gradient paths are not changed.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from torch import Tensor
 
@@ -83,8 +83,8 @@ def encode(act: ActName, x_in: Tensor) -> Tensor:
     return dictionary(act).encode(x_in)
 
 
-def hooks(model: ModelAdapter, act: ActName, fn: Callable[[Tensor], Tensor]) -> list[tuple[str, Callable]]:
-    """Hooks that write `fn(features)` through the dictionary, keeping its error term."""
+def interventions(act: ActName, fn: Callable[[Tensor], Tensor]) -> list[tuple[ActName, Callable]]:
+    """Interventions at the dictionary's sites that write `fn(features)`, keeping its error term."""
     d = dictionary(act)
     hook_in, hook_out = parse_name(d.hook_in), parse_name(d.hook_out)
 
@@ -93,15 +93,15 @@ def hooks(model: ModelAdapter, act: ActName, fn: Callable[[Tensor], Tensor]) -> 
         return d.write(x_out, f, fn(f))
 
     if hook_in == hook_out:
-        return [(model._hook(hook_out), lambda x, hook=None: write(x, x))]
+        return [(hook_out, lambda x: write(x, x))]
     stash: dict[str, Tensor] = {}
 
-    def keep(x: Tensor, hook: Any = None) -> None:
+    def keep(x: Tensor) -> None:
         stash["x_in"] = x
 
-    def edit(x: Tensor, hook: Any = None) -> Tensor:
+    def edit(x: Tensor) -> Tensor:
         return write(x, stash.pop("x_in"))
-    return [(model._hook(hook_in), keep), (model._hook(hook_out), edit)]
+    return [(hook_in, keep), (hook_out, edit)]
 
 
 def width(act: ActName) -> int:

@@ -1,7 +1,7 @@
 """`model_fingerprint(model)`: one string that changes whenever anything that decides a model's outputs does.
 
-Covered: the model class (and, for a TransformerBridge, the HuggingFace class, its config and the
-attention implementation), the bridge's compatibility mode, every plain field of the TransformerLens
+Covered: the model class (and, for a TransformerBridge or a HuggingFace model itself, as under nnsight,
+the HuggingFace class, its config and the attention implementation), the bridge's compatibility mode, every plain field of the TransformerLens
 config (dimensions, dtype, normalisation, ...; not `device`, which the activation cache keys on
 separately), and the name, kind, shape, dtype and every byte of every parameter and buffer.
 
@@ -64,15 +64,16 @@ _MEMOS_LOCK = threading.Lock()
 
 
 def _unwrap(model: Any) -> Any:
-    from .adapter import unwrap
+    from .adapter import module_of
 
-    return unwrap(model)[0]
+    return module_of(model)
 
 
 def model_fingerprint(model: Any, *, full: bool = False) -> str:
     """Hex SHA-256 naming this model's exact computation (see the module docstring for what it covers).
 
-    Accepts a TransformerBridge, a HookedTransformer, a `CachedModel` or a `ModelAdapter`.
+    Accepts a TransformerBridge, a HookedTransformer, an nnsight model (its HuggingFace module is
+    fingerprinted), a `CachedModel` or a `ModelAdapter`.
     `full=True` re-reads every tensor instead of trusting PyTorch's version counters.
     """
     return inspect_model(_unwrap(model), full=full).fingerprint
@@ -109,7 +110,8 @@ def _walk(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module]]:
             stack.extend((dot + n, c) for n, c in reversed(children.items()) if c is not None)
 
 
-_LIBRARY_PREFIXES = ("transformers.", "transformer_lens.", "torch.", "accelerate.")
+# nnsight's hooks are inert outside a trace (its persistent edits are checked by CachedModel)
+_LIBRARY_PREFIXES = ("transformers.", "transformer_lens.", "torch.", "accelerate.", "nnsight.")
 
 
 def _hook_origin(fn: Any) -> str:
@@ -180,6 +182,8 @@ def _config_doc(model: Any) -> dict[str, Any]:
     if hasattr(model, "compatibility_mode"):
         doc["compatibility_mode"] = bool(model.compatibility_mode)
     hf = getattr(model, "original_model", None)
+    if hf is None and cfg is None and hasattr(model, "config"):  # a HuggingFace model itself (under nnsight)
+        hf = model
     if hf is not None:
         doc["hf_class"] = f"{type(hf).__module__}.{type(hf).__qualname__}"
         hf_cfg = getattr(hf, "config", None)

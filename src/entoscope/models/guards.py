@@ -4,8 +4,8 @@
   Operations run it in eval mode, say so (a recorded warning when dropout was active) and restore
   every module's own mode afterwards.
 - `check_finite_weights(tl)`: NaN or inf in a parameter is refused, naming the parameter.
-- `first_non_finite(...)`: when a run's output is not finite, find the first hook (in the order
-  the forward runs them) whose value is not, so the error can say where it first appeared.
+- `first_non_finite(...)`: when a run's output is not finite, find the first site (in the order
+  the forward reaches them) whose value is not, so the error can say where it first appeared.
 - `check_describable(adapter)`: one tiny forward at load time checks what every operation assumes
   of a decoder: causal attention (a later token does not change earlier logits), an additive
   residual stream (resid_post = resid_pre + attn_out + mlp_out) and pre-norm logits
@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -64,26 +63,17 @@ def check_finite_weights(tl: Any) -> None:
     tl._entoscope_finite_stamp = stamp
 
 
-def first_non_finite(tl: Any, tokens: Tensor, fwd_hooks: Sequence[tuple[str, Any]],
-                     watch: dict[str, str]) -> str | None:
-    """The first of the hook points `watch` (hook name -> entoscope's name; in forward order) whose
-    output is not finite, re-running the same forward with the same interventions."""
-    found: list[str] = []
-
-    def spy(x: Tensor, hook: Any = None, name: str = "") -> Tensor:
-        if not found and isinstance(x, Tensor) and x.is_floating_point() and not bool(torch.isfinite(x).all()):
-            found.append(name)
-        return x
-
-    user = {name for name, _ in fwd_hooks}
-    # a spy runs after the user's hook on the same point, so it sees the value that flows on
-    hooks = list(fwd_hooks) + [(h, functools.partial(spy, name=h)) for h in tl.hook_dict if h in watch]
+def first_non_finite(adapter: ModelAdapter, tokens: Tensor, interventions: Sequence[tuple[Any, Any]]) -> str | None:
+    """The first site (in the order the forward reaches them) whose value is not finite, re-running the
+    same forward with the same interventions (base interventions, ModelAdapter.lower)."""
+    impl = adapter.impl
+    written = {act for act, _ in interventions}
     with torch.no_grad():
-        tl.run_with_hooks(tokens, fwd_hooks=hooks, return_type="logits")
-    if not found:
-        return None
-    hook = found[0]
-    return f"{watch[hook]} (hook {hook})" + (", where an intervention writes" if hook in user else "")
+        _, acts = impl.run(tokens, impl.sites(adapter.structure), list(interventions), logits=False)
+    for act, x in acts.items():  # in the order they were reached
+        if act.kind != "attn_scores" and x.is_floating_point() and not bool(torch.isfinite(x).all()):
+            return f"{act} (hook {impl.key(act)})" + (", where an intervention writes" if act in written else "")
+    return None
 
 
 def raise_non_finite(what: str, where: str | None) -> None:
@@ -104,12 +94,12 @@ def check_describable(adapter: ModelAdapter) -> None:
     other = tokens.clone()
     other[0, -1] = (other[0, -1] + 1) % s.d_vocab
     last = s.n_layers - 1
-    names = {k: adapter._hook(adapter.resolve(k)) for k in (f"resid_pre.{last}", f"attn_out.{last}",
-                                                           f"mlp_out.{last}", f"resid_post.{last}")}
+    names = {k: adapter.resolve(k) for k in (f"resid_pre.{last}", f"attn_out.{last}", f"mlp_out.{last}",
+                                             f"resid_post.{last}")}
     with torch.no_grad(), evaluating(tl):
-        logits, cache = tl.run_with_cache(tokens, names_filter=list(names.values()), return_type="logits")
-        logits2 = tl(other, return_type="logits")
-        resid = {k: cache[h].double() for k, h in names.items()}
+        logits, acts = adapter.impl.run(tokens, list(names.values()), [])
+        logits2, _ = adapter.impl.run(other, [], [])
+        resid = {k: acts[a].double() for k, a in names.items()}
         final = adapter.weights.final_norm(resid[f"resid_post.{last}"]).double()
         unembedded = final @ adapter.weights.W_U.double() + adapter.weights.b_U.double()
     scale = float(logits.float().abs().max()) + 1e-6

@@ -1,7 +1,8 @@
-"""Loading models: the bundled demo, a local HuggingFace folder, or a hub name, on either backend.
+"""Loading models: the bundled demo, a local HuggingFace folder, or a hub name, on any backend.
 
-`load_model` returns a TransformerLens object (a TransformerBridge or a HookedTransformer), the same
-thing a user would build themselves; every operation accepts it (and `CachedModel` around it).
+`load_model` returns what a user would build themselves: a TransformerBridge, a HookedTransformer, or
+an nnsight LanguageModel around the HuggingFace model; every operation accepts it (and `CachedModel`
+around it).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 
 from ..errors import ConfigError, ModelLoadError, UnsupportedModelError
 
-Backend = Literal["bridge", "hooked"]
+Backend = Literal["bridge", "hooked", "nnsight"]
 DEMO_DIR = Path(__file__).resolve().parent.parent / "demo"
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
@@ -35,16 +36,17 @@ def _dtype(dtype: str | torch.dtype) -> torch.dtype:
 def load_model(name: str = "demo", *, backend: Backend = "bridge", compat: bool = False,
                device: str | None = None, dtype: str | torch.dtype = "float32",
                revision: str | None = None) -> Any:
-    """Load a model as a TransformerLens object.
+    """Load a model as a TransformerLens object or an nnsight LanguageModel.
 
     name:    "demo" (the bundled model), a local folder with a HuggingFace model and tokenizer, or
              a HuggingFace hub name (needs the hub, or the model already in the local HF cache).
     backend: "bridge" (TransformerBridge: HuggingFace's own weights and activations) or "hooked"
-             (HookedTransformer with TransformerLens's processing: LayerNorm folded, weights centred).
+             (HookedTransformer with TransformerLens's processing: LayerNorm folded, weights centred), or
+             "nnsight" (nnsight.LanguageModel: HuggingFace's weights and activations, as a plain bridge's).
     compat:  bridge only: call `enable_compatibility_mode()` (HookedTransformer-equivalent numbers).
     """
-    if backend not in ("bridge", "hooked"):
-        raise ConfigError(f"unknown backend {backend!r}", remedy="use 'bridge' or 'hooked'",
+    if backend not in ("bridge", "hooked", "nnsight"):
+        raise ConfigError(f"unknown backend {backend!r}", remedy="use 'bridge', 'hooked' or 'nnsight'",
                           code="unknown_backend")
     if compat and backend != "bridge":
         raise ConfigError("compat applies to the bridge backend only (a HookedTransformer is already "
@@ -52,6 +54,8 @@ def load_model(name: str = "demo", *, backend: Backend = "bridge", compat: bool 
                           code="compat_needs_bridge")
     if backend == "hooked":
         require_hooked()
+    if backend == "nnsight":
+        require_nnsight()
     check_device(device)
     torch_dtype = _dtype(dtype)
     folder = DEMO_DIR if name == "demo" else Path(name).expanduser()
@@ -63,7 +67,9 @@ def load_model(name: str = "demo", *, backend: Backend = "bridge", compat: bool 
                   revision=revision)
     checked(model)
     # how to load it again: the manifest keeps this, so `entoscope run manifest.json` re-runs
-    model._entoscope_source = {"name": name, "backend": backend, "compat": compat, "dtype": str(torch_dtype),
+    from .adapter import module_of
+
+    module_of(model)._entoscope_source = {"name": name, "backend": backend, "compat": compat, "dtype": str(torch_dtype),
                                "revision": revision}
     return model
 
@@ -81,6 +87,31 @@ def require_hooked() -> None:
                           remedy="use --backend bridge (a TransformerBridge; add --compat for HookedTransformer-"
                           "equivalent numbers), or install transformer-lens 3: pip install 'transformer-lens>=3.2,<4'"
                           ) from None
+
+
+def require_nnsight() -> None:
+    """nnsight is an optional extra; say how to get it instead of an ImportError."""
+    try:
+        import nnsight  # noqa: F401
+    except ImportError:
+        raise ConfigError("the nnsight backend needs the nnsight package, which is not installed",
+                          code="nnsight_missing",
+                          remedy="pip install 'entoscope[nnsight]' (nnsight 0.8), or use --backend bridge") from None
+
+
+def as_nnsight(hf_model: Any, tokenizer: Any, name: str) -> Any:
+    """An nnsight LanguageModel around an in-memory HuggingFace model (the name kept for tables and caches)."""
+    import warnings
+
+    require_nnsight()
+    from nnsight import LanguageModel
+
+    with warnings.catch_warnings():  # 0.8 calls LanguageModel deprecated in favour of TransformersModel
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", FutureWarning)
+        lm = LanguageModel(hf_model, tokenizer=tokenizer)
+    hf_model._entoscope_name = name
+    return lm
 
 
 def check_device(device: str | None) -> None:
@@ -187,7 +218,8 @@ def _load_folder(folder: Path, *, backend: Backend, compat: bool, device: str | 
 
 def from_hf(hf_model: Any, tokenizer: Any, *, backend: Backend = "bridge", compat: bool = False,
             device: str | None = None, name: str = "local", folder: str | None = None) -> Any:
-    """Wrap an in-memory HuggingFace causal LM (and its tokenizer) as a TransformerLens object.
+    """Wrap an in-memory HuggingFace causal LM (and its tokenizer) as a TransformerLens object (or, with
+    backend="nnsight", an nnsight LanguageModel).
 
     The tokenizer must have been loaded from a folder (`AutoTokenizer.from_pretrained(folder)`):
     TransformerLens re-reads it from there to set up BOS handling.
@@ -198,6 +230,8 @@ def from_hf(hf_model: Any, tokenizer: Any, *, backend: Backend = "bridge", compa
     hf_model = hf_model.eval()
     if device is not None:
         hf_model = hf_model.to(device)
+    if backend == "nnsight":
+        return checked(as_nnsight(hf_model, tokenizer, name))
     if backend == "hooked":
         from .hooked_config import hooked_from_hf
 
@@ -272,6 +306,13 @@ def _load_hub(name: str, *, backend: Backend, compat: bool, device: str | None, 
                              "cannot be reached (offline)", remedy=_hub_remedy(name), code="hub_unreachable")
     try:
         with contextlib.nullcontext() if reachable else _offline():
+            if backend == "nnsight":
+                from transformers import AutoModelForCausalLM, AutoTokenizer
+
+                hf = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, revision=revision,
+                                                          attn_implementation="eager")
+                return as_nnsight(hf.eval().to(device or "cpu"), AutoTokenizer.from_pretrained(name, revision=revision),
+                                  name)
             if backend == "hooked":
                 from transformer_lens import HookedTransformer
 

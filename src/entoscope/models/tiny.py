@@ -3,7 +3,8 @@
 Used by the test suite (and by anyone writing an operation: every operation runs on all of them).
 Families: "gpt2" (LayerNorm, learned positions, Conv1D weights), "neox" (parallel attention+MLP,
 partial rotary), "llama" (RMSNorm, rotary, gated MLP, grouped-query attention: 4 query heads
-sharing 2 key/value heads). Variants: backend "bridge" (plain or compat) or "hooked".
+sharing 2 key/value heads). Variants: backend "bridge" (plain or compat) or "hooked"; "nnsight" builds
+an nnsight LanguageModel around the same HuggingFace model (same seed: the same weights as the bridge's).
 """
 
 from __future__ import annotations

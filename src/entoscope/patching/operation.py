@@ -25,7 +25,7 @@ from ..errors import ConfigError, DataError, SiteError
 from ..metrics import ANSWER_LOGITS_ONLY, Metric, metric_where
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
-from ..models.partial import has_taps, prefix_note, prefix_reads, prefix_support
+from ..models.partial import has_taps, prefix_note, prefix_reads, prefix_support, start_paths
 from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
 from ..results.result import Result
 from ..sites import Sites, resolve_positions
@@ -447,11 +447,7 @@ def _patched_tokens(model: ModelAdapter, siteset: Any, pairs: Pairs) -> tuple[np
 
 
 def _path_note(model: ModelAdapter, path: str, asked: str) -> str:
-    how = {"hooked": {"positions": "the HookedTransformer's blocks called from that layer on, with a frozen "
-                                   "key/value cache",
-                      "layers": "the HookedTransformer's blocks called from that layer on"},
-           "bridge": {"positions": "the bridge's blocks called from that layer on, with a frozen key/value prefix",
-                      "layers": "the bridge's blocks called from that layer on"}}[model.backend]
+    how = start_paths(model)
     note = {"positions": f"patched runs start at the first changed layer and position ({how['positions']}); "
                          "logits read at the answer positions only",
             "layers": f"patched runs start at the first changed layer ({how['layers']})",

@@ -1,0 +1,25 @@
+"""docs/migration.md's code blocks run, in order, in one namespace (each block's asserts check entoscope
+against TransformerLens and nnsight written by hand)."""
+
+import linecache
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+if os.environ.get("ENTOSCOPE_REQUIRE_NNSIGHT") != "1":
+    pytest.importorskip("nnsight", reason="nnsight is an optional extra (pip install 'entoscope[nnsight]')")
+
+PAGE = Path(__file__).resolve().parent.parent / "docs" / "migration.md"
+
+
+def test_the_migration_pages_examples_run():
+    blocks = re.findall(r"```python\n(.*?)```", PAGE.read_text(), flags=re.S)
+    assert len(blocks) >= 4
+    namespace: dict = {}
+    for i, block in enumerate(blocks):
+        name = f"<{PAGE.name} block {i + 1}>"
+        linecache.cache[name] = (len(block), None, block.splitlines(True), name)  # nnsight reads a trace's source
+        exec(compile(block, name, "exec"), namespace)
+    assert len(namespace["by_hand"]) == len(namespace["with_nnsight"]) == 4
