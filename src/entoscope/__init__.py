@@ -12,6 +12,7 @@ from .circuits import Circuits, DirectLogitAttribution, HeadScores, InformationF
 from .data import Dataset, DataSpec, Example, load_data
 from .data import tasks
 from .errors import EntoscopeError
+from .executors import InProcess, Ray
 from .lens import Lens, ParameterLens, TunedLens
 from .metrics import Metric
 from .models import ActName, CachedModel, Intervention, ModelAdapter, adapt, load_model
@@ -24,6 +25,6 @@ from .sites import Sites
 
 __version__ = "0.1.0.dev0"
 __all__ = ["ActName", "CachedModel", "Circuits", "Dataset", "DataSpec", "DirectLogitAttribution", "EntoscopeError", "Example", "HeadScores",
-           "InformationFlowRoutes", "Intervention", "Lens",
-           "Metric", "ModelAdapter", "Operation", "ParameterLens", "Patching", "Plan", "Probing", "Result", "Sites", "TunedLens", "adapt",
+           "InProcess", "InformationFlowRoutes", "Intervention", "Lens",
+           "Metric", "ModelAdapter", "Operation", "ParameterLens", "Patching", "Plan", "Probing", "Ray", "Result", "Sites", "TunedLens", "adapt",
            "errors", "load_data", "load_model", "register", "tasks"]

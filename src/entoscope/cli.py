@@ -7,6 +7,7 @@
     entoscope lens --data '{task: ioi, n: 8}' --sites '{activation: resid_post, over: [layer, position]}'
     entoscope train-lens --model demo --data '{task: ioi, n: 256}' --out lenses/demo
     entoscope train-sae --model demo --site resid_post.1 --out sae/resid_post.1   (docs/features.md)
+    entoscope patch --data '{task: ioi, n: 1000}' --executor ray --workers 4 --out runs/p [--resume]
 
 Every operation sub-command takes each config key as --key VALUE (VALUE is read as YAML, so lists
 and mappings work) plus the model options; `--plan` prints the plan and runs nothing.
@@ -58,7 +59,43 @@ def _model_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--compat", action="store_true", help="bridge in compatibility mode (LayerNorm folded)")
     g.add_argument("--device", default=None, metavar="DEVICE", help="torch device: cpu, cuda, cuda:N, mps (default: cpu)")
     g.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16", "float16"])
+    g.add_argument("--device-map", default=None, metavar="YAML", help="HuggingFace device_map for a model larger than "
+                   "one device: auto, balanced, or '{module: device}' (needs accelerate; not with --device)")
     g.add_argument("--cache-dir", default=None, metavar="DIR", help="wrap the model in CachedModel with this directory")
+
+
+def _executor_options(p: argparse.ArgumentParser) -> None:
+    """--executor, --resume and one flag per field of es.Ray (generated like the operations' flags)."""
+    from .executors.config import NAMES, Ray
+
+    g = p.add_argument_group("executor (docs/scale.md)")
+    g.add_argument("--executor", default=None, choices=list(NAMES), help="where the shards of prompts run "
+                   "[default: in_process; a YAML entry's executor: is used when given]")
+    for field, info in Ray.model_fields.items():
+        if field == "type":
+            continue
+        default = info.get_default(call_default_factory=True)
+        g.add_argument(f"--{field.replace('_', '-')}", dest=f"ex_{field}", default=None,
+                       metavar=_metavar(info.annotation),
+                       help=_help((info.description or "") + f" (Ray) [default: {default!r}]"))
+    g.add_argument("--resume", action="store_true", help="skip the shards already saved in --out (OUT/shards) by an "
+                   "interrupted run of the same command")
+
+
+def _executor(args: argparse.Namespace, entry: dict[str, Any] | None = None, where: str = "executor") -> Any:
+    from .config import executor_of
+
+    raw = ("ex_address", "ex_factory")  # host:port and module:function are taken as written, not as YAML
+    overrides = {k[3:]: v if k in raw else _yaml_value(v, k[3:].replace("_", "-")) for k, v in vars(args).items()
+                 if k.startswith("ex_") and v is not None}
+    if getattr(args, "executor", None):
+        overrides["type"] = args.executor
+    elif overrides and not (entry or {}).get("executor"):
+        overrides["type"] = "ray"  # --workers 4 alone means Ray
+    if overrides.get("type") == "in_process" and len(overrides) > 1:
+        raise ConfigError(f"--{next(k for k in overrides if k != 'type').replace('_', '-')} is a Ray option",
+                          code="bad_arguments", remedy="add --executor ray, or drop the Ray options")
+    return executor_of(entry or {}, where, overrides)
 
 
 def _load(args: argparse.Namespace, source: dict[str, Any] | None = None) -> Any:
@@ -67,7 +104,9 @@ def _load(args: argparse.Namespace, source: dict[str, Any] | None = None) -> Any
     name, backend, compat = args.model, args.backend, args.compat
     if source and not getattr(args, "model_given", False):
         name, backend, compat = source["name"], source["backend"], source["compat"]
-    model = load_model(name, backend=backend, compat=compat, device=args.device, dtype=args.dtype)
+    device_map = _yaml_value(args.device_map, "device-map") if getattr(args, "device_map", None) else None
+    model = load_model(name, backend=backend, compat=compat, device=args.device, dtype=args.dtype,
+                       device_map=device_map)
     if args.cache_dir:
         from .models.cached import CachedModel
 
@@ -116,6 +155,7 @@ def _op_parser(sub: Any, cli_name: str, op_name: str) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace a run already saved in --out")
     p.add_argument("--plan", action="store_true", help="print the plan and run nothing")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _executor_options(p)
     g = p.add_argument_group(f"{op_name} config (values are YAML)")
     for field, info in cls.model_fields.items():
         default = info.get_default(call_default_factory=True)
@@ -138,24 +178,31 @@ def _run_op(args: argparse.Namespace) -> int:
     if data is not None:
         entry["data"] = data
     op, spec = build_operation(entry, where=args.op_name)
-    _execute(op, spec, args, args.out)
+    _execute(op, spec, args, args.out, executor=_executor(args))
     return 0
 
 
 def _execute(op: Any, spec: Any, args: argparse.Namespace, out: str | None, records: Any = None,
              source: dict[str, Any] | None = None, model: Any = None,
-             warned: list[dict[str, str]] | None = None) -> Any:
+             warned: list[dict[str, str]] | None = None, executor: Any = None) -> Any:
     """Check the destination, load the model, then plan or run (and save). Returns the Result (or None)."""
     from .results.folder import check_out
 
+    resume = bool(getattr(args, "resume", False))
+    if executor is None and hasattr(args, "executor"):
+        executor = _executor(args)
+    if resume and not out:
+        raise ConfigError("--resume needs --out: the interrupted run's shards are in OUT/shards",
+                          code="resume_needs_folder", remedy="pass the same --out as the interrupted run")
     if out and not args.plan:
-        check_out(out, overwrite=args.overwrite)  # before the model loads: nothing is computed in vain
+        check_out(out, overwrite=args.overwrite, resume=resume)  # before the model loads: nothing computed in vain
+    shards_dir = _shards_dir(op, out, executor, resume, args)
     model = model if model is not None else _load(args, source)
     data = records if records is not None else spec
     if args.plan:
-        print(op.plan(model, data))
+        print(op.plan(model, data, executor=executor))
         return None
-    result = op.run(model, data, quiet=args.quiet)
+    result = op.run(model, data, executor=executor, quiet=args.quiet, shards_dir=shards_dir, resume=resume)
     if warned:  # warnings raised before the run (re-running a manifest) belong in its record too
         result.warnings[:0] = warned
         result.manifest["warnings"] = result.warnings
@@ -165,6 +212,22 @@ def _execute(op: Any, spec: Any, args: argparse.Namespace, out: str | None, reco
         SAVED.append(str(folder))
         print(f"saved: {folder}/index.html")
     return result
+
+
+def _shards_dir(op: Any, out: str | None, executor: Any, resume: bool, args: argparse.Namespace) -> Path | None:
+    """OUT/shards for a sharded run that writes shards (Ray, or --resume); an old run's are cleared on --overwrite."""
+    import shutil
+
+    from .results.folder import SHARDS
+
+    if not out or args.plan or op.not_sharded_reason():
+        return None
+    if not resume and getattr(executor, "type", "in_process") == "in_process":
+        return None
+    folder = Path(out) / SHARDS
+    if args.overwrite and not resume and (folder / "store.json").exists():
+        shutil.rmtree(folder)
+    return folder
 
 
 def _run_file(args: argparse.Namespace) -> int:
@@ -181,10 +244,11 @@ def _run_file(args: argparse.Namespace) -> int:
         if name not in entries:
             raise ConfigError(f"{path} has no entry {name!r}", code="unknown_entry",
                               remedy=f"entries: {', '.join(entries)}")
-    built = [(name, *build_operation(entries[name], where=name)) for name in chosen]  # every entry checked first
-    for name, op, spec in built:
+    built = [(name, *build_operation(entries[name], where=name), _executor(args, entries[name], f"{name}.executor"))
+             for name in chosen]  # every entry checked first
+    for name, op, spec, executor in built:
         print(f"== {name}")
-        _execute(op, spec, args, str(Path(args.out) / name) if args.out else None)
+        _execute(op, spec, args, str(Path(args.out) / name) if args.out else None, executor=executor)
     return 0
 
 
@@ -281,6 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="re-run a manifest although the model's weights differ from the recorded fingerprint")
     q.add_argument("--plan", action="store_true", help="print the plan and run nothing")
     q.add_argument("--quiet", action="store_true", help="no progress bar")
+    _executor_options(q)
     q.set_defaults(handler=_run_file)
     q = sub.add_parser("train-lens", help="train tuned-lens translators and save them")
     _model_options(q)

@@ -7,7 +7,8 @@
       metric: logit_diff
       data: {task: ioi, n: 64}
 
-`${VAR}` (or `${VAR:-default}`) is replaced from the environment; an unset variable, an unknown or
+An entry may say where it runs: `executor: {type: ray, workers: 4}` (docs/scale.md); the default is
+in-process. `${VAR}` (or `${VAR:-default}`) is replaced from the environment; an unset variable, an unknown or
 missing key and a wrong type are refused with the path of the key (`ioi_resid.sites.over[1]`).
 """
 
@@ -74,6 +75,7 @@ def build_operation(entry: dict[str, Any], where: str = "config") -> tuple[Any, 
                           remedy=f"name the operation: one of {', '.join(names('operation'))}")
     op_name = entry.pop("operation")
     data = entry.pop("data", None)
+    entry.pop("executor", None)  # where it runs is not part of the operation: executor_of(entry)
     try:
         cls = lookup("operation", op_name)
     except KeyError as err:
@@ -92,3 +94,24 @@ def build_operation(entry: dict[str, Any], where: str = "config") -> tuple[Any, 
         except ValidationError as err:
             raise config_error(err, f"{where}.data") from None
     return op, spec
+
+
+def executor_of(entry: dict[str, Any], where: str = "config", overrides: dict[str, Any] | None = None) -> Any:
+    """The entry's `executor:` ({type: ray, workers: 4}; default in-process), with command-line overrides."""
+    from .executors.config import NAMES
+
+    value = entry.get("executor") or {}
+    if isinstance(value, str):
+        value = {"type": value}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}.executor: expected a mapping such as {{type: ray, workers: 4}}, got {value!r}",
+                          code="config_invalid", remedy="write executor: {type: ray, workers: 4}")
+    value = {**value, **(overrides or {})}
+    kind = value.get("type", "in_process")
+    if kind not in NAMES:
+        raise ConfigError(f"{where}.executor.type: unknown executor {kind!r}", code="unknown_executor",
+                          remedy="use type: in_process or type: ray")
+    try:
+        return NAMES[kind].model_validate(value)
+    except ValidationError as err:
+        raise config_error(err, f"{where}.executor") from None

@@ -119,6 +119,11 @@ def warn(message: str, *, code: str) -> None:
     warnings.warn(EntoscopeWarning(message, code=code), stacklevel=2)
 
 
+def recorded_warnings() -> list[dict[str, str]]:
+    """The warnings recorded so far by the run in progress ([] outside a run)."""
+    return list(_RECORDED.get() or [])
+
+
 @contextlib.contextmanager
 def recording_warnings() -> Iterator[list[dict[str, str]]]:
     """Collect the `warn` calls made inside the block (Operation.run keeps them in the manifest)."""

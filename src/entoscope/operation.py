@@ -5,6 +5,12 @@ are three spellings of one object, and `model_dump()` in the manifest re-runs ex
 Subclasses implement `prepare` (every check `run` needs, plus the plan; runs no model) and
 `execute` (the batched work). `plan()` calls only `prepare`, so a plan that says OK has already
 passed every check on names, shapes and lengths that `run` makes.
+
+An operation that splits into shards of prompts (`sharded = True`; docs/scale.md) implements, instead
+of `execute`: `shard_batches` (its length-grouped batches), `execute_shard` (per-prompt arrays of some
+batches), optionally `phases` / `before_phase` (a global step on the driver between sharded phases),
+and `summarise` (the Result from the merged per-prompt arrays). Its `execute` is then "one shard,
+here"; `run(..., executor=es.Ray(...))` runs the same shards on Ray workers.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import time
 from abc import abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from pydantic import Field
@@ -41,6 +48,12 @@ class Plan:
     files: list[str] = field(default_factory=lambda: ["table.csv", "table.parquet", "index.html", "manifest.json"])
     notes: list[str] = field(default_factory=list)
     examples: int = 0
+    executor: str = "in-process"
+    shards: int = 1
+    workers: int = 1
+    passes_per_worker: int | None = None  # forward + backward passes of the busiest worker (estimate)
+    memory_per_worker_bytes: int | None = None
+    global_step: str = ""  # what runs on the driver between sharded phases
 
     def __str__(self) -> str:
         sizes = sorted(set(self.batch_sizes))
@@ -54,6 +67,13 @@ class Plan:
             f"  peak memory       ~{self.peak_memory_bytes / 2**20:.1f} MiB (estimate)",
             f"  files             {', '.join(self.files)}",
         ]
+        if self.executor != "in-process":
+            memory = (self.memory_per_worker_bytes or 0) / 2**20
+            lines += [f"  executor          {self.executor}: {self.shards} shards over {self.workers} workers",
+                      f"  passes/worker     ~{self.passes_per_worker} (the busiest worker, forward + backward)",
+                      f"  memory/worker     ~{memory:.1f} MiB (its replica and its batches)"]
+        if self.global_step:
+            lines.append(f"  on the driver     {self.global_step}")
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -91,36 +111,78 @@ class Operation(ConfigModel):
                          "(n_boot, ci_level, ci_method, degenerate_share, influence_share, fdr)")
 
     # ------------------------------------------------------------------ public life
-    def plan(self, model: Any, data: Any = None) -> Plan:
-        """Validate everything and say what a run would cost; runs no model."""
+    def plan(self, model: Any, data: Any = None, *, executor: Any = None) -> Plan:
+        """Validate everything and say what a run would cost (and, on Ray, how it splits); runs no model."""
+        from .executors.config import as_executor
+        from .executors.driver import check_executor, shards_of
+
+        executor = as_executor(executor)
         with recording_warnings() as warned:
-            plan = self._prepare(model, data).plan
+            check_executor(self, model, executor)
+            prepared = self._prepare(model, data, executor)
+            plan = prepared.plan
+            if not self.not_sharded_reason():
+                plan.global_step = self.global_step(prepared)
+            if executor.type == "ray":
+                shards = shards_of(self, prepared, executor)
+                biggest = sorted((len(s.examples) for s in shards), reverse=True)
+                busiest = sum(biggest[i] for i in range(0, len(biggest), executor.workers))
+                plan.executor, plan.shards, plan.workers = "ray", len(shards), executor.workers
+                passes = plan.forward_passes + plan.backward_passes
+                plan.passes_per_worker = -(-passes * busiest // max(1, plan.examples or 1))
+                plan.memory_per_worker_bytes = plan.peak_memory_bytes
         plan.notes += [f"warning [{w['code']}]: {w['message']}" for w in warned]
         return plan
 
-    def run(self, model: Any, data: Any = None, *, quiet: bool = False) -> Any:
+    def run(self, model: Any, data: Any = None, *, executor: Any = None, quiet: bool = False,
+            shards_dir: str | Path | None = None, resume: bool = False) -> Any:
         """Run over the dataset and return a `Result` (with its manifest).
 
+        executor:   None / es.InProcess() (here), or es.Ray(workers=N, address=..., resources_per_worker=...).
+        shards_dir: where finished shards are written as Parquet (the CLI uses RUN/shards); Ray without it
+                    writes them to a temporary folder, removed after the merge.
+        resume:     skip the shards already in shards_dir (a run interrupted before).
         The model runs in eval mode (dropout off) whatever mode it was in, and is put back after;
         warnings raised on the way are kept in `result.warnings` and the manifest.
         """
+        from .executors.config import as_executor
+        from .executors.driver import check_executor, run_sharded
         from .results.manifest import build_manifest
 
+        executor = as_executor(executor)
+        sharded = not self.not_sharded_reason()
+        if (shards_dir is not None or resume) and not sharded:
+            raise ConfigError(f"{self.name} does not split into shards, so it has nothing to resume",
+                              code="resume_unsupported", remedy="run it again without --resume")
+        if resume and shards_dir is None:
+            raise ConfigError("resume needs the folder of the interrupted run's shards", code="resume_needs_folder",
+                              remedy="pass --out RUN (the CLI keeps shards in RUN/shards), or shards_dir=...")
+        info = None
         with recording_warnings() as warned:
             t0 = time.perf_counter()
-            prepared = self._prepare(model, data)
+            spec = check_executor(self, model, executor)
+            prepared = self._prepare(model, data, executor)
             t1 = time.perf_counter()
             with prepared.model.evaluating():
-                result = self.execute(prepared, quiet=quiet)
+                if sharded:
+                    result, info = run_sharded(self, prepared, executor, spec, quiet=quiet, shards_dir=shards_dir,
+                                               resume=resume)
+                else:
+                    result = self.execute(prepared, quiet=quiet)
             t2 = time.perf_counter()
         result.plan = prepared.plan
         result.warnings = warned
         result.manifest = build_manifest(self, prepared.model, prepared.data,
                                          {"prepare_s": round(t1 - t0, 4), "run_s": round(t2 - t1, 4)},
                                          warnings=warned)
+        if info is not None and (executor.type != "in_process" or shards_dir is not None):
+            result.manifest["executor"] = info
+            result.shards_dir = None if shards_dir is None else Path(shards_dir)
         return result
 
-    def _prepare(self, model: Any, data: Any) -> Prepared:
+    def _prepare(self, model: Any, data: Any, executor: Any = None) -> Prepared:
+        from .executors.shards import shard_prompts, sharding
+
         adapter = adapt(model)
         dataset = None
         if data is not None:
@@ -128,6 +190,9 @@ class Operation(ConfigModel):
         elif self.needs_data:
             raise ConfigError(f"{self.name} needs data", code="data_missing",
                               remedy="pass data: a task ({task: ioi, n: 16}), a file, or prompts")
+        if executor is not None and executor.type == "ray" and dataset is not None:
+            with sharding(shard_prompts(len(dataset), executor.workers, executor.shard_size)):
+                return self.prepare(adapter, dataset)
         return self.prepare(adapter, dataset)
 
     # ------------------------------------------------------------------ to implement
@@ -135,16 +200,57 @@ class Operation(ConfigModel):
     def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared:
         """Every check `execute` relies on, and the plan. Must not run the model."""
 
-    @abstractmethod
     def execute(self, prepared: Prepared, *, quiet: bool = False) -> Any:
-        """The batched work; returns a Result."""
+        """The batched work; returns a Result. A sharded operation runs its shards here (one shard)."""
+        from .executors.config import InProcess
+        from .executors.driver import run_sharded
+
+        if self.not_sharded_reason():
+            raise NotImplementedError(f"{type(self).__name__} implements neither execute nor execute_shard")
+        result, _ = run_sharded(self, prepared, InProcess(), None, quiet=quiet, shards_dir=None, resume=False)
+        return result
+
+    # ------------------------------------------------------------------ sharding (docs/scale.md)
+    sharded: ClassVar[bool] = False
+
+    def not_sharded_reason(self) -> str:
+        """Why this configuration cannot be split into shards ('' if it can)."""
+        return "" if self.sharded else "it does not split into shards of prompts"
+
+    def shard_batches(self, prepared: Prepared) -> list[list[int]]:
+        """The dataset indices of each length-grouped batch, in the order they run (a shard is some of them)."""
+        raise NotImplementedError
+
+    def phases(self, prepared: Prepared) -> tuple[str, ...]:
+        """The sharded phases in order; a global step on the driver may sit before each (`before_phase`)."""
+        return ("main",)
+
+    def global_step(self, prepared: Prepared) -> str:
+        """What runs on the driver between phases, for the plan ('' if nothing)."""
+        return ""
+
+    def before_phase(self, prepared: Prepared, phase: str, merged: dict[str, dict[str, Any]]) -> Any:
+        """The driver's global step before `phase`, from the merged earlier phases; what it returns reaches
+        every shard of the phase as `prepared.state["contexts"][phase]` (keep it small: it travels to workers)."""
+        return None
+
+    def execute_shard(self, prepared: Prepared, phase: str, batches: list[int], *, quiet: bool = False) -> Any:
+        """The batched work on some batches: a PerPrompt (arrays whose rows follow those batches' examples)."""
+        raise NotImplementedError
+
+    def summarise(self, prepared: Prepared, merged: dict[str, dict[str, Any]], *, quiet: bool = False) -> Any:
+        """The Result from every phase's merged per-prompt arrays (prompt order)."""
+        raise NotImplementedError
 
     # ------------------------------------------------------------------ helpers for subclasses
     def choose_batch_size(self, bytes_per_example: int, n_examples: int, cap: int = 64) -> int:
+        """batch_size if given, else what the memory budget allows (at most a shard of a sharded run)."""
+        from .executors.shards import batch_cap
+
         if self.batch_size is not None:
             return self.batch_size
         budget = int(self.memory_budget_mb * 2**20)
-        return max(1, min(cap, n_examples, budget // max(1, bytes_per_example)))
+        return batch_cap(max(1, min(cap, n_examples, budget // max(1, bytes_per_example))))
 
     def config(self) -> dict[str, Any]:
         """The full config, JSON-ready, with the operation's name."""

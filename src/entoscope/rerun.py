@@ -80,7 +80,7 @@ def rerun_manifest(path: Path, args: argparse.Namespace, execute: Callable[..., 
                           remedy="pass --model (a folder or hub name) to re-run it on that model")
     out = args.out or (None if args.plan else str(_destination(run_folder)))
     if out and not args.plan:
-        check_out(out, overwrite=args.overwrite)
+        check_out(out, overwrite=args.overwrite, resume=bool(getattr(args, "resume", False)))
     model = load(args, source)
     now, then = model_fingerprint(model), recorded.get("fingerprint")
     warned: list[dict[str, str]] = []

@@ -83,10 +83,8 @@ class EdgePatcher:
         self.empty = self._in_order(torch.cat(empty))
 
     def _in_order(self, values: Tensor) -> Tensor:
-        """Per-prompt values in dataset order."""
-        out = torch.empty_like(values)
-        out[self.order] = values
-        return out
+        """Per-prompt values in ascending dataset index (dataset order when the batches cover every prompt)."""
+        return values[torch.argsort(self.order)]
 
     def per_prompt(self, kept: Tensor) -> Tensor:
         """The metric of the circuit `kept` for every prompt, in dataset order: [N]."""

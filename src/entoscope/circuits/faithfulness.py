@@ -115,37 +115,50 @@ def _areas(fractions: Sequence[float], M: np.ndarray, full: np.ndarray, empty: n
     return FunctionStat(fn, M.shape[0], 2)
 
 
+def curve_circuits(graph: ComponentGraph, scores: Tensor, fractions: Sequence[float] = MIB_FRACTIONS,
+                   absolute: bool = True) -> list[Tensor]:
+    """The circuit of each point of the curve: the top floor(p * n_edges) edges, [n_senders, n_receivers] bool."""
+    return [top_n(graph, scores, int(p * graph.n_edges), absolute) for p in fractions]
+
+
 def faithfulness_curve(patcher: EdgePatcher, scores: Tensor, fractions: Sequence[float] = MIB_FRACTIONS,
                        absolute: bool = True, progress_fn=None, stats: Stats | None = None,
                        seed: int = 0) -> tuple[pd.DataFrame, dict[str, float]]:
     """One row per fraction (n edges requested, kept after pruning, metric, faithfulness with its
     interval) and {cpr, cmd (with intervals), m_full, m_empty}. Faithfulness, CPR and CMD are
     functions of the per-prompt metrics (ratio of means), so their intervals resample prompts."""
-    stats = stats or Stats()
-    graph = patcher.graph
-    m_full, m_empty = float(patcher.full.mean()), float(patcher.empty.mean())
-    rows, per_prompt = [], []
     items = list(fractions)
-    for p in (progress_fn(items) if progress_fn else items):
-        n = int(p * graph.n_edges)
-        kept = top_n(graph, scores, n, absolute)
-        values = patcher.per_prompt(kept)
-        per_prompt.append(values)
+    circuits = curve_circuits(patcher.graph, scores, items, absolute)
+    chosen = progress_fn(circuits) if progress_fn else circuits
+    per_prompt = [patcher.per_prompt(kept) for kept in chosen]
+    return curve_table(patcher.graph, items, circuits, per_prompt, patcher.full, patcher.empty, stats, seed)
+
+
+def curve_table(graph: ComponentGraph, fractions: Sequence[float], circuits: Sequence[Tensor],
+                per_prompt: Sequence[Tensor], full: Tensor, empty: Tensor, stats: Stats | None = None,
+                seed: int = 0) -> tuple[pd.DataFrame, dict[str, float]]:
+    """The curve from each circuit's per-prompt metrics ([E] per fraction) and the full / empty runs' ([E])."""
+    stats = stats or Stats()
+    items = list(fractions)
+    m_full, m_empty = float(full.mean()), float(empty.mean())
+    rows = []
+    for p, kept, values in zip(items, circuits, per_prompt):
         m = float(values.mean())
-        rows.append({"fraction": p, "n_edges": n, "n_edges_pruned": Circuit(graph, kept=kept).pruned().n_kept,
+        rows.append({"fraction": p, "n_edges": int(p * graph.n_edges),
+                     "n_edges_pruned": Circuit(graph, kept=kept).pruned().n_kept,
                      "metric": m, "faithfulness": faithfulness(m, m_empty, m_full)})
     frame = pd.DataFrame(rows)
     summary = {"cpr": float("nan"), "cmd": float("nan"), "m_full": m_full, "m_empty": m_empty}
     if not rows:
         return frame, summary
-    M = torch.stack(per_prompt, 1)  # [E, F]
-    curve = faithfulness_summary(M, patcher.full, patcher.empty, stats, seed)
+    M = torch.stack(list(per_prompt), 1)  # [E, F]
+    curve = faithfulness_summary(M, full, empty, stats, seed)
     frame["faithfulness_ci_low"], frame["faithfulness_ci_high"] = curve.ci_low, curve.ci_high
     frame["ci_level"] = stats.ci_level
     if len(items) > 1:
         f = list(frame["faithfulness"])
-        areas = summarise(_areas(items, M.double().numpy(), patcher.full.double().numpy(),
-                                 patcher.empty.double().numpy()), stats, seed)
+        areas = summarise(_areas(items, M.double().numpy(), full.double().numpy(), empty.double().numpy()),
+                          stats, seed)
         summary.update({"cpr": cpr(items, f), "cmd": cmd(items, f),
                         "cpr_ci_low": float(areas.ci_low[0]), "cpr_ci_high": float(areas.ci_high[0]),
                         "cmd_ci_low": float(areas.ci_low[1]), "cmd_ci_high": float(areas.ci_high[1])})

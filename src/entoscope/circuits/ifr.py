@@ -46,6 +46,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import pandas as pd
 import torch
 from pydantic import Field
@@ -53,10 +54,18 @@ from torch import Tensor
 
 from ..data.examples import Dataset
 from ..data.tokenized import make_batches, pad_id, tokenize_data
+from ..executors.shards import PerPrompt
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
 from ..models.structure import Structure
-from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
+from ..operation import (
+    Operation,
+    Plan,
+    Prepared,
+    model_bytes,
+    progress,
+    register_operation,
+)
 from ..results.result import Result
 
 Granularity = Literal["head", "token"]
@@ -394,25 +403,36 @@ class InformationFlowRoutes(Operation):
                            "graphs/*.graphml", "graphs/*.json", "manifest.json"])
         return Prepared(model, data, plan, {"batches": batches, "n": len(td), "max_floats": max_floats})
 
-    def execute(self, prepared: Prepared, *, quiet: bool = False) -> Result:
+    # sharded (docs/scale.md): each shard returns its prompts' component sums and route graphs (as JSON)
+    sharded = True
+
+    def shard_batches(self, prepared: Prepared) -> list[list[int]]:
+        return [list(b.index) for b in prepared.state["batches"]]
+
+    def execute_shard(self, prepared: Prepared, phase: str, batches: list[int], *, quiet: bool = False) -> PerPrompt:
+        import networkx as nx
+
         model, st = prepared.model, prepared.state
         s = model.structure
         vocab = model.vocab_strings()
         reads = flow_reads(s)
-        graphs: list[Any] = [None] * st["n"]
+        mine = [st["batches"][i] for i in batches]
+        examples = [ex for b in mine for ex in b.index]
+        local = {ex: j for j, ex in enumerate(examples)}
+        graphs: list[str] = [""] * len(examples)
         # per prompt, layer and component (the heads, or one attention column with granularity "token",
         # then the MLP last): summed importance of kept edges, their count, importance into the last position
-        comp_sum = torch.zeros(st["n"], s.n_layers, s.n_heads + 1)
+        comp_sum = torch.zeros(len(examples), s.n_layers, s.n_heads + 1)
         comp_edges = torch.zeros_like(comp_sum)
         comp_last = torch.zeros_like(comp_sum)
-        for batch in progress(st["batches"], total=len(st["batches"]), desc="ifr", quiet=quiet):
+        for batch in progress(mine, total=len(mine), desc="ifr", quiet=quiet):
             with torch.no_grad():
                 last = batch.last
                 out = model.run(batch.tokens, reads, logits_at=last)
                 imp, routes = trace_routes(model, out.acts, last, self.tau, self.granularity, st["max_floats"])
                 imp, routes = _to_cpu(imp), _routes_to_cpu(routes)
                 predicted = out.logits.argmax(-1).cpu()
-            idx = torch.tensor(batch.index)
+            idx = torch.tensor([local[ex] for ex in batch.index])
             _component_stats(imp, routes, last, idx, comp_sum, comp_edges, comp_last)
             for j, ex in enumerate(batch.index):
                 n = int(batch.lengths[j])
@@ -420,9 +440,19 @@ class InformationFlowRoutes(Operation):
                 meta = {"example": ex, "predicted": vocab[int(predicted[j])], "predicted_id": int(predicted[j]),
                         "position": n - 1, "tau": self.tau, "granularity": self.granularity,
                         "parallel": s.parallel, "n_layers": s.n_layers, "tokens": json.dumps(tokens)}
-                graphs[ex] = route_graph(imp, routes, j, tokens, meta)
+                g = route_graph(imp, routes, j, tokens, meta)
+                graphs[local[ex]] = json.dumps(nx.node_link_data(g, edges="edges"))
+        return PerPrompt(examples, {"comp_sum": comp_sum.numpy(), "comp_edges": comp_edges.numpy(),
+                                    "comp_last": comp_last.numpy(), "graph": np.asarray(graphs, dtype=object)})
+
+    def summarise(self, prepared: Prepared, merged: dict[str, Any], *, quiet: bool = False) -> Result:
+        import networkx as nx
+
+        m = merged["main"]
+        graphs = [nx.node_link_graph(json.loads(text), edges="edges") for text in m["graph"]]
         per_prompt = _edge_frame(graphs)
-        table = _component_table(s, self.granularity, comp_sum, comp_edges, comp_last)
+        comp_sum, comp_edges, comp_last = (torch.from_numpy(m[k]) for k in ("comp_sum", "comp_edges", "comp_last"))
+        table = _component_table(prepared.model.structure, self.granularity, comp_sum, comp_edges, comp_last)
         return RoutesResult(self.name, table, per_prompt=per_prompt, figures=self._figures,
                             title=f"information flow routes (tau {self.tau:g})", extra={"graphs": graphs})
 

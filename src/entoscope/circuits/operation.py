@@ -23,20 +23,36 @@ from torch import Tensor
 from ..data.examples import Dataset
 from ..data.tokenized import Batch, make_batches, pad_id, tokenize_data
 from ..errors import ConfigError
+from ..executors.shards import PerPrompt
 from ..metrics import Metric
 from ..models.adapter import ModelAdapter
 from ..models.split_inputs import check_split, refuse_unsplittable
-from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
+from ..operation import (
+    Operation,
+    Plan,
+    Prepared,
+    model_bytes,
+    progress,
+    register_operation,
+)
 from ..results.page import figure_div, write_page
 from ..results.result import Result
-from .acdc import acdc
 from ..stats import benjamini_hochberg, mean_stat, summarise
+from .acdc import acdc
 from .eap import Rule, edge_scores_per_prompt
 from .edge_patching import EdgePatcher
-from .faithfulness import MIB_FRACTIONS, above, faithfulness, faithfulness_curve, faithfulness_summary, top_n
-from .stability import circuit_stability
+from .faithfulness import (
+    MIB_FRACTIONS,
+    above,
+    curve_circuits,
+    curve_table,
+    faithfulness,
+    faithfulness_summary,
+    top_n,
+)
 from .graph import Circuit, ComponentGraph
 from .page import circuit_figure, faithfulness_figure
+from .stability import circuit_stability
 
 Method = Literal["eap", "eap_ig", "exact", "acdc"]
 ROWS_PER_PASS = 32  # EAP-IG: prompts x integration points in one forward/backward pass
@@ -155,75 +171,158 @@ class Circuits(Operation):
                     + (["acdc_decisions.csv"] if self.method == "acdc" else []))
         return Prepared(model, data, plan, {"batches": batches, "graph": graph, "metric": metric_fn, "kl": is_kl})
 
-    # ------------------------------------------------------------------ execute
-    def execute(self, prepared: Prepared, *, quiet: bool = False) -> Result:
-        model, st = prepared.model, prepared.state
-        batches: list[Batch] = st["batches"]
-        graph: ComponentGraph = st["graph"]
-        check_split(model, batches[0].tokens)
-        patcher = None
-        if self.method in ("exact", "acdc") or self.faithfulness or self.stability:
-            patcher = EdgePatcher(model, graph, batches, st["metric"])
-        summary: dict[str, Any] = {"method": self.method, "metric": self.metric.type, "n_edges_total": graph.n_edges}
-        curve = decisions = None
-        extra_cols: dict[str, Any] = {}
-        node_stats: dict[str, tuple[float, float, float]] | None = None
-        stability = None
+    # ------------------------------------------------------------------ execute (sharded: docs/scale.md)
+    # phase "scores": per-prompt edge scores of some batches; on the driver, the circuit is chosen from their
+    # mean (and, with stability, from resamples); phase "faithfulness": per-prompt metrics of every circuit
+    # needed (the curve's, the chosen one, the stable one) on the batches; summarise: tables and intervals.
+    sharded = True
+
+    def not_sharded_reason(self) -> str:
         if self.method == "acdc":
-            assert patcher is not None
-            outcome = acdc(patcher, self.acdc_threshold, kl=st["kl"], absolute=self.absolute,
-                           max_forward_passes=self.max_forward_passes, quiet=quiet)
-            circuit, decisions = outcome.circuit, outcome.decisions
-            summary.update({"acdc_forward_passes": outcome.forward_passes,
-                            "acdc_budget_exhausted": outcome.budget_exhausted})
-        else:
-            per_prompt_scores = self._scores(model, graph, batches, st["metric"], patcher, quiet)
-            scores = per_prompt_scores.mean(0)
-            circuit = Circuit(graph, scores, self._select(graph, scores))
-            extra_cols = self._edge_intervals(graph, per_prompt_scores)
-            node_values = (per_prompt_scores * circuit.kept).sum(-1).double().numpy()  # [E, senders]
-            ns = summarise(mean_stat(node_values), self.stats, self.seed)
-            node_stats = {n: (float(ns.value[i]), float(ns.ci_low[i]), float(ns.ci_high[i]))
-                          for i, n in enumerate(graph.senders)}
-            if patcher is not None and self.faithfulness:
-                curve, numbers = faithfulness_curve(
-                    patcher, circuit.scores, self.faithfulness, self.absolute,  # type: ignore[arg-type]
-                    progress_fn=lambda items: progress(items, total=len(items), desc="faithfulness", quiet=quiet),
-                    stats=self.stats, seed=self.seed)
+            return "ACDC decides edge by edge on the whole dataset, each decision depending on the one before"
+        return ""
+
+    def shard_batches(self, prepared: Prepared) -> list[list[int]]:
+        return [list(b.index) for b in prepared.state["batches"]]
+
+    def _needs_patcher(self) -> bool:
+        return self.method in ("exact", "acdc") or bool(self.faithfulness) or bool(self.stability)
+
+    def phases(self, prepared: Prepared) -> tuple[str, ...]:
+        if self.method == "acdc":
+            return ("acdc",)
+        return ("scores", "faithfulness") if self._needs_patcher() else ("scores",)
+
+    def global_step(self, prepared: Prepared) -> str:
+        if self.method == "acdc" or not self._needs_patcher():
+            return ""
+        return "the circuit chosen from the merged edge scores" + (" (and from their resamples)" if self.stability
+                                                                  else "") + ", between scoring and faithfulness"
+
+    def before_phase(self, prepared: Prepared, phase: str, merged: dict[str, Any]) -> Any:
+        if phase != "faithfulness":
+            return None
+        choice = self._choose(prepared, merged["scores"]["scores"])
+        return {"kept": torch.stack(choice["circuits"])}
+
+    def execute_shard(self, prepared: Prepared, phase: str, batches: list[int], *, quiet: bool = False) -> PerPrompt:
+        model, st = prepared.model, prepared.state
+        graph: ComponentGraph = st["graph"]
+        mine = [st["batches"][i] for i in batches]
+        check_split(model, mine[0].tokens)
+        examples = sorted(i for b in mine for i in b.index)  # the per-prompt helpers return ascending index
+        if phase == "acdc":
+            raise AssertionError("ACDC is not sharded")
+        if phase == "scores":
+            patcher = EdgePatcher(model, graph, mine, st["metric"]) if self.method == "exact" else None
+            scores = self._scores(model, graph, mine, st["metric"], patcher, quiet)  # [n, S, R]
+            order = graph.mask.T.nonzero()  # (receiver, sender) pairs in edges() order
+            return PerPrompt(examples, {"scores": scores[:, order[:, 1], order[:, 0]].numpy()})
+        kept = st["contexts"][phase]["kept"]
+        patcher = EdgePatcher(model, graph, mine, st["metric"])
+        items = progress(list(kept), total=len(kept), desc="faithfulness", quiet=quiet)
+        values = torch.stack([patcher.per_prompt(k) for k in items], 1)  # [n, circuits]
+        return PerPrompt(examples, {"full": patcher.full.numpy(), "empty": patcher.empty.numpy(),
+                                    "circuits": values.numpy()})
+
+    def execute(self, prepared: Prepared, *, quiet: bool = False) -> Result:
+        if self.method != "acdc":
+            return super().execute(prepared, quiet=quiet)
+        model, st = prepared.model, prepared.state
+        check_split(model, st["batches"][0].tokens)
+        patcher = EdgePatcher(model, st["graph"], st["batches"], st["metric"])
+        outcome = acdc(patcher, self.acdc_threshold, kl=st["kl"], absolute=self.absolute,
+                       max_forward_passes=self.max_forward_passes, quiet=quiet)
+        summary = {"method": self.method, "metric": self.metric.type, "n_edges_total": st["graph"].n_edges,
+                   "acdc_forward_passes": outcome.forward_passes, "acdc_budget_exhausted": outcome.budget_exhausted}
+        metrics = {"full": patcher.full, "empty": patcher.empty, "circuit": patcher.per_prompt(outcome.circuit.kept)}
+        return self._result(prepared, outcome.circuit, summary, metrics, decisions=outcome.decisions)
+
+    def _choose(self, prepared: Prepared, edge_scores: Any) -> dict[str, Any]:
+        """The driver's global step: per-prompt scores [E, n_edges] -> the circuit, stability, and the list of
+        circuits whose faithfulness is measured (curve fractions, then the chosen one, then the stable one)."""
+        st = prepared.state
+        if "choice" in st and st["choice"]["from"] is edge_scores:
+            return st["choice"]
+        graph: ComponentGraph = st["graph"]
+        order = graph.mask.T.nonzero()
+        per_prompt_scores = torch.zeros(len(edge_scores), graph.n_senders, graph.n_receivers,
+                                        dtype=torch.from_numpy(edge_scores[:0]).dtype)
+        per_prompt_scores[:, order[:, 1], order[:, 0]] = torch.from_numpy(edge_scores)
+        scores = per_prompt_scores.mean(0)
+        circuit = Circuit(graph, scores, self._select(graph, scores))
+        stability = None
+        if self.stability:
+            stability = circuit_stability(per_prompt_scores, lambda sc: self._select(graph, sc), circuit.kept,
+                                          self.stability, self.stability_share, self.seed, graph.mask)
+        curve = curve_circuits(graph, circuit.scores, self.faithfulness, self.absolute) if self.faithfulness else []
+        circuits = curve + [circuit.kept] + ([stability.stable] if stability is not None else [])
+        st["choice"] = {"from": edge_scores, "per_prompt_scores": per_prompt_scores, "circuit": circuit,
+                        "stability": stability, "circuits": circuits, "n_curve": len(curve)}
+        return st["choice"]
+
+    def summarise(self, prepared: Prepared, merged: dict[str, Any], *, quiet: bool = False) -> Result:
+        graph: ComponentGraph = prepared.state["graph"]
+        choice = self._choose(prepared, merged["scores"]["scores"])
+        circuit, stability, per_prompt_scores = choice["circuit"], choice["stability"], choice["per_prompt_scores"]
+        summary: dict[str, Any] = {"method": self.method, "metric": self.metric.type, "n_edges_total": graph.n_edges}
+        extra_cols = self._edge_intervals(graph, per_prompt_scores)
+        node_values = (per_prompt_scores * circuit.kept).sum(-1).double().numpy()  # [E, senders]
+        ns = summarise(mean_stat(node_values), self.stats, self.seed)
+        node_stats = {n: (float(ns.value[i]), float(ns.ci_low[i]), float(ns.ci_high[i]))
+                      for i, n in enumerate(graph.senders)}
+        metrics = None
+        curve = None
+        if "faithfulness" in merged:
+            f = merged["faithfulness"]
+            full, empty, values = (torch.from_numpy(f[k]) for k in ("full", "empty", "circuits"))
+            k = choice["n_curve"]
+            if self.faithfulness:
+                curve, numbers = curve_table(graph, self.faithfulness, choice["circuits"][:k],
+                                             [values[:, i].contiguous() for i in range(k)],
+                                             full, empty, self.stats, self.seed)
                 summary.update(numbers)
-            if self.stability:
-                stability = circuit_stability(per_prompt_scores, lambda sc: self._select(graph, sc), circuit.kept,
-                                              self.stability, self.stability_share, self.seed, graph.mask)
-                order = graph.mask.T.nonzero()  # (receiver, sender) pairs in edges() order
-                extra_cols["inclusion"] = stability.inclusion[order[:, 1], order[:, 0]].numpy()
-                extra_cols["in_stable_circuit"] = stability.stable[order[:, 1], order[:, 0]].numpy()
-                summary.update({"stability_resamples": stability.resamples, "stability_share": stability.share,
-                                "stability_jaccard": stability.jaccard, "stability_jaccard_to_full": stability.jaccard_to_full,
-                                "n_stable": int(stability.stable.sum()),
-                                "stability_size_min": int(stability.sizes.min()),
-                                "stability_size_max": int(stability.sizes.max())})
+            metrics = {"full": full, "empty": empty, "circuit": values[:, k].contiguous()}
+            if stability is not None:
+                metrics["stable"] = values[:, k + 1].contiguous()
+        if stability is not None:
+            order = graph.mask.T.nonzero()  # (receiver, sender) pairs in edges() order
+            extra_cols["inclusion"] = stability.inclusion[order[:, 1], order[:, 0]].numpy()
+            extra_cols["in_stable_circuit"] = stability.stable[order[:, 1], order[:, 0]].numpy()
+            summary.update({"stability_resamples": stability.resamples, "stability_share": stability.share,
+                            "stability_jaccard": stability.jaccard, "stability_jaccard_to_full": stability.jaccard_to_full,
+                            "n_stable": int(stability.stable.sum()),
+                            "stability_size_min": int(stability.sizes.min()),
+                            "stability_size_max": int(stability.sizes.max())})
+        return self._result(prepared, circuit, summary, metrics, curve=curve, extra_cols=extra_cols,
+                            node_stats=node_stats, stability=stability)
+
+    def _result(self, prepared: Prepared, circuit: Circuit, summary: dict[str, Any], metrics: dict[str, Tensor] | None,
+                *, curve: Any = None, decisions: Any = None, extra_cols: dict[str, Any] | None = None,
+                node_stats: Any = None, stability: Any = None) -> Result:
+        """The result from the circuit and the per-prompt metrics of the full, empty and chosen (stable) circuits."""
         per_prompt = None
         summary["n_kept"] = circuit.n_kept
         summary["n_kept_pruned"] = circuit.pruned().n_kept
-        if patcher is not None:
-            values = patcher.per_prompt(circuit.kept)
-            m_full, m_empty, m_circ = float(patcher.full.mean()), float(patcher.empty.mean()), float(values.mean())
-            f = faithfulness_summary(values, patcher.full, patcher.empty, self.stats, self.seed)
+        if metrics is not None:
+            full, empty, values = metrics["full"], metrics["empty"], metrics["circuit"]
+            m_full, m_empty, m_circ = float(full.mean()), float(empty.mean()), float(values.mean())
+            f = faithfulness_summary(values, full, empty, self.stats, self.seed)
             summary.update({"m_full": m_full, "m_empty": m_empty, "m_circuit": m_circ,
                             "faithfulness": faithfulness(m_circ, m_empty, m_full),
                             "faithfulness_ci_low": float(f.ci_low[0]), "faithfulness_ci_high": float(f.ci_high[0]),
                             "faithfulness_influence": float(f.influence[0]), "ci_level": self.stats.ci_level})
-            per_prompt = pd.DataFrame({"example": range(len(values)), "metric_clean": patcher.full.tolist(),
-                                       "metric_corrupt": patcher.empty.tolist(), "metric_circuit": values.tolist()})
-            if stability is not None:
-                stable = patcher.per_prompt(stability.stable)
-                fs = faithfulness_summary(stable, patcher.full, patcher.empty, self.stats, self.seed)
+            per_prompt = pd.DataFrame({"example": range(len(values)), "metric_clean": full.tolist(),
+                                       "metric_corrupt": empty.tolist(), "metric_circuit": values.tolist()})
+            if "stable" in metrics:
+                stable = metrics["stable"]
+                fs = faithfulness_summary(stable, full, empty, self.stats, self.seed)
                 summary.update({"stable_faithfulness": float(fs.value[0]),
                                 "stable_faithfulness_ci_low": float(fs.ci_low[0]),
                                 "stable_faithfulness_ci_high": float(fs.ci_high[0])})
                 per_prompt["metric_stable_circuit"] = stable.tolist()
         data_name = prepared.data.name if prepared.data is not None else "data"
-        return CircuitResult(self.name, circuit.table(extra_cols), per_prompt=per_prompt, figures=_figures,
+        return CircuitResult(self.name, circuit.table(extra_cols or {}), per_prompt=per_prompt, figures=_figures,
                              title=f"circuit ({self.method}, {self.metric.type}) on {data_name}",
                              extra={"circuit": circuit, "curve": curve, "summary": summary, "decisions": decisions,
                                     "stability": stability, "node_stats": node_stats})

@@ -19,13 +19,29 @@ from torch import Tensor
 from ..data.examples import Dataset
 from ..data.tokenized import make_batches, pad_id, tokenize_data
 from ..errors import ConfigError
+from ..executors.shards import PerPrompt
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
-from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
+from ..operation import (
+    Operation,
+    Plan,
+    Prepared,
+    model_bytes,
+    progress,
+    register_operation,
+)
 from ..results.result import Result
 from ..sites import Sites, SiteSet, absolute_positions
-from .project import (COMPONENTS, RESIDUAL_STATES, ComponentScale, check_lens_kind, decode_components,
-                      decode_states, residual_after, to_residual_basis)
+from .project import (
+    COMPONENTS,
+    RESIDUAL_STATES,
+    ComponentScale,
+    check_lens_kind,
+    decode_components,
+    decode_states,
+    residual_after,
+    to_residual_basis,
+)
 from .tuned import TunedLens
 
 
@@ -89,28 +105,38 @@ class Lens(Operation):
         return Prepared(model, data, plan, {"td": td, "siteset": siteset, "rows": rows, "reads": reads,
                                             "batches": batches, "lens": lens, "chunk": chunk})
 
-    def execute(self, prepared: Prepared, *, quiet: bool = False) -> Result:
+    # sharded (docs/scale.md): a shard returns its prompts' rows and its sum of the decoded distributions
+    sharded = True
+
+    def shard_batches(self, prepared: Prepared) -> list[list[int]]:
+        return [list(b.index) for b in prepared.state["batches"]]
+
+    def execute_shard(self, prepared: Prepared, phase: str, batches: list[int], *, quiet: bool = False) -> PerPrompt:
         model, st = prepared.model, prepared.state
-        siteset: SiteSet = st["siteset"]
         rows: list[dict[str, Any]] = st["rows"]
-        kind = siteset.kind.name
-        td = st["td"]
-        k = self.top_k
-        V = model.structure.d_vocab
-        prob_sum = torch.zeros(len(rows), V, dtype=torch.float64)
+        mine = [st["batches"][i] for i in batches]
+        prob_sum = torch.zeros(len(rows), model.structure.d_vocab, dtype=torch.float64)
         records: list[dict[str, Any]] = []
         with torch.no_grad():
-            self._decode_batches(model, st, rows, kind, prob_sum, records, quiet)
-        per_prompt = pd.DataFrame.from_records(records).sort_values(["example"], kind="stable").reset_index(drop=True)
-        table = _aggregate(per_prompt, rows, prob_sum / len(td), model, k)
-        return Result(self.name, table, per_prompt=per_prompt, figures=_figures, title=f"{self.method} lens: {kind}",
-                      extra={"mean_probs": prob_sum / len(td)})
+            self._decode_batches(model, mine, st, rows, st["siteset"].kind.name, prob_sum, records, quiet)
+        return PerPrompt([i for b in mine for i in b.index], {}, table=pd.DataFrame.from_records(records),
+                         sums={"prob_sum": prob_sum.numpy()})
 
-    def _decode_batches(self, model: ModelAdapter, st: dict[str, Any], rows: list[dict[str, Any]], kind: str,
-                        prob_sum: Tensor, records: list[dict[str, Any]], quiet: bool) -> None:
+    def summarise(self, prepared: Prepared, merged: dict[str, Any], *, quiet: bool = False) -> Result:
+        model, st = prepared.model, prepared.state
+        kind = st["siteset"].kind.name
+        n = len(st["td"])
+        mean_probs = torch.from_numpy(merged["main"]["prob_sum"]) / n
+        per_prompt = merged["main"]["table"]
+        table = _aggregate(per_prompt, st["rows"], mean_probs, model, self.top_k)
+        return Result(self.name, table, per_prompt=per_prompt, figures=_figures, title=f"{self.method} lens: {kind}",
+                      extra={"mean_probs": mean_probs})
+
+    def _decode_batches(self, model: ModelAdapter, batches: list[Any], st: dict[str, Any], rows: list[dict[str, Any]],
+                        kind: str, prob_sum: Tensor, records: list[dict[str, Any]], quiet: bool) -> None:
         k = self.top_k
         vocab = model.vocab_strings()
-        for batch in progress(st["batches"], total=len(st["batches"]), desc="lens", quiet=quiet):
+        for batch in progress(batches, total=len(batches), desc="lens", quiet=quiet):
             out = model.run(batch.tokens, st["reads"])
             vectors, scales, positions = _gather(model, out.acts, rows, kind, batch.lengths, self.component_scale,
                                                 batch.roles)

@@ -35,7 +35,7 @@ def _dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 def load_model(name: str = "demo", *, backend: Backend = "bridge", compat: bool = False,
                device: str | None = None, dtype: str | torch.dtype = "float32",
-               revision: str | None = None) -> Any:
+               revision: str | None = None, device_map: str | dict[str, Any] | None = None) -> Any:
     """Load a model as a TransformerLens object or an nnsight LanguageModel.
 
     name:    "demo" (the bundled model), a local folder with a HuggingFace model and tokenizer, or
@@ -44,6 +44,9 @@ def load_model(name: str = "demo", *, backend: Backend = "bridge", compat: bool 
              (HookedTransformer with TransformerLens's processing: LayerNorm folded, weights centred), or
              "nnsight" (nnsight.LanguageModel: HuggingFace's weights and activations, as a plain bridge's).
     compat:  bridge only: call `enable_compatibility_mode()` (HookedTransformer-equivalent numbers).
+    device_map: HuggingFace's placement of a model larger than one device ("auto", "balanced", or
+             {module: device}), passed to `from_pretrained` (accelerate); bridge and nnsight backends only,
+             instead of `device`.
     """
     if backend not in ("bridge", "hooked", "nnsight"):
         raise ConfigError(f"unknown backend {backend!r}", remedy="use 'bridge', 'hooked' or 'nnsight'",
@@ -57,6 +60,7 @@ def load_model(name: str = "demo", *, backend: Backend = "bridge", compat: bool 
     if backend == "nnsight":
         require_nnsight()
     check_device(device)
+    check_device_map(device_map, device, backend)
     torch_dtype = _dtype(dtype)
     folder = DEMO_DIR if name == "demo" else Path(name).expanduser()
     if name == "demo" and not (folder / "config.json").exists():
@@ -64,14 +68,36 @@ def load_model(name: str = "demo", *, backend: Backend = "bridge", compat: bool 
                              remedy="reinstall entoscope, or train it: python scripts/train_demo.py "
                              "--out src/entoscope/demo", code="demo_missing")
     model = _load(name, folder, backend=backend, compat=compat, device=device, dtype=torch_dtype,
-                  revision=revision)
+                  revision=revision, device_map=device_map)
     checked(model)
-    # how to load it again: the manifest keeps this, so `entoscope run manifest.json` re-runs
+    # how to load it again: the manifest keeps this, so `entoscope run manifest.json` re-runs (and Ray
+    # workers load their replicas from it: entoscope.executors.spec)
     from .adapter import module_of
 
     module_of(model)._entoscope_source = {"name": name, "backend": backend, "compat": compat, "dtype": str(torch_dtype),
-                               "revision": revision}
+                                          "revision": revision, "device": device, "device_map": device_map}
     return model
+
+
+def check_device_map(device_map: str | dict[str, Any] | None, device: str | None, backend: str) -> None:
+    """device_map goes to HuggingFace's from_pretrained (accelerate places the modules), on its own."""
+    if device_map is None:
+        return
+    if backend == "hooked":
+        raise ConfigError("device_map places a HuggingFace model's modules; a HookedTransformer is built by "
+                          "TransformerLens (n_devices)", code="device_map_unsupported",
+                          remedy="use backend bridge or nnsight with device_map, or device with hooked")
+    if device is not None:
+        raise ConfigError(f"both device {device!r} and device_map {device_map!r} were given", code="device_and_map",
+                          remedy="give one: device for a model on one device, device_map to spread it over several")
+    if not isinstance(device_map, (str, dict)):
+        raise ConfigError(f"device_map must be a name or a mapping, got {type(device_map).__name__}",
+                          code="device_map_invalid", remedy="e.g. device_map: auto, or {'': 'cuda:0'}")
+    try:
+        import accelerate  # noqa: F401
+    except ImportError:
+        raise ConfigError("device_map needs the accelerate package", code="device_map_needs_accelerate",
+                          remedy="pip install accelerate") from None
 
 
 def require_hooked() -> None:
@@ -137,7 +163,7 @@ def check_device(device: str | None) -> None:
 
 
 def _load(name: str, folder: Path, *, backend: Backend, compat: bool, device: str | None, dtype: torch.dtype,
-          revision: str | None) -> Any:
+          revision: str | None, device_map: str | dict[str, Any] | None = None) -> Any:
     torch_dtype = dtype
     if folder.is_dir():
         if not (folder / "config.json").exists():
@@ -145,11 +171,11 @@ def _load(name: str, folder: Path, *, backend: Backend, compat: bool, device: st
                                  remedy="point --model at a folder written by save_pretrained "
                                  "(config.json, weights, tokenizer files)", code="not_a_model_folder")
         return _load_folder(folder, backend=backend, compat=compat, device=device, dtype=torch_dtype,
-                            name="demo" if name == "demo" else str(folder))
+                            name="demo" if name == "demo" else str(folder), device_map=device_map)
     if name.startswith((".", "/", "~")) or os.sep in name and not _looks_like_hub_id(name):
         raise ModelLoadError(f"no model folder at {name}", remedy="check the path", code="folder_missing")
     return _load_hub(name, backend=backend, compat=compat, device=device, dtype=torch_dtype,
-                     revision=revision)
+                     revision=revision, device_map=device_map)
 
 
 def _looks_like_hub_id(name: str) -> bool:
@@ -187,14 +213,15 @@ def check_folder(folder: Path) -> dict[str, Any]:
 
 
 def _load_folder(folder: Path, *, backend: Backend, compat: bool, device: str | None,
-                 dtype: torch.dtype, name: str) -> Any:
+                 dtype: torch.dtype, name: str, device_map: str | dict[str, Any] | None = None) -> Any:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     check_folder(folder)
     hf_logging.disable_progress_bar()  # a 3 MB model needs no "Loading weights" bar
     try:
-        hf_model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, attn_implementation="eager")
+        placed = {"device_map": device_map} if device_map is not None else {}
+        hf_model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, attn_implementation="eager", **placed)
     except ValueError as err:
         if "Unrecognized configuration class" in str(err) or "for this kind of AutoModel" in str(err):
             raise UnsupportedModelError(f"{folder} does not hold a causal language model that transformers knows "
@@ -299,7 +326,7 @@ def _offline() -> Iterator[None]:
 
 
 def _load_hub(name: str, *, backend: Backend, compat: bool, device: str | None, dtype: torch.dtype,
-              revision: str | None) -> Any:
+              revision: str | None, device_map: str | dict[str, Any] | None = None) -> Any:
     reachable = hub_reachable()
     if not reachable and not _in_local_cache(name, revision):
         raise ModelLoadError(f"{name!r} is neither a local folder nor in the local HuggingFace cache, and the hub "
@@ -309,10 +336,11 @@ def _load_hub(name: str, *, backend: Backend, compat: bool, device: str | None, 
             if backend == "nnsight":
                 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+                placed = {"device_map": device_map} if device_map is not None else {}
                 hf = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, revision=revision,
-                                                          attn_implementation="eager")
-                return as_nnsight(hf.eval().to(device or "cpu"), AutoTokenizer.from_pretrained(name, revision=revision),
-                                  name)
+                                                          attn_implementation="eager", **placed)
+                hf = hf.eval() if device_map is not None else hf.eval().to(device or "cpu")
+                return as_nnsight(hf, AutoTokenizer.from_pretrained(name, revision=revision), name)
             if backend == "hooked":
                 from transformer_lens import HookedTransformer
 
@@ -322,7 +350,8 @@ def _load_hub(name: str, *, backend: Backend, compat: bool, device: str | None, 
                 return HookedTransformer.from_pretrained(name, **kwargs)
             from transformer_lens.model_bridge import TransformerBridge
 
-            bridge = TransformerBridge.boot_transformers(name, device=device, dtype=dtype, revision=revision)
+            placed = {"device_map": device_map} if device_map is not None else {}
+            bridge = TransformerBridge.boot_transformers(name, device=device, dtype=dtype, revision=revision, **placed)
             if compat:
                 bridge.enable_compatibility_mode(disable_warnings=True)
             return bridge

@@ -22,18 +22,40 @@ from pydantic import Field
 from ..data.examples import Dataset
 from ..data.tokenized import length_batches, pad_id, tokenize_data
 from ..errors import ConfigError, DataError, SiteError
+from ..executors.shards import PerPrompt, batch_cap
 from ..metrics import ANSWER_LOGITS_ONLY, Metric, metric_where
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
-from ..models.partial import has_taps, prefix_note, prefix_reads, prefix_support, start_paths
-from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
+from ..models.partial import (
+    has_taps,
+    prefix_note,
+    prefix_reads,
+    prefix_support,
+    start_paths,
+)
+from ..operation import (
+    Operation,
+    Plan,
+    Prepared,
+    model_bytes,
+    progress,
+    register_operation,
+)
 from ..results.result import Result
 from ..sites import Sites, resolve_positions
 from .attribution import attribution_chunk, ig_chunk
 from .compare import per_pair, prompt_table, site_table
-from .exact import schedule, exact_chunk
+from .exact import exact_chunk, schedule
 from .figures import degenerate_note, patching_figures
-from .references import Pairs, check_alignment, choose_partners, dataset_means, new_chunk, run_base, run_sources
+from .references import (
+    Pairs,
+    check_alignment,
+    choose_partners,
+    dataset_means,
+    new_chunk,
+    run_base,
+    run_sources,
+)
 from .slots import SHIFTED_AXES, member_groups, unit_layers, unit_members
 from .values import get_patch_value
 from .writes import Setup
@@ -121,7 +143,7 @@ class Patching(Operation):
         per_example = _bytes_per_example(model, reads, T, past_from)
         if self.method == "attribution":
             per_example += _backward_bytes(model, T)
-        chunk_size = max(1, min(len(td), 64, int(self.memory_budget_mb * 2**20 / 2) // max(1, per_example)))
+        chunk_size = batch_cap(max(1, min(len(td), 64, int(self.memory_budget_mb * 2**20 / 2) // max(1, per_example))))
         if self.method == "attribution" and self.batch_size is not None:
             chunk_size = min(len(td), self.batch_size)
         chunks = length_batches(lengths, chunk_size)
@@ -131,8 +153,7 @@ class Patching(Operation):
         plan = self._plan(model, td, siteset, setup, chunks, schedules, rows, per_example, T)
         state = {"td": td, "pairs": pairs, "siteset": siteset, "setup": setup, "reads": reads, "chunks": chunks,
                  "schedules": schedules, "rows": rows, "pad": pad_id(model), "mean_chunk": chunk_size,
-                 "past_from": past_from,
-                 "ticks": self._ticks(chunks, schedules, rows, groups)}
+                 "past_from": past_from}
         return Prepared(model, data, plan, state)
 
     def _check_metric(self, metric: Any, model: ModelAdapter, td: Any) -> None:
@@ -164,14 +185,6 @@ class Patching(Operation):
             raise ConfigError("some base prompts are longer than every source-role prompt: the mean at their last "
                               "positions would average nothing", code="mean_positions_missing",
                               remedy="patch_params: {per_position: false}, or data whose runs have equal lengths")
-
-    def _ticks(self, chunks: list[list[int]], schedules: list, rows: int, groups: list) -> int:
-        """Batched patched runs in all (the progress bar's length)."""
-        if self.method == "exact":
-            return sum(len(sch) for sch in schedules)
-        if self.method == "attribution":
-            return len(chunks)
-        return sum(-(-len(c) * self.ig_steps // rows) for c in chunks) * len({g.act for g in groups})
 
     def _check_data(self, data: Dataset, needs: frozenset[str]) -> None:
         if data.has_counterfactuals:
@@ -310,30 +323,61 @@ class Patching(Operation):
             return "denoising: the corrupt (counterfactual) prompt runs; values come from the clean prompt"
         return "noising: the clean prompt runs; values come from the corrupt (counterfactual) prompt"
 
-    # ------------------------------------------------------------------ execute
-    def execute(self, prepared: Prepared, *, quiet: bool = False) -> Result:
+    # ------------------------------------------------------------------ execute (sharded: docs/scale.md)
+    sharded = True
+
+    def shard_batches(self, prepared: Prepared) -> list[list[int]]:
+        return prepared.state["chunks"]
+
+    def before_phase(self, prepared: Prepared, phase: str, merged: dict[str, Any]) -> Any:
+        """The mean patch value is a dataset-wide mean: computed once, on the driver, for every shard."""
+        model, st = prepared.model, prepared.state
+        setup, reads = st["setup"], st["reads"]
+        if not reads["mean"]:
+            return None
+        means = dataset_means(model, st["pairs"], reads["mean"], bool(setup.params.get("per_position", True)),
+                              st["mean_chunk"], st["pad"])
+        return {"means": means}
+
+    def global_step(self, prepared: Prepared) -> str:
+        return "the dataset mean of the patched activations (patch: mean)" if prepared.state["reads"]["mean"] else ""
+
+    def execute_shard(self, prepared: Prepared, phase: str, batches: list[int], *, quiet: bool = False) -> PerPrompt:
+        """Patched, base and source metrics of the examples of some chunks: [n, U], [n], [n]."""
         model, st = prepared.model, prepared.state
         setup: Setup = st["setup"]
-        pairs: Pairs = st["pairs"]
-        reads = st["reads"]
-        E, U = len(pairs.base), setup.n_units
-        if reads["mean"]:
-            setup.means = dataset_means(model, pairs, reads["mean"], bool(setup.params.get("per_position", True)),
-                                        st["mean_chunk"], st["pad"])
-        patched = torch.empty(E, U, dtype=torch.float64)
-        m_base = torch.empty(E, dtype=torch.float64)
-        m_source = torch.empty(E, dtype=torch.float64)
-        bar = iter(progress(range(st["ticks"]), total=st["ticks"], desc="patching", quiet=quiet))
+        context = st.get("contexts", {}).get(phase)
+        if context is not None:
+            setup.means = context["means"]
+        ticks = sum(self._chunk_ticks(st, ci, setup.groups) for ci in batches)
+        bar = iter(progress(range(ticks), total=ticks, desc="patching", quiet=quiet))
         tick = lambda: next(bar, None)  # noqa: E731  (one step per batched patched run)
-        for ci, idx in enumerate(st["chunks"]):
+        parts = []
+        for ci in batches:
+            idx = st["chunks"][ci]
             with metric_where(f"batch {ci + 1} of {len(st['chunks'])} (examples {_span(idx)})"):
-                self._chunk(model, st, setup, pairs, reads, ci, idx, tick, patched, m_base, m_source)
-        return self._result(model, st, patched, m_base, m_source)
+                parts.append(self._chunk(model, st, setup, st["pairs"], st["reads"], ci, idx, tick))
+        examples = [i for ci in batches for i in st["chunks"][ci]]
+        patched, m_base, m_source = (torch.cat([p[k] for p in parts]) for k in range(3))
+        return PerPrompt(examples, {"patched": patched.numpy(), "m_base": m_base.numpy(),
+                                    "m_source": m_source.numpy()})
+
+    def summarise(self, prepared: Prepared, merged: dict[str, Any], *, quiet: bool = False) -> Result:
+        m = merged["main"]
+        return self._result(prepared.model, prepared.state, torch.from_numpy(m["patched"]),
+                            torch.from_numpy(m["m_base"]), torch.from_numpy(m["m_source"]))
+
+    def _chunk_ticks(self, st: dict[str, Any], ci: int, groups: list) -> int:
+        """Batched patched runs of one chunk (the progress bar's steps)."""
+        if self.method == "exact":
+            return len(st["schedules"][ci])
+        if self.method == "attribution":
+            return 1
+        return -(-len(st["chunks"][ci]) * self.ig_steps // st["rows"]) * len({g.act for g in groups})
 
     def _chunk(self, model: ModelAdapter, st: dict[str, Any], setup: Setup, pairs: Pairs, reads: dict[str, Any],
-               ci: int, idx: list[int], tick: Any, patched: torch.Tensor, m_base: torch.Tensor,
-               m_source: torch.Tensor) -> None:
-        """The unpatched runs and every patched run of one chunk of examples, into the [E, U] tables."""
+               ci: int, idx: list[int], tick: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The unpatched runs and every patched run of one chunk of examples: ([n, U] patched, [n] base, [n] source)."""
         chunk = new_chunk(pairs, idx, st["pad"])
         if self.method == "attribution":
             estimate = attribution_chunk(setup, chunk, pairs, reads, st["pad"])
@@ -348,9 +392,7 @@ class Patching(Operation):
             else:
                 estimate = ig_chunk(setup, chunk, self.ig_steps, self.ig_rule, st["rows"], tick)
                 result = chunk.m_base.double().cpu()[:, None] + estimate
-        patched[idx] = result
-        m_base[idx] = chunk.m_base.double().cpu()
-        m_source[idx] = chunk.m_source.double().cpu()
+        return result.double().cpu(), chunk.m_base.double().cpu(), chunk.m_source.double().cpu()
 
     def _result(self, model: ModelAdapter, st: dict[str, Any], patched: torch.Tensor, m_base: torch.Tensor,
                 m_source: torch.Tensor) -> Result:

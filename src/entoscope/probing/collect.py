@@ -154,11 +154,13 @@ def empty_collection(units: list[UnitRead], n: int, dtype: torch.dtype, device: 
 def collect(model: ModelAdapter, batches: list[Batch], units: list[UnitRead], pool: PoolFn, at: Tensor | None,
             head_pooling: str, n: int, *, device: torch.device | None = None,
             interventions: Callable[[Batch], list[Intervention]] | None = None,
-            metric: Callable[..., Tensor] | None = None, quiet: bool = True, desc: str = "collect") -> Collected:
+            metric: Callable[..., Tensor] | None = None, quiet: bool = True, desc: str = "collect",
+            row_of: dict[int, int] | None = None) -> Collected:
     """Run every batch once and write each unit's features into its bucket (rows in dataset order).
 
     interventions: per batch, changes made during the run (the features are read after them).
     metric:        a task metric `fn(logits [B, V], answers, wrong, None) -> [B]` read at the last token.
+    row_of:        dataset index -> row, when the batches are some of the dataset's (a shard: n rows).
     """
     reads = reads_of(units)
     head_pool = lookup("head_pooling", head_pooling)
@@ -171,7 +173,8 @@ def collect(model: ModelAdapter, batches: list[Batch], units: list[UnitRead], po
             out = model.run(b.tokens, reads, interventions=ivs, logits=metric is not None)
             pooled: dict[ActName, Tensor] = {}
             b_at = None if at is None else at[b.index]
-            rows = torch.tensor(b.index, device=dev)
+            local = [row_of[i] for i in b.index] if row_of is not None else list(b.index)
+            rows = torch.tensor(local, device=dev)
             for i, u in enumerate(units):
                 feats = torch.cat([member_features(out[m.act], m, b.lengths, pool, b_at, head_pool, pooled,
                                                    b.roles)
@@ -187,7 +190,7 @@ def collect(model: ModelAdapter, batches: list[Batch], units: list[UnitRead], po
                 with metric_where(f"probing batch of examples {', '.join(map(str, b.index[:6]))}"
                                   f"{' ...' if len(b.index) > 6 else ''}"):
                     vals = metric(logits, b.answers.to(logits.device), b.wrong_answers.to(logits.device), None)
-                metric_out[b.index] = vals.detach().double().cpu()
+                metric_out[local] = vals.detach().double().cpu()
     assert out_store is not None, "collect got no batches"
     out_store.metric = metric_out
     return out_store

@@ -27,15 +27,35 @@ from pydantic import Field
 from ..data.examples import Dataset
 from ..data.tokenized import make_batches, pad_id
 from ..errors import ConfigError, DataError
+from ..executors.shards import PerPrompt, as_numpy
 from ..models.adapter import ModelAdapter
 from ..operation import Operation, Plan, Prepared, model_bytes, register_operation
 from ..results.result import Result
 from ..sites import Sites
-from .causal import CausalCheck, check_units, chosen_sites, run_causal_check, validate_site_labels
-from .collect import bytes_per_example, collect, reads_of, setup_collection
+from .causal import (
+    CausalCheck,
+    check_units,
+    chosen_sites,
+    run_causal_check,
+    validate_site_labels,
+)
+from .collect import (
+    bytes_per_example,
+    collect,
+    empty_collection,
+    reads_of,
+    setup_collection,
+)
 from .figures import probing_figures
-from .fit import DEFAULT_ALPHA_GRID, DEFAULT_C_GRID, MEMORY_BUDGET, _check_split, _encode_labels, _make_splits, \
-    fit_probes
+from .fit import (
+    DEFAULT_ALPHA_GRID,
+    DEFAULT_C_GRID,
+    MEMORY_BUDGET,
+    _check_split,
+    _encode_labels,
+    _make_splits,
+    fit_probes,
+)
 from .pooling import Pooling
 from .predict import held_out_predictions, held_out_scores, label_codes
 from .result import ProbeFit
@@ -185,13 +205,38 @@ class Probing(Operation):
                             code="data_field_missing", remedy="group by a meta field every example has")
         return [str(e.meta[self.group_by]) for e in data]
 
-    # ------------------------------------------------------------------ execute
-    def execute(self, prepared: Prepared, *, quiet: bool = False) -> ProbingResult:
+    # ------------------------------------------------------------------ execute (sharded: docs/scale.md)
+    # a shard collects its prompts' features (and task metric); the probes are fitted on the driver from the
+    # merged features (the global step: splits and folds need every prompt), then the causal check runs there.
+    sharded = True
+
+    def shard_batches(self, prepared: Prepared) -> list[list[int]]:
+        return [list(b.index) for b in prepared.state["batches"]]
+
+    def global_step(self, prepared: Prepared) -> str:
+        return "probe fitting on the merged features" + (" and the causal check" if self.causal_check else "")
+
+    def execute_shard(self, prepared: Prepared, phase: str, batches: list[int], *, quiet: bool = False) -> PerPrompt:
         model, st = prepared.model, prepared.state
         cs = st["cs"]
-        N = len(cs.td)
-        collected = collect(model, st["batches"], cs.units, cs.pool, cs.at, cs.head_pooling, N,
-                            metric=st["metric_fn"], quiet=quiet, desc="probing: collect")
+        mine = [st["batches"][i] for i in batches]
+        examples = [i for b in mine for i in b.index]
+        collected = collect(model, mine, cs.units, cs.pool, cs.at, cs.head_pooling, len(examples),
+                            metric=st["metric_fn"], quiet=quiet, desc="probing: collect",
+                            row_of={ex: j for j, ex in enumerate(examples)})
+        arrays = {f"features_{F}": as_numpy(X.permute(1, 0, 2)) for F, X in collected.buckets.items()}  # [n, U_F, F]
+        if collected.metric is not None:
+            arrays["metric"] = as_numpy(collected.metric)
+        return PerPrompt(examples, arrays)
+
+    def summarise(self, prepared: Prepared, merged: dict[str, Any], *, quiet: bool = False) -> ProbingResult:
+        model, st = prepared.model, prepared.state
+        cs = st["cs"]
+        m = merged["main"]
+        collected = empty_collection(cs.units, 0, torch.float32, model.device)
+        collected.buckets = {F: torch.from_numpy(m[f"features_{F}"]).permute(1, 0, 2).contiguous().to(model.device)
+                             for F in collected.bucket_units}
+        collected.metric = torch.from_numpy(m["metric"]) if "metric" in m else None
         fits: dict[int, ProbeFit] = {}
         for F, idx in collected.bucket_units.items():
             fits[F] = self._fit(collected.buckets[F], st, [cs.units[i].label for i in idx], control=self.control)

@@ -5,6 +5,9 @@ and never holds files of two runs: `writing_run(folder)` yields a fresh hidden s
 and only when everything is written is it renamed to `folder` (an older run there is moved
 aside first and deleted after). An error or Ctrl-C while writing removes the partial folder
 and leaves what was there untouched. Concurrent writers of sibling folders never share a file.
+
+A sharded run (docs/scale.md) writes its finished shards into `folder/shards/` while it runs: a folder
+holding only that is an unfinished run, which `--resume` continues and whose shards the saved run keeps.
 """
 
 from __future__ import annotations
@@ -40,10 +43,27 @@ def check_writable(folder: str | Path) -> Path:
     return target
 
 
-def check_out(folder: str | Path, *, overwrite: bool = False) -> Path:
-    """Refuse, before any work, a destination that cannot take a run folder."""
+SHARDS = "shards"
+
+
+def is_unfinished(folder: str | Path) -> bool:
+    """Whether `folder` holds only the shards of a sharded run that has not been saved yet."""
+    target = Path(folder)
+    return target.is_dir() and [p.name for p in target.iterdir()] == [SHARDS] and \
+        (target / SHARDS / "store.json").exists()
+
+
+def check_out(folder: str | Path, *, overwrite: bool = False, resume: bool = False) -> Path:
+    """Refuse, before any work, a destination that cannot take a run folder.
+
+    An unfinished sharded run there is refused unless the run resumes it (or overwrites it)."""
     target = check_writable(folder)
     if target.is_dir() and any(target.iterdir()):
+        if is_unfinished(target):
+            if not (resume or overwrite):
+                raise SaveError(f"{target} holds the shards of an unfinished run", code="run_unfinished",
+                                remedy="pass --resume to finish it, or --overwrite to start again")
+            return target
         if not (target / "manifest.json").exists():
             raise SaveError(f"{target} exists and is not an entoscope run folder (no manifest.json); refusing to "
                             "replace its files", code="out_not_empty",
@@ -55,9 +75,11 @@ def check_out(folder: str | Path, *, overwrite: bool = False) -> Path:
 
 
 @contextlib.contextmanager
-def writing_run(folder: str | Path, *, overwrite: bool = False) -> Iterator[Path]:
-    """Yield a fresh folder to write a run into; on success it becomes `folder`, atomically per folder."""
-    target = check_out(folder, overwrite=overwrite)
+def writing_run(folder: str | Path, *, overwrite: bool = False, keep_shards: bool = False) -> Iterator[Path]:
+    """Yield a fresh folder to write a run into; on success it becomes `folder`, atomically per folder.
+
+    keep_shards: the `shards/` folder already at the destination (this run's) moves into the new run folder."""
+    target = check_out(folder, overwrite=overwrite, resume=keep_shards)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
@@ -66,16 +88,27 @@ def writing_run(folder: str | Path, *, overwrite: bool = False) -> Iterator[Path
                         remedy="check the path, the free space and the permissions") from None
     try:
         yield partial
-        _swap_in(partial, target, overwrite)
+        if keep_shards and (target / SHARDS).is_dir():
+            os.rename(target / SHARDS, partial / SHARDS)
+        _swap_in(partial, target, overwrite or keep_shards)
     except OSError as err:
+        _give_back_shards(partial, target)
         shutil.rmtree(partial, ignore_errors=True)
         if isinstance(err, SaveError):
             raise
         raise SaveError(f"writing {target} failed ({err.strerror or err}); {_KEEP}",
                         remedy="free some disk space or choose another folder, then run again") from None
     except BaseException:
+        _give_back_shards(partial, target)
         shutil.rmtree(partial, ignore_errors=True)
         raise
+
+
+def _give_back_shards(partial: Path, target: Path) -> None:
+    """A failed save leaves the run's shards where they were (so --resume still finds them)."""
+    if (partial / SHARDS).is_dir() and not (target / SHARDS).exists():
+        target.mkdir(parents=True, exist_ok=True)
+        os.rename(partial / SHARDS, target / SHARDS)
 
 
 def _swap_in(partial: Path, target: Path, overwrite: bool) -> None:

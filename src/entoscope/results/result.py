@@ -45,6 +45,7 @@ class Result:
         self._figures = figures
         self._takeaway = takeaway
         self.blank_note = blank_note
+        self.shards_dir: Path | None = None  # a sharded run's shard folder (set by Operation.run)
 
     def __repr__(self) -> str:
         return f"<Result {self.operation}: {len(self.table)} rows; columns {list(self.table.columns)}>"
@@ -88,7 +89,8 @@ class Result:
         plotly.min.js.
         """
         final = Path(folder)
-        with writing_run(final, overwrite=overwrite) as out:
+        keep = self.shards_dir is not None and self.shards_dir.resolve() == (final / "shards").resolve()
+        with writing_run(final, overwrite=overwrite, keep_shards=keep) as out:
             self._write(out, final, assets_dir)
         return final
 
@@ -119,7 +121,9 @@ class Result:
                    lead=self.takeaway, back=back)
         files.append("index.html")
         self.save_extra(out, files)
-        manifest = {**self.manifest, "files": files + ["manifest.json"]}
+        shard_files = [f"shards/{f}" for f in self.manifest.get("executor", {}).get("shard_files", [])] \
+            if self.shards_dir is not None and self.shards_dir.resolve() == (final / "shards").resolve() else []
+        manifest = {**self.manifest, "files": files + shard_files + ["manifest.json"]}
         (out / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str), encoding="utf-8")
 
     def save_extra(self, folder: Path, files: list[str]) -> None:

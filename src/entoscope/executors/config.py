@@ -1,0 +1,125 @@
+"""Where an operation's work runs: here (`InProcess`, the default) or on a Ray cluster (`Ray`).
+
+Both are configs like every other (ConfigModel), so Python, YAML and the command line spell them alike:
+
+    op.run(model, data, executor=es.Ray(workers=4))
+    executor: {type: ray, workers: 4, resources_per_worker: {GPU: 1}}       (a YAML entry)
+    entoscope patch ... --executor ray --workers 4 [--address host:port] [--resume]
+
+An executor never changes a number: sharded and in-process runs merge the same per-prompt values in
+prompt order and summarise them with the same code (docs/scale.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_serializer, field_validator
+
+from ..config_model import ConfigModel
+from ..errors import ConfigError
+
+
+class InProcess(ConfigModel):
+    """Run in this Python process: one shard, here."""
+
+    type: Literal["in_process"] = "in_process"
+
+    @property
+    def workers(self) -> int:
+        return 1
+
+
+class Ray(ConfigModel):
+    """Run shards of prompts on Ray workers, each holding its own replica of the model.
+
+    address:              a running cluster ("host:port", "auto", "ray://host:10001"); None starts a local
+                          one here (or joins the one this process already started).
+    workers:              model replicas (Ray actors); each loads the model once from the model spec.
+    resources_per_worker: Ray resources of one worker, e.g. {CPU: 4, GPU: 1}; CPU sets the worker's torch threads.
+    shard_size:           prompts per shard, rounded up to whole length-grouped batches; default: about four
+                          shards per worker (a killed worker or driver loses at most one shard's work).
+    max_retries:          how often a worker is restarted, and its shard re-run, after it dies.
+    factory:              "package.module:function" (or, from Python, a function) returning the model; for a
+                          model built in Python that no saved spec can load again.
+    """
+
+    type: Literal["ray"] = "ray"
+    address: str | None = Field(default=None, description="Ray cluster address (host:port, auto); none: a local one")
+    workers: int = Field(default=2, ge=1, le=10_000, description="model replicas (Ray actors)")
+    resources_per_worker: dict[str, float] = Field(default_factory=lambda: {"CPU": 1.0},
+                                                   description="Ray resources per worker, e.g. {CPU: 4, GPU: 1}")
+    shard_size: int | None = Field(default=None, ge=1, description="prompts per shard (whole batches); default: "
+                                   "about four shards per worker")
+    max_retries: int = Field(default=3, ge=0, le=1000, description="restarts of a dead worker (its shard re-runs)")
+    factory: Any = Field(default=None, description="'module:function' that returns the model (workers call it)")
+
+    @field_validator("resources_per_worker")
+    @classmethod
+    def _resources(cls, v: dict[str, float]) -> dict[str, float]:
+        if any(x < 0 for x in v.values()):
+            raise ValueError("resources must be >= 0")
+        return v
+
+    @field_validator("factory")
+    @classmethod
+    def _factory(cls, v: Any) -> Any:
+        if v is None or callable(v):
+            return v
+        if isinstance(v, str) and ":" in v and all(v.split(":", 1)):
+            return v
+        raise ValueError("factory is 'package.module:function' (or, from Python, a function)")
+
+    @field_serializer("factory")
+    def _factory_name(self, v: Any) -> Any:
+        if callable(v):
+            return f"{getattr(v, '__module__', '?')}:{getattr(v, '__qualname__', repr(v))}"
+        return v
+
+    def cpus(self) -> float:
+        return float(self.resources_per_worker.get("CPU", 1.0))
+
+    def gpus(self) -> float:
+        return float(self.resources_per_worker.get("GPU", 0.0))
+
+    def factory_function(self) -> Callable[[], Any] | None:
+        """The factory as a function (imported from 'module:function' where given as a string)."""
+        if self.factory is None or callable(self.factory):
+            return self.factory
+        import importlib
+
+        module, _, name = self.factory.partition(":")
+        try:
+            target: Any = importlib.import_module(module)
+            for part in name.split("."):
+                target = getattr(target, part)
+        except (ImportError, AttributeError) as err:
+            raise ConfigError(f"factory {self.factory!r} cannot be imported ({err})", code="factory_not_found",
+                              remedy="name a function importable on every worker: 'package.module:function'") from None
+        if not callable(target):
+            raise ConfigError(f"factory {self.factory!r} is not a function", code="factory_not_found",
+                              remedy="name a function that returns the model")
+        return target
+
+
+Executor = Annotated[InProcess | Ray, Field(discriminator="type")]
+NAMES = {"in_process": InProcess, "ray": Ray}
+
+
+def as_executor(value: Any) -> InProcess | Ray:
+    """An executor from None (in-process), a config object, a name or a mapping ({type: ray, workers: 4})."""
+    if value is None:
+        return InProcess()
+    if isinstance(value, (InProcess, Ray)):
+        return value
+    if isinstance(value, str):
+        value = {"type": value}
+    if isinstance(value, dict):
+        kind = value.get("type", "in_process")
+        if kind not in NAMES:
+            raise ConfigError(f"executor: unknown type {kind!r}", code="unknown_executor",
+                              remedy="use type: in_process or type: ray")
+        return NAMES[kind](**value)
+    raise ConfigError(f"executor: expected es.InProcess(), es.Ray(...) or a mapping, got {type(value).__name__}",
+                      code="unknown_executor", remedy="pass executor=es.Ray(workers=2), or leave it out")

@@ -1,0 +1,164 @@
+"""The driver's side of a run: shard, execute (here or on Ray workers), merge, summarise.
+
+    for each phase of the operation:
+        context = op.before_phase(...)          the global step, on the driver (probe fitting, circuit choice)
+        shards -> op.execute_shard(...)         per-prompt arrays of some prompts (here, or one per worker)
+        merge(...)                              concatenation in prompt order, every prompt exactly once
+    op.summarise(prepared, merged)              the aggregate and its intervals from the per-prompt values
+
+In-process and on Ray the same functions run on the same batches, so the merged arrays are the same
+(up to the floating-point differences of one device to another, none on CPUs).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError, recorded_warnings, warn
+from .config import InProcess, Ray
+from .shards import PerPrompt, Shard, digest, merge, plan_shards
+from .spec import ModelSpec
+from .store import ShardStore
+
+
+def shards_of(op: Any, prepared: Any, executor: InProcess | Ray) -> list[Shard]:
+    batches = op.shard_batches(prepared)
+    return plan_shards(batches, executor.workers, getattr(executor, "shard_size", None),
+                       one=isinstance(executor, InProcess))
+
+
+def check_executor(op: Any, model: Any, executor: InProcess | Ray) -> ModelSpec | None:
+    """Before any work: the operation can be sharded, and a Ray worker can load the model."""
+    if isinstance(executor, InProcess):
+        return None
+    reason = op.not_sharded_reason()
+    if reason:
+        raise ConfigError(f"{op.name} cannot run on Ray: {reason}", code="executor_unsupported",
+                          remedy="leave executor out (in-process) for this configuration")
+    return ModelSpec.of(model, factory=executor.factory)
+
+
+def run_sharded(op: Any, prepared: Any, executor: InProcess | Ray, spec: ModelSpec | None, *, quiet: bool,
+                shards_dir: str | Path | None, resume: bool) -> tuple[Any, dict[str, Any]]:
+    """Run every phase over its shards and summarise; returns (Result, what the manifest records)."""
+    shards = shards_of(op, prepared, executor)
+    phases = op.phases(prepared)
+    n = len(prepared.data) if prepared.data is not None else 0
+    fingerprint = _fingerprint(prepared.model)
+    plan_digest = digest(op.shard_batches(prepared))
+    run_key = digest({"config": op.config(), "data": prepared.data.to_records() if prepared.data else None,
+                      "model": fingerprint, "plan": plan_digest, "shards": [s.batches for s in shards],
+                      "phases": list(phases)})
+    temporary = shards_dir is None and isinstance(executor, Ray)
+    folder = Path(tempfile.mkdtemp(prefix="entoscope-shards-")) if temporary else shards_dir
+    store = ShardStore(folder, run_key, resume=resume) if folder is not None else None
+    bar = _Bar(len(shards) * len(phases), quiet=quiet, workers=executor.workers)
+    info: dict[str, Any] = {"executor": executor.model_dump(mode="json"), "shards": len(shards), "phases": list(phases),
+                            "shard_examples": [len(s.examples) for s in shards]}
+    try:
+        pool = None
+        if isinstance(executor, Ray):
+            from .ray_pool import pool_for, require_ray
+
+            assert spec is not None
+            pool = pool_for(executor, spec)
+            info["model_spec"] = spec.describe()
+            if any(fp != fingerprint for fp in pool.fingerprints):
+                raise ConfigError("the workers' replicas of the model have other weights than the driver's model "
+                                  "(changed in memory after loading, or another folder on a worker's machine)",
+                                  code="worker_model_differs", remedy="save the changed model to a folder and load "
+                                  "it from there, or pass a factory function that builds it")
+            job = require_ray().put({"op": op, "data": prepared.data, "key": run_key, "plan": plan_digest,
+                                     "fingerprint": fingerprint, "executor": executor})
+        merged: dict[str, dict[str, Any]] = {}
+        resumed = 0
+        for phase in phases:
+            context = op.before_phase(prepared, phase, merged)
+            prepared.state.setdefault("contexts", {})[phase] = context
+            if store is not None:
+                store.begin_phase(phase, digest(context))
+                done = [s for s in shards if store.has(phase, s)]
+                resumed += len(done)
+                for s in done:
+                    bar.done(s, resumed=True)
+            if pool is not None:
+                for warned in pool.run_phase(job, phase, shards, context, store, bar.done):
+                    _rewarn(warned)
+                parts = [store.read(phase, s) for s in shards]
+            else:
+                parts = _run_here(op, prepared, phase, shards, store, bar, quiet)
+            merged[phase] = merge(parts, n)
+            del parts
+        bar.close()
+        info["resumed_shards"] = resumed
+        info["shard_files"] = [] if store is None or temporary else store.files()
+        result = op.summarise(prepared, merged, quiet=quiet)
+    finally:
+        bar.close()
+        if temporary and store is not None:
+            store.remove()
+    return result, info
+
+
+def _run_here(op: Any, prepared: Any, phase: str, shards: list[Shard], store: ShardStore | None, bar: Any,
+              quiet: bool) -> list[PerPrompt]:
+    parts = []
+    for s in shards:
+        if store is not None and store.has(phase, s):
+            parts.append(store.read(phase, s))
+            continue
+        part = op.execute_shard(prepared, phase, list(s.batches), quiet=quiet)
+        if store is not None:
+            store.write(phase, s, part)
+        parts.append(part)
+        bar.done(s)
+    return parts
+
+
+def _fingerprint(model: Any) -> str:
+    from ..models.fingerprint import model_fingerprint
+
+    return model_fingerprint(model.tl)
+
+
+def _rewarn(warned: list[dict[str, str]]) -> None:
+    """A worker's warnings, raised again on the driver (once each) so the run's record has them."""
+    have = {(w["code"], w["message"]) for w in recorded_warnings()}
+    for w in warned:
+        if (w["code"], w["message"]) not in have:
+            warn(w["message"], code=w["code"])
+            have.add((w["code"], w["message"]))
+
+
+class _Bar:
+    """One progress bar over every shard of every phase, with the prompts per second it sees."""
+
+    def __init__(self, total: int, *, quiet: bool, workers: int) -> None:
+        import os
+        import sys
+
+        self.t0 = time.perf_counter()
+        self.prompts = 0
+        self.workers = workers
+        self.bar = None
+        if total > 1 and not quiet and os.environ.get("ENTOSCOPE_QUIET") != "1" and sys.stderr.isatty():
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, desc="shards", unit="shard", leave=False)
+
+    def done(self, shard: Shard, resumed: bool = False) -> None:
+        if self.bar is None:
+            return
+        if not resumed:
+            self.prompts += len(shard.examples)
+        rate = self.prompts / max(1e-9, time.perf_counter() - self.t0)
+        self.bar.set_postfix_str(f"{rate:.1f} prompts/s on {self.workers} worker(s)", refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None

@@ -1,0 +1,212 @@
+"""Ray workers: actors that each load the model once (from the model spec) and run shards.
+
+A worker is a Ray actor with `max_restarts` and `max_task_retries`: when its process dies (killed,
+out of memory, a lost node), Ray starts it again, it loads the model again, and the shard it was
+running is re-run. The driver writes each shard's per-prompt arrays to the shard store as soon as it
+returns, so the driver holds at most one shard per worker in memory. Pools are kept per (cluster,
+spec, resources) for the life of the driver process, so a second run reuses the loaded replicas;
+`entoscope.executors.shutdown()` ends them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from typing import Any
+
+from ..errors import ConfigError, EntoscopeError
+from .config import Ray
+from .shards import PerPrompt, Shard
+from .spec import ModelSpec
+
+_POOLS: dict[Any, RayPool] = {}
+_STARTED_HERE = False
+
+
+def require_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("the Ray executor needs the ray package, which is not installed", code="ray_missing",
+                          remedy="pip install 'entoscope[ray]', or run in-process (leave executor out)") from None
+    return ray
+
+
+def connect(executor: Ray) -> Any:
+    """Join the cluster at executor.address, or start a local one (once per driver process)."""
+    global _STARTED_HERE
+    ray = require_ray()
+    if ray.is_initialized():
+        return ray
+    kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": False}
+    if executor.address is None:
+        cpus = max(os.cpu_count() or 1, int(executor.workers * executor.cpus()))
+        kwargs.update(num_cpus=cpus, include_dashboard=False)
+    else:
+        kwargs["address"] = executor.address
+    try:
+        ray.init(**kwargs)
+    except (ConnectionError, RuntimeError, ValueError) as err:
+        raise ConfigError(f"cannot reach a Ray cluster at {executor.address!r} ({' '.join(str(err).split())[:200]})",
+                          code="ray_unreachable", remedy="start it (ray start --head) and pass its address, "
+                          "or leave address out to start a local cluster") from None
+    _STARTED_HERE = executor.address is None
+    return ray
+
+
+class _Worker:
+    """One model replica (becomes a Ray actor class in `RayPool`)."""
+
+    def __init__(self, spec: ModelSpec, threads: int) -> None:
+        import torch
+
+        from ..models.fingerprint import model_fingerprint
+
+        torch.set_num_threads(max(1, threads))
+        os.environ.setdefault("ENTOSCOPE_QUIET", "1")
+        import ray
+
+        self.model = spec.load([int(g) for g in ray.get_gpu_ids()])
+        self.fingerprint_ = model_fingerprint(self.model)
+        self.prepared: tuple[str, Any, Any] | None = None
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def fingerprint(self) -> str:
+        return self.fingerprint_
+
+    def run(self, job: dict[str, Any], phase: str, shard: Shard, context: Any) -> tuple[PerPrompt, list[dict]]:
+        from ..errors import recording_warnings
+
+        if job["fingerprint"] != self.fingerprint_:
+            raise ConfigError("this worker's replica of the model has other weights than the driver's model",
+                              code="worker_model_differs", remedy="load the model from a saved folder on both (the "
+                              "spec loads it again on every worker), or pass a factory function")
+        op = job["op"]
+        with recording_warnings() as warned:
+            if self.prepared is None or self.prepared[0] != job["key"]:
+                self.prepared = None  # free the previous run's state first
+                prepared = op._prepare(self.model, job["data"], job["executor"])
+                from .shards import digest
+
+                if digest(op.shard_batches(prepared)) != job["plan"]:
+                    raise ConfigError("the worker's batches differ from the driver's (another tokenizer or entoscope "
+                                      "version on the worker?)", code="worker_plan_differs",
+                                      remedy="install the same entoscope, transformers and model on every node")
+                self.prepared = (job["key"], op, prepared)
+            _, op, prepared = self.prepared
+            prepared.state.setdefault("contexts", {})[phase] = context
+            with prepared.model.evaluating():
+                part = op.execute_shard(prepared, phase, list(shard.batches), quiet=True)
+        return part, warned
+
+
+class RayPool:
+    def __init__(self, executor: Ray, spec: ModelSpec) -> None:
+        ray = connect(executor)
+        self.executor = executor
+        resources = dict(executor.resources_per_worker)
+        cpus, gpus = resources.pop("CPU", 1.0), resources.pop("GPU", 0.0)
+        self._check_resources(ray, executor)
+        actor = ray.remote(_Worker)
+        options = {"num_cpus": cpus, "num_gpus": gpus, "max_restarts": executor.max_retries,
+                   "max_task_retries": executor.max_retries}
+        if resources:
+            options["resources"] = resources
+        self.actors = [actor.options(**options).remote(spec, int(cpus) or 1) for _ in range(executor.workers)]
+        self.fingerprints = self._get([a.fingerprint.remote() for a in self.actors])
+
+    def _check_resources(self, ray: Any, executor: Ray) -> None:
+        have = ray.cluster_resources()
+        for name, per in executor.resources_per_worker.items():
+            need = per * executor.workers
+            if need > have.get(name, 0) + 1e-9:
+                raise ConfigError(f"{executor.workers} workers need {need:g} {name} in all; the Ray cluster has "
+                                  f"{have.get(name, 0):g}", code="ray_not_enough_resources",
+                                  remedy="use fewer workers or smaller resources_per_worker, or add nodes")
+
+    def pids(self) -> list[int]:
+        return self._get([a.pid.remote() for a in self.actors])
+
+    def _get(self, refs: Any) -> Any:
+        ray = require_ray()
+        try:
+            return ray.get(refs)
+        except Exception as err:  # noqa: BLE001 - a worker's refusal reaches the user as itself
+            raise _unwrap(err) from None
+
+    def run_phase(self, job_ref: Any, phase: str, shards: list[Shard], context: Any, store: Any,
+                  on_done: Any) -> list[list[dict]]:
+        """Run `shards` (those not in the store yet), writing each to the store as it returns."""
+        ray = require_ray()
+        todo = [s for s in shards if not store.has(phase, s)]
+        context_ref = ray.put(context)
+        idle = list(self.actors)
+        in_flight: dict[Any, tuple[Shard, Any, float]] = {}
+        warned: list[list[dict]] = []
+        while todo or in_flight:
+            while idle and todo:
+                worker, shard = idle.pop(0), todo.pop(0)
+                in_flight[worker.run.remote(job_ref, phase, shard, context_ref)] = (shard, worker, time.perf_counter())
+            done, _ = ray.wait(list(in_flight), num_returns=1)
+            for ref in done:
+                shard, worker, _t0 = in_flight.pop(ref)
+                part, w = self._get(ref)
+                store.write(phase, shard, part)
+                warned.append(w)
+                del part
+                idle.append(worker)
+                on_done(shard)
+        return warned
+
+    def kill(self) -> None:
+        ray = require_ray()
+        for a in self.actors:
+            ray.kill(a)
+
+
+def _unwrap(err: Exception) -> Exception:
+    """A worker's EntoscopeError as itself; a worker that died past its retries as `worker_lost`."""
+    ray = require_ray()
+    cause = getattr(err, "cause", None)
+    if isinstance(err, EntoscopeError) and not isinstance(err, ray.exceptions.RayError):
+        return err
+    if isinstance(cause, EntoscopeError):
+        return cause
+    if isinstance(err, ray.exceptions.RayActorError):
+        return EntoscopeError(f"a Ray worker died and could not be restarted ({' '.join(str(err).split())[:200]})",
+                              code="worker_lost", remedy="rerun with --resume (finished shards are kept); raise "
+                              "max_retries, or give workers more memory")
+    if isinstance(err, ray.exceptions.RayTaskError) and cause is not None:
+        return cause if isinstance(cause, Exception) else err
+    return err
+
+
+def pool_for(executor: Ray, spec: ModelSpec) -> RayPool:
+    key = (executor.address, executor.workers, tuple(sorted(executor.resources_per_worker.items())),
+           executor.max_retries, repr(spec.source), repr(spec.cache), id(spec.factory) if callable(spec.factory)
+           else spec.factory)
+    pool = _POOLS.get(key)
+    if pool is None:
+        pool = _POOLS[key] = RayPool(executor, spec)
+    return pool
+
+
+def worker_pids() -> list[int]:
+    """Process ids of every live pool's workers (tests end one by its pid)."""
+    return [pid for pool in _POOLS.values() for pid in pool.pids()]
+
+
+def shutdown() -> None:
+    """End every pool's workers, and the local Ray cluster if this process started it."""
+    global _STARTED_HERE
+    for pool in _POOLS.values():
+        with contextlib.suppress(Exception):  # the cluster may be gone already
+            pool.kill()
+    _POOLS.clear()
+    if _STARTED_HERE:
+        require_ray().shutdown()
+        _STARTED_HERE = False

@@ -1,0 +1,164 @@
+"""Shards of prompts and the per-prompt intermediate that shards return and merge into.
+
+A shard is a list of whole length-grouped batches (so each batch is padded and run exactly as in
+one process); in-process is one shard of every batch. A shard's result is a `PerPrompt`: named arrays
+whose first axis runs over the shard's examples, optionally a long table (rows with an `example`
+column, several per prompt) and sums over its prompts (added across shards: a mean distribution over
+the vocabulary need not be kept per prompt). `merge` puts the parts back in prompt order and refuses a
+prompt that is missing or appears twice, so a merged sharded run holds exactly the rows of an
+in-process run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import CheckFailedError
+
+SHARDS_PER_WORKER = 4  # default: a lost worker or driver loses at most about a quarter of a worker's share
+_SHARD_PROMPTS: ContextVar[int | None] = ContextVar("entoscope_shard_prompts", default=None)
+
+
+def shard_prompts(n_examples: int, workers: int, shard_size: int | None) -> int:
+    """Prompts per shard: shard_size, else about SHARDS_PER_WORKER shards per worker."""
+    return shard_size or max(1, -(-n_examples // (workers * SHARDS_PER_WORKER)))
+
+
+@contextlib.contextmanager
+def sharding(prompts: int | None) -> Iterator[None]:
+    """While an operation prepares for a sharded run: batches hold at most `prompts` prompts, so that
+    there are whole batches enough to make shards of (None: in-process, batches as large as memory allows)."""
+    token = _SHARD_PROMPTS.set(prompts)
+    try:
+        yield
+    finally:
+        _SHARD_PROMPTS.reset(token)
+
+
+def batch_cap(size: int) -> int:
+    """A batch size chosen from memory, capped to the shard size of a sharded run being prepared."""
+    cap = _SHARD_PROMPTS.get()
+    return size if cap is None else max(1, min(size, cap))
+
+
+@dataclass(frozen=True)
+class Shard:
+    id: int
+    batches: tuple[int, ...]  # indices into the operation's batch list
+    examples: tuple[int, ...]  # dataset indices of those batches, in batch order
+
+
+def plan_shards(batch_examples: Sequence[Sequence[int]], workers: int, shard_size: int | None = None,
+                one: bool = False) -> list[Shard]:
+    """Group whole batches into shards of about `shard_size` prompts (default: ~4 shards per worker).
+
+    one=True: a single shard of every batch (in-process)."""
+    n = sum(len(b) for b in batch_examples)
+    if one or not batch_examples:
+        return [Shard(0, tuple(range(len(batch_examples))), tuple(i for b in batch_examples for i in b))]
+    size = shard_prompts(n, workers, shard_size)
+    shards: list[Shard] = []
+    current: list[int] = []
+    count = 0
+    for bi, b in enumerate(batch_examples):
+        current.append(bi)
+        count += len(b)
+        if count >= size:
+            shards.append(_shard(len(shards), current, batch_examples))
+            current, count = [], 0
+    if current:
+        shards.append(_shard(len(shards), current, batch_examples))
+    return shards
+
+
+def _shard(sid: int, batches: list[int], batch_examples: Sequence[Sequence[int]]) -> Shard:
+    return Shard(sid, tuple(batches), tuple(i for bi in batches for i in batch_examples[bi]))
+
+
+@dataclass
+class PerPrompt:
+    """Per-prompt arrays of some examples: every array's first axis follows `examples`."""
+
+    examples: np.ndarray  # [n] int64 dataset indices
+    arrays: dict[str, np.ndarray]
+    table: Any = None  # a DataFrame with an `example` column (any number of rows per example), or None
+    sums: dict[str, np.ndarray] | None = None  # totals over the shard's prompts (merged by adding)
+
+    def __post_init__(self) -> None:
+        self.examples = np.asarray(self.examples, dtype=np.int64)
+        for key, value in self.arrays.items():
+            if len(value) != len(self.examples):
+                raise CheckFailedError(f"per-prompt array {key!r} has {len(value)} rows for {len(self.examples)} "
+                                       "examples", code="shard_rows_mismatch",
+                                       remedy="this is a bug in the operation's execute_shard; report it")
+
+
+def as_numpy(value: Any) -> np.ndarray:
+    """A tensor or array as a numpy array on the CPU (dtype kept)."""
+    if hasattr(value, "detach"):
+        return value.detach().cpu().numpy()
+    return np.asarray(value)
+
+
+def merge(parts: Sequence[PerPrompt], n_examples: int) -> dict[str, Any]:
+    """The parts' arrays over all examples, in prompt order (every example exactly once); their sums added
+    (key as given); their tables concatenated in prompt order (key "table", rows of one example kept in order)."""
+    if not parts:
+        return {}
+    examples = np.concatenate([p.examples for p in parts])
+    counts = np.bincount(examples, minlength=n_examples) if len(examples) else np.zeros(n_examples, int)
+    if len(counts) > n_examples or (counts != 1).any():
+        missing = np.flatnonzero(counts[:n_examples] == 0)[:5].tolist()
+        twice = np.flatnonzero(counts > 1)[:5].tolist()
+        raise CheckFailedError(f"the shards do not cover the prompts exactly once (missing {missing}, more than "
+                               f"once {twice})", code="shards_incomplete",
+                               remedy="rerun without --resume (the shard folder may hold another run's files)")
+    order = np.argsort(examples, kind="stable")
+    merged: dict[str, Any] = {key: np.concatenate([p.arrays[key] for p in parts])[order] for key in parts[0].arrays}
+    for key in parts[0].sums or {}:
+        total = parts[0].sums[key]
+        for p in parts[1:]:
+            total = total + p.sums[key]
+        merged[key] = total
+    if parts[0].table is not None:
+        import pandas as pd
+
+        table = pd.concat([p.table for p in parts], ignore_index=True)
+        merged["table"] = table.sort_values("example", kind="stable").reset_index(drop=True)
+    return merged
+
+
+def digest(value: Any) -> str:
+    """A stable hash of nested dicts/lists of numbers, strings, arrays and tensors (shard plans, contexts)."""
+    h = hashlib.sha256()
+    _feed(h, value)
+    return h.hexdigest()[:16]
+
+
+def _feed(h: Any, value: Any) -> None:
+    if isinstance(value, dict):
+        h.update(b"{")
+        for k in sorted(value, key=str):
+            _feed(h, str(k))
+            _feed(h, value[k])
+        h.update(b"}")
+    elif isinstance(value, (list, tuple)):
+        h.update(b"[")
+        for v in value:
+            _feed(h, v)
+        h.update(b"]")
+    elif hasattr(value, "detach") or isinstance(value, np.ndarray):
+        arr = np.ascontiguousarray(as_numpy(value))
+        h.update(f"{arr.dtype}{arr.shape}".encode())
+        h.update(arr.tobytes() if arr.dtype != object else repr(arr.tolist()).encode())
+    elif value is None or isinstance(value, (bool, int, float, str, np.generic)):
+        h.update(repr(value).encode())
+    else:
+        h.update(repr(value).encode())
