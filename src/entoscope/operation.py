@@ -119,7 +119,7 @@ class Operation(ConfigModel):
         executor = as_executor(executor)
         with recording_warnings() as warned:
             check_executor(self, model, executor)
-            prepared = self._prepare(model, data, executor)
+            prepared = self._prepare(model, data)
             plan = prepared.plan
             if not self.not_sharded_reason():
                 plan.global_step = self.global_step(prepared)
@@ -161,7 +161,7 @@ class Operation(ConfigModel):
         with recording_warnings() as warned:
             t0 = time.perf_counter()
             spec = check_executor(self, model, executor)
-            prepared = self._prepare(model, data, executor)
+            prepared = self._prepare(model, data)
             t1 = time.perf_counter()
             with prepared.model.evaluating():
                 if sharded:
@@ -180,9 +180,7 @@ class Operation(ConfigModel):
             result.shards_dir = None if shards_dir is None else Path(shards_dir)
         return result
 
-    def _prepare(self, model: Any, data: Any, executor: Any = None) -> Prepared:
-        from .executors.shards import shard_prompts, sharding
-
+    def _prepare(self, model: Any, data: Any) -> Prepared:
         adapter = adapt(model)
         dataset = None
         if data is not None:
@@ -190,9 +188,6 @@ class Operation(ConfigModel):
         elif self.needs_data:
             raise ConfigError(f"{self.name} needs data", code="data_missing",
                               remedy="pass data: a task ({task: ioi, n: 16}), a file, or prompts")
-        if executor is not None and executor.type == "ray" and dataset is not None:
-            with sharding(shard_prompts(len(dataset), executor.workers, executor.shard_size)):
-                return self.prepare(adapter, dataset)
         return self.prepare(adapter, dataset)
 
     # ------------------------------------------------------------------ to implement
@@ -244,13 +239,15 @@ class Operation(ConfigModel):
 
     # ------------------------------------------------------------------ helpers for subclasses
     def choose_batch_size(self, bytes_per_example: int, n_examples: int, cap: int = 64) -> int:
-        """batch_size if given, else what the memory budget allows (at most a shard of a sharded run)."""
+        """batch_size if given, else what the memory budget allows (a sharded operation: enough batches to
+        shard, executors.shards.batch_cap)."""
         from .executors.shards import batch_cap
 
         if self.batch_size is not None:
             return self.batch_size
         budget = int(self.memory_budget_mb * 2**20)
-        return batch_cap(max(1, min(cap, n_examples, budget // max(1, bytes_per_example))))
+        size = max(1, min(cap, n_examples, budget // max(1, bytes_per_example)))
+        return size if self.not_sharded_reason() else batch_cap(size, n_examples)
 
     def config(self) -> dict[str, Any]:
         """The full config, JSON-ready, with the operation's name."""

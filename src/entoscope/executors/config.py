@@ -38,8 +38,8 @@ class Ray(ConfigModel):
                           one here (or joins the one this process already started).
     workers:              model replicas (Ray actors); each loads the model once from the model spec.
     resources_per_worker: Ray resources of one worker, e.g. {CPU: 4, GPU: 1}; CPU sets the worker's torch threads.
-    shard_size:           prompts per shard, rounded up to whole length-grouped batches; default: about four
-                          shards per worker (a killed worker or driver loses at most one shard's work).
+    shard_size:           prompts per shard, rounded up to whole length-grouped batches; default: one batch
+                          per shard (a killed worker or driver loses at most one batch's work).
     max_retries:          how often a worker is restarted, and its shard re-run, after it dies.
     factory:              "package.module:function" (or, from Python, a function) returning the model; for a
                           model built in Python that no saved spec can load again.
@@ -51,7 +51,7 @@ class Ray(ConfigModel):
     resources_per_worker: dict[str, float] = Field(default_factory=lambda: {"CPU": 1.0},
                                                    description="Ray resources per worker, e.g. {CPU: 4, GPU: 1}")
     shard_size: int | None = Field(default=None, ge=1, description="prompts per shard (whole batches); default: "
-                                   "about four shards per worker")
+                                   "one batch per shard")
     max_retries: int = Field(default=3, ge=0, le=1000, description="restarts of a dead worker (its shard re-runs)")
     factory: Any = Field(default=None, description="'module:function' that returns the model (workers call it)")
 

@@ -24,10 +24,11 @@ from .spec import ModelSpec
 from .store import ShardStore
 
 
-def shards_of(op: Any, prepared: Any, executor: InProcess | Ray) -> list[Shard]:
+def shards_of(op: Any, prepared: Any, executor: InProcess | Ray, *, stored: bool = False) -> list[Shard]:
+    """In-process without a shard folder: one shard; otherwise whole batches grouped by shard_size (the same
+    plan on any executor, so a run started on Ray may resume here and the other way round)."""
     batches = op.shard_batches(prepared)
-    return plan_shards(batches, executor.workers, getattr(executor, "shard_size", None),
-                       one=isinstance(executor, InProcess))
+    return plan_shards(batches, getattr(executor, "shard_size", None), one=isinstance(executor, InProcess) and not stored)
 
 
 def check_executor(op: Any, model: Any, executor: InProcess | Ray) -> ModelSpec | None:
@@ -44,7 +45,7 @@ def check_executor(op: Any, model: Any, executor: InProcess | Ray) -> ModelSpec 
 def run_sharded(op: Any, prepared: Any, executor: InProcess | Ray, spec: ModelSpec | None, *, quiet: bool,
                 shards_dir: str | Path | None, resume: bool) -> tuple[Any, dict[str, Any]]:
     """Run every phase over its shards and summarise; returns (Result, what the manifest records)."""
-    shards = shards_of(op, prepared, executor)
+    shards = shards_of(op, prepared, executor, stored=shards_dir is not None)
     phases = op.phases(prepared)
     n = len(prepared.data) if prepared.data is not None else 0
     fingerprint = _fingerprint(prepared.model)

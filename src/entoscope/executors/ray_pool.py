@@ -89,7 +89,7 @@ class _Worker:
         with recording_warnings() as warned:
             if self.prepared is None or self.prepared[0] != job["key"]:
                 self.prepared = None  # free the previous run's state first
-                prepared = op._prepare(self.model, job["data"], job["executor"])
+                prepared = op._prepare(self.model, job["data"])
                 from .shards import digest
 
                 if digest(op.shard_batches(prepared)) != job["plan"]:

@@ -11,10 +11,8 @@ in-process run.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-from collections.abc import Iterator, Sequence
-from contextvars import ContextVar
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,30 +20,17 @@ import numpy as np
 
 from ..errors import CheckFailedError
 
-SHARDS_PER_WORKER = 4  # default: a lost worker or driver loses at most about a quarter of a worker's share
-_SHARD_PROMPTS: ContextVar[int | None] = ContextVar("entoscope_shard_prompts", default=None)
+TARGET_BATCHES = 16  # a sharded operation cuts a dataset into at least this many batches when it can ...
+MIN_BATCH = 8  # ... of at least this many prompts (memory and an explicit batch_size come first)
 
 
-def shard_prompts(n_examples: int, workers: int, shard_size: int | None) -> int:
-    """Prompts per shard: shard_size, else about SHARDS_PER_WORKER shards per worker."""
-    return shard_size or max(1, -(-n_examples // (workers * SHARDS_PER_WORKER)))
+def batch_cap(size: int, n_examples: int) -> int:
+    """A batch size chosen from memory, capped so that the dataset makes enough batches to shard.
 
-
-@contextlib.contextmanager
-def sharding(prompts: int | None) -> Iterator[None]:
-    """While an operation prepares for a sharded run: batches hold at most `prompts` prompts, so that
-    there are whole batches enough to make shards of (None: in-process, batches as large as memory allows)."""
-    token = _SHARD_PROMPTS.set(prompts)
-    try:
-        yield
-    finally:
-        _SHARD_PROMPTS.reset(token)
-
-
-def batch_cap(size: int) -> int:
-    """A batch size chosen from memory, capped to the shard size of a sharded run being prepared."""
-    cap = _SHARD_PROMPTS.get()
-    return size if cap is None else max(1, min(size, cap))
+    The cap depends on the dataset only, never on the executor: in-process and Ray runs use the same
+    batches, so they compute the same numbers bit for bit (a prompt's rounding depends on its batch's
+    padded shape)."""
+    return max(1, min(size, max(MIN_BATCH, -(-n_examples // TARGET_BATCHES))))
 
 
 @dataclass(frozen=True)
@@ -55,15 +40,15 @@ class Shard:
     examples: tuple[int, ...]  # dataset indices of those batches, in batch order
 
 
-def plan_shards(batch_examples: Sequence[Sequence[int]], workers: int, shard_size: int | None = None,
+def plan_shards(batch_examples: Sequence[Sequence[int]], shard_size: int | None = None,
                 one: bool = False) -> list[Shard]:
-    """Group whole batches into shards of about `shard_size` prompts (default: ~4 shards per worker).
+    """Group whole batches into shards of at least `shard_size` prompts (default: one batch per shard).
 
+    The plan does not depend on the number of workers, so a run may resume on another cluster.
     one=True: a single shard of every batch (in-process)."""
-    n = sum(len(b) for b in batch_examples)
     if one or not batch_examples:
         return [Shard(0, tuple(range(len(batch_examples))), tuple(i for b in batch_examples for i in b))]
-    size = shard_prompts(n, workers, shard_size)
+    size = shard_size or 1
     shards: list[Shard] = []
     current: list[int] = []
     count = 0

@@ -143,7 +143,8 @@ class Patching(Operation):
         per_example = _bytes_per_example(model, reads, T, past_from)
         if self.method == "attribution":
             per_example += _backward_bytes(model, T)
-        chunk_size = batch_cap(max(1, min(len(td), 64, int(self.memory_budget_mb * 2**20 / 2) // max(1, per_example))))
+        chunk_size = batch_cap(max(1, min(len(td), 64, int(self.memory_budget_mb * 2**20 / 2) // max(1, per_example))),
+                               len(td))
         if self.method == "attribution" and self.batch_size is not None:
             chunk_size = min(len(td), self.batch_size)
         chunks = length_batches(lengths, chunk_size)
