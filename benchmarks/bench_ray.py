@@ -2,14 +2,16 @@
 GPT-2-small-sized random model, in-process vs Ray with 1 and with 2 workers (1 torch thread each).
 
     python benchmarks/bench_ray.py                 # 64 pairs; EAP-IG 5 steps; exact resid_pre x layer x position
-    python benchmarks/bench_ray.py --quick         # 8 pairs, a smoke run
+    python benchmarks/bench_ray.py --quick         # 16 pairs, a smoke run
 
 Targets (docs/scale.md): 2 workers vs in-process >= 1.6x on 2 cores; Ray with 1 worker vs in-process
 <= 1.15x (its overhead: shipping shards, Parquet files, the merge). The model (transformers' GPT2Config
 defaults: 12 layers, 12 heads, d_model 768, 32,491 edges; the tiny test tokenizer's vocabulary) is built
 with random weights and saved to a temporary folder, which every worker loads (no downloads). Worker
 start-up (Ray's, and each worker loading the model) is timed apart: a warm-up run on 2 pairs comes first
-on each pool, as a notebook's second run would see it. Every Ray table is checked equal to in-process.
+on each pool, as a notebook's second run would see it; the three executors run one after the other
+(in-process, 1 worker, 2 workers), each on both operations. Every Ray table is checked equal to
+in-process.
 The machine is shared: the load average before and after is printed.
 """
 
@@ -59,10 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", type=int, default=64)
     p.add_argument("--seq", type=int, default=12, help="tokens per prompt")
     p.add_argument("--steps", type=int, default=5, help="EAP-IG integration steps")
-    p.add_argument("--quick", action="store_true", help="8 pairs, 2 steps")
+    p.add_argument("--quick", action="store_true", help="16 pairs (2 batches), 2 steps")
     args = p.parse_args(argv)
     if args.quick:
-        args.prompts, args.steps = 8, 2
+        args.prompts, args.steps = 16, 2
     torch.set_num_threads(1)
     import pandas as pd
 
@@ -80,27 +82,25 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model: GPT-2-small-sized random bridge from {folder}; {args.prompts} pairs of {args.seq} tokens; "
           f"1 torch thread per process; {os.cpu_count()} CPUs; load average before {load_before[0]:.1f}")
     executors = {"in-process": None, "ray 1 worker": es.Ray(workers=1), "ray 2 workers": es.Ray(workers=2)}
-    start = {}
-    for name, ex in executors.items():
+    start, times, tables = {}, {}, {}
+    for name, ex in executors.items():  # one pool at a time (a new pool ends the last): warm it, then time it
         if ex is not None:
             t0 = time.perf_counter()
             ops["eap_ig"].run(model, warm, executor=ex, quiet=True)
             start[name] = time.perf_counter() - t0
-    rows = []
-    for op_name, op in ops.items():
-        times, tables = {}, {}
-        for name, ex in executors.items():
+        for op_name, op in ops.items():
             t0 = time.perf_counter()
             result = op.run(model, data, executor=ex, quiet=True)
-            times[name] = time.perf_counter() - t0
-            tables[name] = result.table
+            times[op_name, name] = time.perf_counter() - t0
+            tables[op_name, name] = result.table
+    rows = []
+    for op_name in ops:
         for name in executors:
-            pd.testing.assert_frame_equal(tables["in-process"], tables[name])  # bit for bit
-        base = times["in-process"]
-        rows.append({"operation": op_name, "in-process s": base, "ray1 s": times["ray 1 worker"],
-                     "ray2 s": times["ray 2 workers"], "2 workers speed-up": base / times["ray 2 workers"],
-                     "1 worker overhead": times["ray 1 worker"] / base,
-                     "s/prompt in-process": base / args.prompts, "s/prompt 2 workers": times["ray 2 workers"] / args.prompts})
+            pd.testing.assert_frame_equal(tables[op_name, "in-process"], tables[op_name, name])  # bit for bit
+        base, one, two = (times[op_name, k] for k in executors)
+        rows.append({"operation": op_name, "in-process s": base, "ray1 s": one, "ray2 s": two,
+                     "2 workers speed-up": base / two, "1 worker overhead": one / base,
+                     "s/prompt in-process": base / args.prompts, "s/prompt 2 workers": two / args.prompts})
     frame = pd.DataFrame(rows)
     with pd.option_context("display.float_format", "{:.3f}".format, "display.width", 160):
         print(frame.to_string(index=False))

@@ -98,7 +98,20 @@ def test_probing_and_lens_on_two_workers_equal_in_process(cluster, demo):
     ifr = es.InformationFlowRoutes()
     here, there = ifr.run(demo, data, quiet=True), ifr.run(demo, data, executor=RAY2, quiet=True)
     _same(here.table, there.table)
-    assert len(here.per_prompt) == len(there.per_prompt)
+    _same(here.per_prompt, there.per_prompt)
+
+
+def test_head_scores_dla_and_tuned_lens_data_on_two_workers_equal_in_process(cluster, demo):
+    data = es.tasks.induction(n=12, seed=6)
+    for op in (es.HeadScores(), es.DirectLogitAttribution()):
+        here, there = op.run(demo, data, quiet=True), op.run(demo, data, executor=RAY2, quiet=True)
+        assert there.manifest["executor"]["shards"] >= 2
+        _same(here.table, there.table)
+        if here.per_prompt is not None:
+            _same(here.per_prompt, there.per_prompt)
+    losses = [es.TunedLens.for_model(demo).fit(demo, data, steps=3, batch_size=4, quiet=True, executor=ex)
+              for ex in (None, RAY2)]
+    assert losses[0] == losses[1]  # the same batches of states and logits, so the same training
 
 
 def test_a_killed_worker_is_restarted_and_nothing_is_lost_or_doubled(cluster, demo, tmp_path):

@@ -291,7 +291,7 @@ def _train_lens(args: argparse.Namespace) -> int:
     model = _load(args)
     data = load_data(data_arg, tokenizer=getattr(model, "tokenizer", None))
     lens = TunedLens.for_model(model)
-    losses = lens.fit(model, data, steps=args.steps, lr=args.lr, quiet=args.quiet)
+    losses = lens.fit(model, data, steps=args.steps, lr=args.lr, quiet=args.quiet, executor=_executor(args))
     lens.save(args.out)
     SAVED.append(args.out)
     print(f"trained {args.steps} steps: loss {losses[0]:.4f} -> {losses[-1]:.4f}; saved {args.out}")
@@ -354,6 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--lr", type=float, default=1e-3, metavar="FLOAT", help="Adam learning rate")
     q.add_argument("--out", required=True, metavar="DIR", help="folder for the translators")
     q.add_argument("--quiet", action="store_true")
+    _executor_options(q)  # where the training data is collected (--resume has no effect here)
     q.set_defaults(handler=_train_lens)
     from .dictionaries import command as sae_command
 

@@ -106,7 +106,10 @@ def executor_of(entry: dict[str, Any], where: str = "config", overrides: dict[st
     if not isinstance(value, dict):
         raise ConfigError(f"{where}.executor: expected a mapping such as {{type: ray, workers: 4}}, got {value!r}",
                           code="config_invalid", remedy="write executor: {type: ray, workers: 4}")
-    value = {**value, **(overrides or {})}
+    overrides = overrides or {}
+    if "type" in overrides and overrides["type"] != value.get("type", "in_process"):
+        value = {}  # --executor in_process over an entry's Ray settings: none of them apply
+    value = {**value, **overrides}
     kind = value.get("type", "in_process")
     if kind not in NAMES:
         raise ConfigError(f"{where}.executor.type: unknown executor {kind!r}", code="unknown_executor",

@@ -40,13 +40,21 @@ from torch import Tensor
 from ..data.examples import Dataset
 from ..data.tokenized import make_batches, pad_id, tokenize_data
 from ..errors import CheckFailedError, ConfigError, DataError
+from ..executors.shards import PerPrompt
 from ..metrics import at_positions
 from ..metrics import logit as logit_metric
 from ..metrics import logit_diff as logit_diff_metric
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
 from ..models.weights import Norm
-from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
+from ..operation import (
+    Operation,
+    Plan,
+    Prepared,
+    model_bytes,
+    progress,
+    register_operation,
+)
 from ..results.result import Result
 from .decompose import Component, component_dots, components, decomposition_reads
 
@@ -144,20 +152,33 @@ class DirectLogitAttribution(Operation):
         return Prepared(model, data, plan, {"batches": batches, "components": comps, "split": split,
                                             "n": len(td), "tol": tol})
 
-    def execute(self, prepared: Prepared, *, quiet: bool = False) -> Result:
+    # sharded (docs/scale.md): a shard returns its prompts' contributions and the identity's terms
+    sharded = True
+
+    def shard_batches(self, prepared: Prepared) -> list[list[int]]:
+        return [list(b.index) for b in prepared.state["batches"]]
+
+    def execute_shard(self, prepared: Prepared, phase: str, batches: list[int], *, quiet: bool = False) -> PerPrompt:
         model, st = prepared.model, prepared.state
-        comps: list[Component] = st["components"]
         reads = decomposition_reads(model.structure, st["split"]) + [ActName("final_scale")]
-        contrib = torch.zeros(len(comps), st["n"], dtype=torch.float64)
-        ident = {k: torch.zeros(st["n"], dtype=torch.float64) for k in ("value", "constant", "sum")}
-        for batch in progress(st["batches"], total=len(st["batches"]), desc="dla", quiet=quiet):
+        mine = [st["batches"][i] for i in batches]
+        parts: dict[str, list[Tensor]] = {"contrib": [], "value": [], "constant": [], "sum": []}
+        for batch in progress(mine, total=len(mine), desc="dla", quiet=quiet):
             out = model.run(batch.tokens, reads)
             with torch.no_grad():
                 rows, const, value = self._attribute(model, out.acts, out.logits, batch, st["split"])
-            idx = torch.tensor(batch.index)
-            contrib[:, idx] = rows.cpu()
-            ident["value"][idx], ident["constant"][idx] = value.cpu(), const.cpu()
-            ident["sum"][idx] = rows.sum(0).cpu()
+            parts["contrib"].append(rows.T.cpu())
+            parts["value"].append(value.cpu())
+            parts["constant"].append(const.cpu())
+            parts["sum"].append(rows.sum(0).cpu())
+        return PerPrompt([i for b in mine for i in b.index],
+                         {k: torch.cat(v).to(torch.float64).numpy() for k, v in parts.items()})
+
+    def summarise(self, prepared: Prepared, merged: dict[str, Any], *, quiet: bool = False) -> Result:
+        st, m = prepared.state, merged["main"]
+        comps: list[Component] = st["components"]
+        contrib = torch.from_numpy(m["contrib"]).T  # [components, prompts]
+        ident = {k: torch.from_numpy(m[k]) for k in ("value", "constant", "sum")}
         identity = self._check(ident, st["tol"])
         per_prompt = _per_prompt(comps, contrib)
         table = _table(comps, contrib)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import numpy as np
 import pandas as pd
 import torch
 from pydantic import Field
@@ -29,9 +30,17 @@ from torch import Tensor
 from ..data.examples import Dataset
 from ..data.tokenized import make_batches, pad_id, tokenize_data
 from ..errors import ConfigError, DataError, warn
+from ..executors.shards import PerPrompt
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
-from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
+from ..operation import (
+    Operation,
+    Plan,
+    Prepared,
+    model_bytes,
+    progress,
+    register_operation,
+)
 from ..results.result import Result
 
 HeadKind = Literal["previous_token", "duplicate_token", "induction"]
@@ -118,13 +127,20 @@ class HeadScores(Operation):
                     peak_memory_bytes=model_bytes(model) + bs * per_example)
         return Prepared(model, data, plan, {"batches": batches, "n": len(td)})
 
-    def execute(self, prepared: Prepared, *, quiet: bool = False) -> Result:
+    # sharded (docs/scale.md): a shard returns its sums of the scores and its count of scored prompts
+    sharded = True
+
+    def shard_batches(self, prepared: Prepared) -> list[list[int]]:
+        return [list(b.index) for b in prepared.state["batches"]]
+
+    def execute_shard(self, prepared: Prepared, phase: str, batches: list[int], *, quiet: bool = False) -> PerPrompt:
         model, st = prepared.model, prepared.state
         s = model.structure
+        mine = [st["batches"][i] for i in batches]
         reads = [ActName("pattern", L) for L in range(s.n_layers)]
         sums = {k: torch.zeros(2, s.n_layers, s.n_heads, dtype=torch.float64) for k in self.kinds}
         scored = {k: 0 for k in self.kinds}  # prompts with at least one target position
-        for b in progress(st["batches"], total=len(st["batches"]), desc="head scores", quiet=quiet):
+        for b in progress(mine, total=len(mine), desc="head scores", quiet=quiet):
             out = model.run(b.tokens, reads)
             for kind in self.kinds:
                 det = detection_patterns(kind, b.tokens, b.lengths, self.period)
@@ -134,6 +150,14 @@ class HeadScores(Operation):
                                             self.exclude_current)
                     sums[kind][0, L] += sc.nan_to_num(0.0).sum(0).double()
                     sums[kind][1, L] += tl.sum(0).double()
+        totals = {f"sums.{k}": v.numpy() for k, v in sums.items()} | {f"scored.{k}": np.asarray(v)
+                                                                       for k, v in scored.items()}
+        return PerPrompt([i for b in mine for i in b.index], {}, sums=totals)
+
+    def summarise(self, prepared: Prepared, merged: dict[str, Any], *, quiet: bool = False) -> Result:
+        st, s = prepared.state, prepared.model.structure
+        sums = {k: torch.from_numpy(merged["main"][f"sums.{k}"]) for k in self.kinds}
+        scored = {k: int(merged["main"][f"scored.{k}"]) for k in self.kinds}
         rows = []
         for kind in self.kinds:
             if scored[kind] == 0:

@@ -48,14 +48,17 @@ def run_sharded(op: Any, prepared: Any, executor: InProcess | Ray, spec: ModelSp
     shards = shards_of(op, prepared, executor, stored=shards_dir is not None)
     phases = op.phases(prepared)
     n = len(prepared.data) if prepared.data is not None else 0
-    fingerprint = _fingerprint(prepared.model)
+    here = isinstance(executor, InProcess)
+    fingerprint = None if here and shards_dir is None else _fingerprint(prepared.model)
     plan_digest = digest(op.shard_batches(prepared))
-    run_key = digest({"config": op.config(), "data": prepared.data.to_records() if prepared.data else None,
-                      "model": fingerprint, "plan": plan_digest, "shards": [s.batches for s in shards],
-                      "phases": list(phases)})
-    temporary = shards_dir is None and isinstance(executor, Ray)
+    temporary = shards_dir is None and not here
     folder = Path(tempfile.mkdtemp(prefix="entoscope-shards-")) if temporary else shards_dir
-    store = ShardStore(folder, run_key, resume=resume) if folder is not None else None
+    store = None
+    if folder is not None:  # what the shards belong to: a resumed run must be this very run
+        run_key = digest({"config": op.config(), "data": prepared.data.to_records() if prepared.data else None,
+                          "model": fingerprint, "plan": plan_digest, "shards": [s.batches for s in shards],
+                          "phases": list(phases)})
+        store = ShardStore(folder, run_key, resume=resume)
     bar = _Bar(len(shards) * len(phases), quiet=quiet, workers=executor.workers)
     info: dict[str, Any] = {"executor": executor.model_dump(mode="json"), "shards": len(shards), "phases": list(phases),
                             "shard_examples": [len(s.examples) for s in shards]}
@@ -73,7 +76,7 @@ def run_sharded(op: Any, prepared: Any, executor: InProcess | Ray, spec: ModelSp
                                   code="worker_model_differs", remedy="save the changed model to a folder and load "
                                   "it from there, or pass a factory function that builds it")
             job = require_ray().put({"op": op, "data": prepared.data, "key": run_key, "plan": plan_digest,
-                                     "fingerprint": fingerprint, "executor": executor})
+                                     "fingerprint": fingerprint})
         merged: dict[str, dict[str, Any]] = {}
         resumed = 0
         for phase in phases:

@@ -3,9 +3,10 @@
 A worker is a Ray actor with `max_restarts` and `max_task_retries`: when its process dies (killed,
 out of memory, a lost node), Ray starts it again, it loads the model again, and the shard it was
 running is re-run. The driver writes each shard's per-prompt arrays to the shard store as soon as it
-returns, so the driver holds at most one shard per worker in memory. Pools are kept per (cluster,
-spec, resources) for the life of the driver process, so a second run reuses the loaded replicas;
-`entoscope.executors.shutdown()` ends them.
+returns, so the driver holds at most one shard per worker in memory. The last pool is kept for the life
+of the driver process, so a second run with the same spec and resources reuses the loaded replicas; a run
+that needs another pool ends it first (its resources are freed for the new one);
+`entoscope.executors.shutdown()` ends it.
 """
 
 from __future__ import annotations
@@ -59,12 +60,15 @@ def connect(executor: Ray) -> Any:
 class _Worker:
     """One model replica (becomes a Ray actor class in `RayPool`)."""
 
-    def __init__(self, spec: ModelSpec, threads: int) -> None:
+    def __init__(self, spec: ModelSpec, threads: int, niceness: int | None = None) -> None:
         import torch
 
         from ..models.fingerprint import model_fingerprint
 
         torch.set_num_threads(max(1, threads))
+        if niceness is not None:  # Ray starts workers niced (15); the model work runs at the driver's priority
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, 0, niceness)
         os.environ.setdefault("ENTOSCOPE_QUIET", "1")
         import ray
 
@@ -116,17 +120,32 @@ class RayPool:
                    "max_task_retries": executor.max_retries}
         if resources:
             options["resources"] = resources
-        self.actors = [actor.options(**options).remote(spec, int(cpus) or 1) for _ in range(executor.workers)]
+        nice = os.getpriority(os.PRIO_PROCESS, 0)
+        self.actors = [actor.options(**options).remote(spec, int(cpus) or 1, nice) for _ in range(executor.workers)]
         self.fingerprints = self._get([a.fingerprint.remote() for a in self.actors])
 
-    def _check_resources(self, ray: Any, executor: Ray) -> None:
-        have = ray.cluster_resources()
-        for name, per in executor.resources_per_worker.items():
-            need = per * executor.workers
-            if need > have.get(name, 0) + 1e-9:
-                raise ConfigError(f"{executor.workers} workers need {need:g} {name} in all; the Ray cluster has "
-                                  f"{have.get(name, 0):g}", code="ray_not_enough_resources",
+    def _check_resources(self, ray: Any, executor: Ray, wait_s: float = 20.0) -> None:
+        """Refuse workers the cluster cannot place (else Ray would wait for them forever); resources of a
+        pool just ended come back within moments, so free ones are awaited a little."""
+        need = {name: per * executor.workers for name, per in executor.resources_per_worker.items()}
+        total = ray.cluster_resources()
+        for name, amount in need.items():
+            if amount > total.get(name, 0) + 1e-9:
+                raise ConfigError(f"{executor.workers} workers need {amount:g} {name} in all; the Ray cluster has "
+                                  f"{total.get(name, 0):g}", code="ray_not_enough_resources",
                                   remedy="use fewer workers or smaller resources_per_worker, or add nodes")
+        deadline = time.monotonic() + wait_s
+        while True:
+            free = ray.available_resources()
+            short = [n for n, amount in need.items() if amount > free.get(n, 0) + 1e-9]
+            if not short:
+                return
+            if time.monotonic() > deadline:
+                raise ConfigError(f"{executor.workers} workers need {need[short[0]]:g} {short[0]}; only "
+                                  f"{free.get(short[0], 0):g} of the cluster's {total.get(short[0], 0):g} are free "
+                                  "(other jobs hold the rest)", code="ray_not_enough_resources",
+                                  remedy="use fewer workers, wait for the other jobs, or add nodes")
+            time.sleep(0.2)
 
     def pids(self) -> list[int]:
         return self._get([a.pid.remote() for a in self.actors])
@@ -191,6 +210,10 @@ def pool_for(executor: Ray, spec: ModelSpec) -> RayPool:
            else spec.factory)
     pool = _POOLS.get(key)
     if pool is None:
+        for old in list(_POOLS.values()):  # one pool at a time: its replicas' memory and resources are freed
+            with contextlib.suppress(Exception):
+                old.kill()
+        _POOLS.clear()
         pool = _POOLS[key] = RayPool(executor, spec)
     return pool
 

@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
@@ -27,9 +28,11 @@ from torch import Tensor, nn
 from ..data.examples import Dataset
 from ..data.tokenized import make_batches, pad_id, tokenize_data
 from ..errors import ConfigError, ModelLoadError
+from ..executors.shards import PerPrompt
 from ..models.adapter import ModelAdapter, adapt
 from ..models.names import ActName
-from ..operation import progress
+from ..operation import Operation, Plan, Prepared, model_bytes, progress
+from ..results.result import Result
 from .project import decode_states
 
 
@@ -128,9 +131,13 @@ class TunedLens(nn.Module):
 
     # ------------------------------------------------------------------ training
     def fit(self, model: Any, data: Dataset, *, steps: int = 300, lr: float = 1e-3, batch_size: int = 16,
-            weight_decay: float = 0.0, seed: int = 0, prepend_bos: bool = True, quiet: bool = False) -> list[float]:
+            weight_decay: float = 0.0, seed: int = 0, prepend_bos: bool = True, quiet: bool = False,
+            executor: Any = None) -> list[float]:
         """Train every translator at once to minimise the mean over layers and (non-pad) positions of
-        KL(final output || lens output). Adam; the model's weights are not touched. Returns the losses."""
+        KL(final output || lens output). Adam; the model's weights are not touched. Returns the losses.
+
+        executor: where the training data (every batch's residual states and logits) is collected:
+        in-process (default) or es.Ray(...) (docs/scale.md); the training itself runs here."""
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ConfigError(f"steps must be a whole number >= 1, got {steps!r}", code="bad_steps",
                               remedy="train for at least one step, e.g. --steps 300")
@@ -138,17 +145,9 @@ class TunedLens(nn.Module):
             raise ConfigError(f"lr must be a finite number > 0, got {lr!r}", code="bad_lr", remedy="e.g. --lr 1e-3")
         adapter = adapt(model)
         self.check_model(adapter)
-        td = tokenize_data(adapter, data, prepend_bos=prepend_bos)
-        batches = make_batches(td, batch_size, pad_id(adapter))
-        reads = [ActName("resid_pre", L) for L in range(self.n_layers)]
-        cached = []  # the model is frozen: read each batch once (in eval mode: no dropout)
-        for b in batches:
-            with adapter.evaluating():
-                out = adapter.run(b.tokens, reads)
-            mask = torch.arange(b.tokens.shape[1])[None, :] < b.lengths[:, None]
-            states = torch.stack([out[a] for a in reads])[:, mask]  # [n_layers, N, d_model]
-            target = out.logits[mask].log_softmax(-1)  # [N, V]
-            cached.append((states.detach(), target.detach()))
+        collection = LensTrainingData(batch_size=batch_size, prepend_bos=prepend_bos)
+        # the model is frozen: each batch is read once (in eval mode: no dropout), here or on Ray workers
+        cached = collection.run(model, data, executor=executor, quiet=True).extra["batches"]
         self.to(next(adapter.tl.parameters()).device)
         opt = torch.optim.Adam(self.parameters(), lr=lr, weight_decay=weight_decay)
         gen = torch.Generator().manual_seed(seed)
@@ -176,3 +175,59 @@ class TunedLens(nn.Module):
             logp = decode_states(adapter, self.transform(states[i], i)).log_softmax(-1)
             out.append((target_logp.exp() * (target_logp - logp)).sum(-1).mean())
         return torch.stack(out)
+
+
+class LensTrainingData(Operation):
+    """The tuned lens's training data: every batch's residual states (resid_pre of each layer) and the
+    model's logits at its real positions. Sharded (docs/scale.md): a shard returns its prompts' states and
+    logits padded to the dataset's longest prompt; `summarise` cuts each batch back to its own length, so
+    the batches equal an in-process collection's."""
+
+    name = "tuned_lens_data"
+    sharded = True
+
+    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared:
+        assert data is not None
+        td = tokenize_data(model, data, prepend_bos=self.prepend_bos)
+        batches = make_batches(td, self.batch_size or 16, pad_id(model))
+        s = model.structure
+        T = max(td.lengths)
+        per_example = 4 * T * (s.n_layers * s.d_model + s.d_vocab) * 2
+        plan = Plan(self.name, rows=len(td), forward_passes=len(td), backward_passes=0,
+                    batch_sizes=[len(b) for b in batches], examples=len(td),
+                    peak_memory_bytes=model_bytes(model) + len(td) * per_example, files=[])
+        return Prepared(model, data, plan, {"batches": batches, "T": T})
+
+    def shard_batches(self, prepared: Prepared) -> list[list[int]]:
+        return [list(b.index) for b in prepared.state["batches"]]
+
+    def execute_shard(self, prepared: Prepared, phase: str, batches: list[int], *, quiet: bool = False) -> PerPrompt:
+        model, st = prepared.model, prepared.state
+        reads = [ActName("resid_pre", L) for L in range(model.structure.n_layers)]
+        mine = [st["batches"][i] for i in batches]
+        states, logits = [], []
+        for b in mine:
+            with torch.no_grad():
+                out = model.run(b.tokens, reads)
+            pad = st["T"] - b.tokens.shape[1]
+            states.append(_storable(nn.functional.pad(torch.stack([out[a] for a in reads], 1), (0, 0, 0, pad))))
+            logits.append(_storable(nn.functional.pad(out.logits, (0, 0, 0, pad))))  # [B, T, V]
+        return PerPrompt([i for b in mine for i in b.index], {"states": torch.cat(states).numpy(),  # [n, L, T, d]
+                                                             "logits": torch.cat(logits).numpy()})
+
+    def summarise(self, prepared: Prepared, merged: dict[str, Any], *, quiet: bool = False) -> Result:
+        m = merged["main"]
+        out = []
+        for b in prepared.state["batches"]:
+            T = b.tokens.shape[1]
+            mask = torch.arange(T)[None, :] < b.lengths[:, None]
+            states = torch.from_numpy(m["states"][b.index][:, :, :T]).transpose(0, 1)  # [n_layers, B, T, d_model]
+            logits = torch.from_numpy(m["logits"][b.index][:, :T])
+            dev, dtype = prepared.model.device, next(prepared.model.tl.parameters()).dtype
+            out.append((states[:, mask].to(dev, dtype), logits[mask].to(dev, dtype).log_softmax(-1)))  # [L, N, d], [N, V]
+        return Result(self.name, pd.DataFrame(), extra={"batches": out})
+
+
+def _storable(x: Tensor) -> Tensor:
+    """On the CPU, in a dtype numpy has (bfloat16 is widened to float32, exactly)."""
+    return (x.float() if x.dtype == torch.bfloat16 else x).detach().cpu()
