@@ -35,6 +35,7 @@ from .exact import schedule, exact_chunk
 from .figures import degenerate_note, patching_figures
 from .references import Pairs, check_alignment, choose_partners, dataset_means, new_chunk, run_base, run_sources
 from .slots import SHIFTED_AXES, member_groups, unit_layers, unit_members
+from .takeaway import patching_takeaway
 from .values import get_patch_value
 from .writes import Setup
 
@@ -377,7 +378,8 @@ class Patching(Operation):
                  "per_prompt_column": {"absolute": "patched_metric"}.get(self.comparison, self.comparison),
                  "first_tokens": [vocab[t] for t in pairs.base[0]], "path": st["setup"].path,
                  "partners": pairs.partner, "summary": summary}
-        return Result(self.name, table, per_prompt=per_prompt, figures=patching_figures, title=title, extra=extra)
+        return Result(self.name, table, per_prompt=per_prompt, figures=patching_figures, title=title, extra=extra,
+                      takeaway=patching_takeaway)
 
 
 # ---------------------------------------------------------------------- helpers
