@@ -1,0 +1,165 @@
+"""Operations on dictionary features: probing, DLA per feature, the decoder lens, the attribution graph, pages.
+
+Each number is checked against something computed here by hand from TransformerLens's own run_with_cache /
+run_with_hooks and the dictionary's weights: probes fit on `dictionary.encode(activation)`, DLA rows built
+from the cached final-norm scale, W_dec rows times W_U, finite differences of hand-written hooks."""
+
+import numpy as np
+import pytest
+import torch
+
+import entoscope as es
+from entoscope.dictionaries import get_dictionary
+from entoscope.dictionaries.dla import FeatureDLA
+from entoscope.dictionaries.lens import DecoderLens
+from entoscope.errors import ConfigError
+from entoscope.models.adapter import adapt
+from entoscope.probing import fit_probes
+
+
+@pytest.fixture(scope="module")
+def demo():
+    return es.load_model("demo")
+
+
+def last_cache(model, prompt):
+    a = adapt(model)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(torch.tensor([a.tokenize(prompt)]))
+    return cache
+
+
+# ---------------------------------------------------------------------- probing on features
+def test_probing_feature_sites_equals_a_probe_fit_on_encoded_activations(demo):
+    data = es.tasks.ioi(n=48, seed=5)
+    sites = es.Sites(activation="resid_post", dictionary="demo", over=["layer"])
+    result = es.Probing(sites=sites, C_grid=[0.01, 1.0], seed=3).run(demo, data, quiet=True)
+    X = torch.zeros(3, len(data), 512)
+    for i, e in enumerate(data):
+        cache = last_cache(demo, e.prompt)
+        for L in range(3):
+            X[L, i] = get_dictionary(f"demo/resid_post.{L}").encode(cache[f"blocks.{L}.hook_resid_post"][0, -1])
+    ref = fit_probes(X, [e.label for e in data], C_grid=[0.01, 1.0], seed=3).to_frame()
+    for col in ("test_accuracy", "control_test_accuracy", "train_accuracy", "C"):
+        np.testing.assert_allclose(result.table[col].to_numpy(dtype=float), ref[col].to_numpy(dtype=float),
+                                   atol=1e-6, err_msg=col)
+    assert list(result.table["layer"]) == [0, 1, 2]
+
+
+def test_probing_single_features_reads_one_column_and_ablates_it(demo):
+    data = es.tasks.ioi(n=32, seed=6)
+    feats = [3, 40]
+    sites = es.Sites(activation="mlp_out", dictionary="demo/transcoder.1", over=["feature"], features=feats)
+    result = es.Probing(sites=sites, split="kfold", k=4,
+                        causal_check={"metric": "logit_diff", "top": 1}).run(demo, data, quiet=True)
+    X = torch.zeros(2, len(data), 1)
+    d = get_dictionary("demo/transcoder.1")
+    for i, e in enumerate(data):
+        f = d.encode(last_cache(demo, e.prompt)["blocks.1.ln2.hook_out"][0, -1])
+        X[:, i, 0] = f[feats]
+    ref = fit_probes(X, [e.label for e in data], split="kfold", k=4).to_frame()
+    np.testing.assert_allclose(result.table["test_accuracy"].to_numpy(dtype=float),
+                               ref["test_accuracy"].to_numpy(dtype=float), atol=1e-6)
+    # the causal check removes the probe's direction: for one feature, that zeroes it at the last token,
+    # i.e. mlp_out.1 -= f_i W_dec[i] there (the error term kept), written here as a hook
+    pp = result.extra["causal_per_prompt"]
+    site = result.table.dropna(subset=["metric_change"])["site"].iloc[0]
+    i = feats[list(result.table["site"]).index(site)]
+    a = adapt(demo)
+    ablated = []
+    for e in data:
+        tokens = torch.tensor([a.tokenize(e.prompt)])
+        stash = {}
+
+        def keep(x, hook, stash=stash):
+            stash["f"] = d.encode(x)
+
+        def zero(x, hook, stash=stash):
+            x = x.clone()
+            x[0, -1] -= stash["f"][0, -1, i] * d.W_dec[i]
+            return x
+        with torch.no_grad():
+            out = demo.run_with_hooks(tokens, fwd_hooks=[("blocks.1.ln2.hook_out", keep), ("blocks.1.hook_mlp_out", zero)])
+        ablated.append(float(out[0, -1, a.token_id(e.answers[0])] - out[0, -1, a.token_id(e.wrong_answers[0])]))
+    got = pp[pp["site"] == site].sort_values("example")["metric_ablated"].to_numpy() if "site" in pp else \
+        pp.sort_values("example")["metric_ablated"].to_numpy()
+    np.testing.assert_allclose(got, ablated, atol=2e-4)
+
+
+# ---------------------------------------------------------------------- DLA per feature
+def _u(a, ex):
+    W_U = a.weights.W_U.detach().double()
+    return W_U[:, [a.token_id(ex.answers[0])]].mean(1) - W_U[:, [a.token_id(w) for w in ex.wrong_answers]].mean(1)
+
+
+def test_feature_dla_rows_add_up_to_the_logit_difference_and_match_by_hand(demo):
+    a = adapt(demo)
+    data = es.tasks.ioi(n=4, seed=3)
+    result = FeatureDLA(dictionary="demo", activation="mlp_out", top_k_features=512).run(demo, data, quiet=True)
+    ident, pp = result.extra["identity"], result.per_prompt
+    norm = a.weights.final_norm
+    d = get_dictionary("demo/transcoder.1")
+    for i, ex in enumerate(data):
+        cache = last_cache(demo, ex.prompt)
+        with torch.no_grad():
+            logits = demo(torch.tensor([a.tokenize(ex.prompt)]), return_type="logits")[0, -1].double()
+        value = logits[a.token_id(ex.answers[0])] - logits[a.token_id(ex.wrong_answers[0])]
+        rows = pp[pp["example"] == i]
+        assert rows["contribution"].sum() + ident["constant"][i] == pytest.approx(float(value), abs=1e-4)
+        # one feature of transcoder 1 by hand: f_i W_dec[i], centred, over the cached final scale, times w, onto u
+        f = d.encode(cache["blocks.1.ln2.hook_out"][0, -1]).double()
+        scale = cache["ln_final.hook_scale"][0, -1, 0].double()
+        u = _u(a, ex)
+        i_feat = int(f.argmax())
+        vec = f[i_feat] * d.W_dec[i_feat].double()
+        vec = (vec - vec.mean()) / scale * norm.weight.detach().double()
+        row = rows[(rows["dictionary"] == "demo/transcoder.1") & (rows["feature"] == i_feat)]
+        assert float(row["contribution"].iloc[0]) == pytest.approx(float(vec @ u), abs=1e-6)
+        # the error row: mlp_out minus the reconstruction, through the same frozen norm
+        err = cache["blocks.1.hook_mlp_out"][0, -1].double() - d.decode(f.float()).double()
+        err = (err - err.mean()) / scale * norm.weight.detach().double()
+        row = rows[rows["component"] == "demo/transcoder.1 error"]
+        assert float(row["contribution"].iloc[0]) == pytest.approx(float(err @ u), abs=1e-5)
+    # the MLPs are replaced: no m{L} rows, the heads are DLA's own
+    plain = es.DirectLogitAttribution().run(demo, data, quiet=True).per_prompt
+    assert not set(pp["component"]) & {"m0", "m1", "m2"}
+    np.testing.assert_allclose(pp[pp["component"] == "a2.h1"]["contribution"].to_numpy(),
+                               plain[plain["component"] == "a2.h1"]["contribution"].to_numpy(), atol=1e-9)
+
+
+def test_feature_dla_on_a_resid_sae_keeps_later_components_and_top_k_rows_add_up(demo):
+    data = es.tasks.ioi(n=6, seed=4)
+    result = FeatureDLA(dictionary="demo", activation="resid_post", layers=1, top_k_features=5).run(
+        demo, data, quiet=True)
+    pp, ident = result.per_prompt, result.extra["identity"]
+    assert set(pp["component"]) >= {"a2.h0", "m2", "demo/resid_post.1 error", "demo/resid_post.1 other features"}
+    assert not set(pp["component"]) & {"embed", "a1.h0", "m1", "a0.h2"}
+    per_example = pp.groupby("example")["contribution"].sum().to_numpy() + ident["constant"].to_numpy()
+    np.testing.assert_allclose(per_example, ident["value"].to_numpy(), atol=1e-4)
+    assert (pp[pp["kind"] == "feature"].groupby("example").size() == 5).all()
+    with pytest.raises(ConfigError) as err:
+        FeatureDLA(dictionary="demo", activation="resid_post").plan(demo, data)
+    assert err.value.code == "feature_dla_layers"
+
+
+# ---------------------------------------------------------------------- decoder lens
+@pytest.mark.parametrize("through_norm", [True, False])
+def test_decoder_lens_is_the_decoder_row_times_W_U(demo, through_norm):
+    a = adapt(demo)
+    feats = [2, 7, 300]
+    table = DecoderLens(dictionary="demo/transcoder.1", features=feats, top_k=4,
+                        through_norm=through_norm).run(demo, quiet=True).table
+    W_dec = get_dictionary("demo/transcoder.1").W_dec.double()
+    W_U = demo.unembed.W_U.detach().double() if hasattr(demo, "unembed") else a.weights.W_U.double()
+    w = a.weights.final_norm.weight.detach().double()
+    vocab = a.vocab_strings()
+    for j, i in enumerate(feats):
+        v = W_dec[i]
+        if through_norm:
+            v = (v - v.mean()) * w
+        scores = v @ W_U
+        top = scores.topk(4)
+        assert list(table.loc[j, [f"top{t}_token" for t in range(1, 5)]]) == [vocab[t] for t in top.indices.tolist()]
+        np.testing.assert_allclose(table.loc[j, [f"top{t}_score" for t in range(1, 5)]].to_numpy(dtype=float),
+                                   top.values.numpy(), rtol=1e-5)
+        assert table.loc[j, "bottom1_score"] == pytest.approx(float(scores.min()), rel=1e-5)
