@@ -163,3 +163,110 @@ def test_decoder_lens_is_the_decoder_row_times_W_U(demo, through_norm):
         np.testing.assert_allclose(table.loc[j, [f"top{t}_score" for t in range(1, 5)]].to_numpy(dtype=float),
                                    top.values.numpy(), rtol=1e-5)
         assert table.loc[j, "bottom1_score"] == pytest.approx(float(scores.min()), rel=1e-5)
+
+
+# ---------------------------------------------------------------------- attribution graph
+def _graph(demo, data, **kw):
+    from entoscope.dictionaries.graph import FeatureGraphOperation
+
+    return FeatureGraphOperation(**kw).run(demo, data, quiet=True)
+
+
+def _bump_hook(vec, p, eps):
+    def hook(x, hook):
+        x = x.clone()
+        x[0, p] += eps * vec
+        return x
+    return hook
+
+
+def test_graph_edges_equal_finite_differences_of_hand_written_hooks(demo):
+    """resid_post SAEs at layers 0 and 1, zero baseline: A[t, u] = f_u * d t / d f_u. Moving feature u of
+    resid_post.0 by eps moves resid_post.0 by eps W_dec[u]; the target is the layer-1 SAE's encoding of
+    resid_post.1 (direct: nothing between the two sites is a node), and the metric for a layer-1 source."""
+    a = adapt(demo)
+    data = es.tasks.ioi(n=2, seed=9)
+    result = _graph(demo, data, layers=[0, 1], baseline="zero", max_features=24)
+    d0, d1 = get_dictionary("demo/resid_post.0"), get_dictionary("demo/resid_post.1")
+    eps = 0.05
+    for e, ex in enumerate(data):
+        g = result.extra["graphs"][e]
+        nodes, A = g.nodes, g.adjacency
+        tokens = torch.tensor([a.tokenize(ex.prompt)])
+        io, s = a.token_id(ex.answers[0]), a.token_id(ex.wrong_answers[0])
+        feats = nodes[nodes["kind"] == "feature"]
+        src0, tgt1 = feats[feats["layer"] == 0], feats[feats["layer"] == 1]
+        # the strongest layer-0 -> layer-1 edge of this prompt
+        block = A[np.ix_(tgt1.index, src0.index)].abs()
+        r, c = divmod(int(block.argmax()), block.shape[1])
+        t, u = tgt1.iloc[r], src0.iloc[c]
+
+        def target(eps_, u=u, t=t, tokens=tokens):
+            out = {}
+            with torch.no_grad():
+
+                def read(x, hook, out=out):
+                    out["f"] = d1.encode(x)[0, t["position"], t["feature"]].double()
+                demo.run_with_hooks(tokens, fwd_hooks=[
+                    ("blocks.0.hook_resid_post", _bump_hook(d0.W_dec[u["feature"]], u["position"], eps_)),
+                    ("blocks.1.hook_resid_post", read)])
+            return out["f"]
+        fd = (target(eps) - target(-eps)) / (2 * eps) * u["value"]
+        assert float(A[t.name, u.name]) == pytest.approx(float(fd), rel=2e-2, abs=2e-3)
+        # a layer-1 source's edge into the metric: the logit difference moved by resid_post.1 += eps W_dec[i]
+        w = tgt1.iloc[int(A[nodes.index[-1], tgt1.index].abs().argmax())]
+
+        def metric(eps_, w=w, tokens=tokens, io=io, s=s):
+            with torch.no_grad():
+                logits = demo.run_with_hooks(tokens, fwd_hooks=[
+                    ("blocks.1.hook_resid_post", _bump_hook(d1.W_dec[w["feature"]], w["position"], eps_))])[0, -1]
+            return (logits[io] - logits[s]).double()
+        fd = (metric(eps) - metric(-eps)) / (2 * eps) * w["value"]
+        assert float(A[nodes.index[-1], w.name]) == pytest.approx(float(fd), rel=2e-2, abs=2e-3)
+        # at the last site the direct edge into the metric is the total effect (attribution patching)
+        assert float(A[nodes.index[-1], w.name]) == pytest.approx(w["attribution"], rel=1e-4, abs=1e-6)
+
+
+def test_graph_ig_incoming_edges_add_up_to_each_targets_change(demo):
+    """EAP-IG with the counterfactual baseline: for each target, the sum of its incoming edges from every
+    source tends to its value on the prompt minus its value on the counterfactual (completeness)."""
+    a = adapt(demo)
+    data = es.tasks.ioi(n=2, seed=4)
+    result = _graph(demo, data, activation="mlp_out", method="eap_ig", steps=16, max_features=12)
+    for e, ex in enumerate(data):
+        nodes = result.extra["graphs"][e].nodes
+        feats = nodes[nodes["kind"] == "feature"]
+        np.testing.assert_allclose(feats["incoming_sum"], feats["target_change"], rtol=0.03,
+                                   atol=0.02 * float(feats["target_change"].abs().max()))
+        with torch.no_grad():
+            clean = demo(torch.tensor([a.tokenize(ex.prompt)]))[0, -1]
+            corrupt = demo(torch.tensor([a.tokenize(ex.counterfactual)]))[0, -1]
+        io, s = a.token_id(ex.answers[0]), a.token_id(ex.wrong_answers[0])
+        change = float((clean[io] - clean[s]) - (corrupt[io] - corrupt[s]))
+        assert float(nodes["incoming_sum"].iloc[-1]) == pytest.approx(change, rel=0.03, abs=0.05)
+
+
+def test_graph_scores_on_a_hand_computed_graph():
+    from entoscope.dictionaries.graph import graph_scores
+
+    # nodes: feature, error, token, metric; token -> feature (2), feature -> metric (3), error -> metric (-1)
+    A = torch.tensor([[0, 0, 2.0, 0], [0, 0, 0, 0], [0, 0, 0, 0], [3.0, -1.0, 0, 0]])
+    s = graph_scores(A, np.array(["feature", "error", "token", "metric"]))
+    # normalised: metric row (0.75, 0.25); influence: feature 0.75, error 0.25, token 0.75 (via the feature)
+    assert s["replacement"] == pytest.approx(0.75 / (0.75 + 0.25))
+    # completeness: only the metric has an error share (0.25); weights influence + output = (.75, .25, .75, 1)
+    assert s["completeness"] == pytest.approx((0.75 + 0.25 + 0.75 + 0.75) / 2.75)
+
+
+def test_dataset_graph_sums_positions_and_averages_prompts(demo):
+    result = _graph(demo, es.tasks.ioi(n=3, seed=2), max_features=16)
+    graphs, whole = result.extra["graphs"], result.extra["dataset"]
+    metric_row = whole.adjacency[-1]
+    by_node = dict(zip(whole.nodes["node"], metric_row.tolist()))
+    # the dataset edge from each dictionary's error node into the metric: mean over prompts of the sum over positions
+    for key in ("demo/resid_post.2",):
+        expect = np.mean([float(g.adjacency[-1, (g.nodes["kind"] == "error").to_numpy() &
+                                            (g.nodes["dictionary"] == key).to_numpy()].sum()) for g in graphs])
+        assert by_node[f"{key} error"] == pytest.approx(expect, rel=1e-9, abs=1e-12)
+    assert set(result.extra["scores"]["example"]) == {0, 1, 2}
+    assert 0 <= result.extra["dataset_scores"]["replacement"] <= 1
