@@ -270,3 +270,61 @@ def test_dataset_graph_sums_positions_and_averages_prompts(demo):
         assert by_node[f"{key} error"] == pytest.approx(expect, rel=1e-9, abs=1e-12)
     assert set(result.extra["scores"]["example"]) == {0, 1, 2}
     assert 0 <= result.extra["dataset_scores"]["replacement"] <= 1
+
+
+# ---------------------------------------------------------------------- feature pages and the report section
+def test_feature_pages_show_the_top_examples_with_hand_encoded_activations(demo, tmp_path):
+    import html
+    import re
+
+    from entoscope.dictionaries.pages import page_name, write_feature_pages
+
+    data = es.tasks.induction(n=10, seed=3)
+    d = get_dictionary("demo/resid_post.1")
+    acts = []
+    for e in data:
+        acts.append(d.encode(last_cache(demo, e.prompt)["blocks.1.hook_resid_post"][0]).numpy())
+    i = int((np.concatenate([x[1:] for x in acts]) != 0).sum(0).argmax())  # the feature active most often
+    pages = write_feature_pages(demo, [("demo/resid_post.1", i)], data, tmp_path, top_examples=3)
+    text = pages[("demo/resid_post.1", i)].read_text()
+    assert pages[("demo/resid_post.1", i)].name == page_name("demo/resid_post.1", i)
+    best = np.array([x[1:, i].max() for x in acts])
+    order = np.argsort(-best, kind="stable")[:3]
+    shown = [int(p) for p in re.findall(r"prompt (\d+): max", text)]
+    assert shown == [int(e) for e in order if best[e] > 0]
+    # the shaded tokens of the first example carry the feature's activation at each position
+    first = text.split("prompt ")[1]
+    values = [float(v) for v in re.findall(r'title="([-0-9.e+]+)"', first.split("</div>")[0])]
+    np.testing.assert_allclose(values, acts[order[0]][:, i], rtol=2e-3, atol=1e-3)
+    share = float(np.mean(np.concatenate([x[1:, i] for x in acts]) != 0))
+    assert f"active on {share:.1%} of tokens" in text
+    top1 = DecoderLens(dictionary="demo/resid_post.1", features=[i], top_k=1).run(demo, quiet=True).table
+    assert f"<td>{html.escape(str(top1.loc[0, 'top1_token']))}</td>" in text
+    assert (tmp_path / "index.html").exists() and (tmp_path / "plotly.min.js").exists()
+
+
+def test_report_features_section_lists_the_strongest_features_with_pages(demo, tmp_path):
+    import re
+
+    import pandas as pd
+
+    from entoscope.dictionaries.report import features_section
+
+    folder = tmp_path / "features"
+    title, body = features_section(demo, folder, quick=True)
+    assert "IOI" in title and "induction" in title
+    for link in re.findall(r'href="([^"]+)"', body):
+        assert (tmp_path / link).exists(), link
+    table = pd.read_csv(folder / "table.csv")  # the IOI patching result, saved by the section
+    top = table.reindex(table["value"].abs().sort_values(ascending=False).index).iloc[0]
+    assert f"{top['dictionary']} f{int(top['feature'])}" in body
+    assert top["value_ci_low"] <= top["value"] <= top["value_ci_high"]
+
+
+def test_report_features_section_says_so_on_a_model_without_dictionaries(tmp_path):
+    from conftest import get_tiny
+
+    from entoscope.dictionaries.report import features_section
+
+    _, body = features_section(get_tiny("gpt2", "bridge", False), tmp_path / "features", quick=True)
+    assert "No dictionaries fit" in body and (tmp_path / "features" / "index.html").exists()
