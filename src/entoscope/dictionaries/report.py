@@ -85,7 +85,8 @@ def features_section(model: Any, folder: Path, quick: bool) -> tuple[str, str]:
         full = "" if where == folder else f' (<a href="{folder.name}/{where.name}/index.html">full results</a>)'
         parts.append(f"<h3>{html.escape(label)}</h3><p>Attribution patching of {n_sites} feature sites "
                      f"({n} pairs, denoising: the prompt's feature value written into the counterfactual run); the "
-                     f"{len(top)} largest mean effects on the metric, with {_level(top)} bootstrap intervals{full}:</p>"
+                     f"{len(top)} largest mean effects on the metric, with {_level(top)} bootstrap intervals and BH q-values over all "
+                     f"{n_sites} sites{full}:</p>"
                      + table_html(shown) + f"<p>Feature pages: {links}</p>")
     graph = FeatureGraphOperation(dictionary=RELEASE, activation="resid_post", max_features=24).run(
         model, {"task": "ioi", "n": 4 if quick else 16, "seed": 21}, quiet=True)
