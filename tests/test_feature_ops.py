@@ -299,7 +299,7 @@ def test_feature_pages_show_the_top_examples_with_hand_encoded_activations(demo,
     share = float(np.mean(np.concatenate([x[1:, i] for x in acts]) != 0))
     assert f"active on {share:.1%} of tokens" in text
     top1 = DecoderLens(dictionary="demo/resid_post.1", features=[i], top_k=1).run(demo, quiet=True).table
-    assert f"<td>{html.escape(str(top1.loc[0, 'top1_token']))}</td>" in text
+    assert f">{html.escape(str(top1.loc[0, 'top1_token']))}</td>" in text  # a table cell holds it
     assert (tmp_path / "index.html").exists() and (tmp_path / "plotly.min.js").exists()
 
 
@@ -308,10 +308,11 @@ def test_report_features_section_lists_the_strongest_features_with_pages(demo, t
 
     import pandas as pd
 
-    from entoscope.dictionaries.report import features_section
+    from entoscope.report.sections.features import features_section
 
     folder = tmp_path / "features"
-    title, body = features_section(demo, folder, quick=True)
+    section = features_section(demo, folder, quick=True)
+    title, body = section.title, section.body
     assert "IOI" in title and "induction" in title
     for link in re.findall(r'href="([^"]+)"', body):
         assert (tmp_path / link).exists(), link
@@ -324,7 +325,7 @@ def test_report_features_section_lists_the_strongest_features_with_pages(demo, t
 def test_report_features_section_says_so_on_a_model_without_dictionaries(tmp_path):
     from conftest import get_tiny
 
-    from entoscope.dictionaries.report import features_section
+    from entoscope.report.sections.features import features_section
 
-    _, body = features_section(get_tiny("gpt2", "bridge", False), tmp_path / "features", quick=True)
+    body = features_section(get_tiny("gpt2", "bridge", False), tmp_path / "features", quick=True).body
     assert "No dictionaries fit" in body and (tmp_path / "features" / "index.html").exists()

@@ -18,7 +18,6 @@ from .graph import FeatureGraphOperation as FeatureGraph
 from .lens import DecoderLens
 from .saelens import from_sae_lens, read_folder, write_folder
 
-from . import report  # noqa: F401  (registers the "features" report section; after the names it imports)
 
 load_dictionary = get_dictionary
 save_dictionary = write_folder

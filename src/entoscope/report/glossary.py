@@ -50,6 +50,15 @@ TERMS: dict[str, str] = {
     "score - control (Hewitt & Liang 2019).",
     "causal check": "the probe's direction projected out of the residual stream at the best layer; the change "
     "in the task metric, against a random direction's.",
+    "feature": "a direction of a sparse autoencoder (SAE) trained on one activation: reading a feature site "
+    "encodes the activation, writing one decodes the edit and keeps the SAE's error term (docs/features.md).",
+    "attribution patching": "the first-order estimate of exact patching: (clean - corrupt activation) times "
+    "the metric's gradient, for every site in one backward pass (Nanda 2023; Kramar et al. 2024).",
+    "replacement score": "of the influence reaching the metric from the prompt's tokens and the SAEs' error "
+    "nodes, the share that comes from the tokens through features (Ameisen et al. 2025); 1: the features "
+    "explain the model with no error.",
+    "completeness score": "the influence-weighted share of each node's incoming attribution that comes from "
+    "non-error nodes (Ameisen et al. 2025).",
 }
 
 

@@ -17,11 +17,12 @@ from typing import Any
 
 import pandas as pd
 
-from ..data import tasks
-from ..data.examples import Dataset
-from ..errors import EntoscopeError
-from ..models.adapter import adapt
-from ..registry import register
+from ...data import tasks
+from ...data.examples import Dataset
+from ...errors import EntoscopeError
+from ...models.adapter import adapt
+from ...registry import register
+from ..section import Section
 
 RELEASE = "demo"
 TASKS = (("ioi", "IOI (logit difference: IO minus S)", [-1, -2, -3]),
@@ -35,14 +36,14 @@ def _top(table: pd.DataFrame, k: int) -> pd.DataFrame:
 
 
 @register("report_section", "features")
-def features_section(model: Any, folder: Path, quick: bool) -> tuple[str, str]:
+def features_section(model: Any, folder: Path, quick: bool) -> Section:
     """Attribution patching over the demo dictionaries' features for IOI and induction, feature pages for the
     strongest, and one attribution graph's scores; the IOI Result is saved in `folder`, induction below it."""
-    from ..patching import Patching
-    from ..results.page import table_html, write_page
-    from ..sites import Sites
-    from .graph import FeatureGraphOperation
-    from .pages import page_name, write_feature_pages
+    from ...dictionaries.graph import FeatureGraphOperation
+    from ...dictionaries.pages import page_name, write_feature_pages
+    from ...patching import Patching
+    from ...results.page import table_html, write_page
+    from ...sites import Sites
 
     title = "dictionary features: which SAE features carry IOI and induction"
     folder = Path(folder)
@@ -51,7 +52,8 @@ def features_section(model: Any, folder: Path, quick: bool) -> tuple[str, str]:
     except EntoscopeError as err:
         write_page(folder / "index.html", title, [("not run", f"<p>{html.escape(err.message)}</p>")],
                    js_relpath="../plotly.min.js", back="../index.html")
-        return title, (f"<p>No dictionaries fit this model ({html.escape(err.code)}): the section needs the demo "
+        return Section(title, "Not run: no dictionaries fit this model.",
+                       f"<p>No dictionaries fit this model ({html.escape(err.code)}): the section needs the demo "
                        "model's bundled SAEs, or your own registered for this model (docs/features.md).</p>")
     n, k = (24, 5) if quick else (96, 8)
     chosen: list[tuple[str, int]] = []
@@ -98,7 +100,14 @@ def features_section(model: Any, folder: Path, quick: bool) -> tuple[str, str]:
                  f"completeness {s['completeness'].mean():.2f} (Ameisen et al. 2025; docs/features.md).</p>"
                  f'<p><a href="{folder.name}/graph/index.html">the graph\'s nodes, edges and scores</a>; '
                  f'<a href="{folder.name}/pages/index.html">all {len(pages)} feature pages</a></p>')
-    return title, "".join(parts)
+    best = "; ".join(f"{task}: {r.dictionary} f{int(r.feature)} at position {r.position}, {r.value:.2g} "
+                     f"[{r.value_ci_low:.2g}, {r.value_ci_high:.2g}]"
+                     for task, _, top, _, _ in tops for r in top.head(1).itertuples())
+    lead = (f"The SAE feature whose patch moves each task's metric most (attribution patching, 95% intervals over "
+            f"{n} pairs): {best}. The SAEs replace the residual stream imperfectly: on IOI the attribution graph's "
+            f"replacement score is {whole['replacement']:.2f} and its completeness {whole['completeness']:.2f}.")
+    return Section(title, lead, "".join(parts),
+                   terms=("feature", "attribution patching", "replacement score", "completeness score", "95% interval"))
 
 
 def _level(top: pd.DataFrame) -> str:
