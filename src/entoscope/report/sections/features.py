@@ -106,6 +106,9 @@ def features_section(model: Any, folder: Path, quick: bool) -> Section:
     lead = (f"The SAE feature whose patch moves each task's metric most (attribution patching, 95% intervals over "
             f"{n} pairs): {best}. The SAEs replace the residual stream imperfectly: on IOI the attribution graph's "
             f"replacement score is {whole['replacement']:.2f} and its completeness {whole['completeness']:.2f}.")
+    if all(float(top["value_q"].min()) > 0.05 for _, _, top, _, _ in tops if "value_q" in top):
+        lead += (" No single feature site survives the false discovery control over all the sites tested (every "
+                 "q-value above 5%): read these features as candidates for a closer look, not findings.")
     return Section(title, lead, "".join(parts),
                    terms=("feature", "attribution patching", "replacement score", "completeness score", "95% interval"))
 
