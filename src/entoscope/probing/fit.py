@@ -333,6 +333,9 @@ def fit_probes(
         converged=converged,
         chance_accuracy=chance,
         splits=[sp.to("cpu") for sp in splits],
+        control_coef=stack("coef", 1) if has_control else None,
+        control_intercept=stack("intercept", 1) if has_control else None,
+        control_labels=Y[1].cpu() if has_control else None,
     )
 
 
