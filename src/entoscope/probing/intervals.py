@@ -148,31 +148,42 @@ def _fold_mean(W: np.ndarray, h: HeldOut, y: np.ndarray, values: np.ndarray) -> 
         return {k: np.nanmean(np.stack(v), 0) for k, v in per_fold.items()}
 
 
-def summarise_probing(h: HeldOut, stats: Stats, seed: int) -> pd.DataFrame:
-    """One row per site: `test_<metric>_ci_low/high/se` and `selectivity_ci_low/high/se` (with a
-    control), bootstrapping the pooled held-out rows (see the module docstring)."""
+def blocks_of(h: HeldOut) -> list[str]:
+    """The summarised columns, in the statistic's cell order (each block one cell per site)."""
     names = metric_names(h.n_classes)
-    primary = names[0]
-    S, R = h.values.shape[0], h.values.shape[1]
     blocks = [f"test_{k}" for k in names]
     if h.control_values is not None:
-        blocks += [f"control_test_{primary}", "selectivity"]
+        blocks += [f"control_test_{names[0]}", "selectivity"]
+    return blocks
+
+
+def probing_stat(h: HeldOut) -> FunctionStat:
+    """The weighted statistic over the R pooled held-out rows: [K, R] weights -> [K, blocks x sites]."""
+    names = metric_names(h.n_classes)
+    S, R = h.values.shape[0], h.values.shape[1]
 
     def stat(W: np.ndarray, cols: slice = slice(None)) -> np.ndarray:
         m = _fold_mean(W, h, h.y, h.values)
         out = [m[k] for k in names]
         if h.control_values is not None:
             assert h.y_control is not None
-            control = _fold_mean(W, h, h.y_control, h.control_values)[primary]
-            out += [control, m[primary] - control]
+            control = _fold_mean(W, h, h.y_control, h.control_values)[names[0]]
+            out += [control, m[names[0]] - control]
         return np.concatenate(out, 1)[:, cols]
 
-    summary = summarise(FunctionStat(stat, R, S * len(blocks)), stats, seed)
+    return FunctionStat(stat, R, S * len(blocks_of(h)))
+
+
+def summarise_probing(h: HeldOut, stats: Stats, seed: int) -> pd.DataFrame:
+    """One row per site: `test_<metric>_ci_low/high/se`, and with a control `control_test_<primary>_*`
+    and `selectivity_*`, bootstrapping the pooled held-out rows (see the module docstring)."""
+    S = h.values.shape[0]
+    summary = summarise(probing_stat(h), stats, seed)
     frame = pd.DataFrame({"site": h.site_names})
-    for j, key in enumerate(blocks):
+    for j, key in enumerate(blocks_of(h)):
         part = slice(j * S, (j + 1) * S)
         for col, v in interval_columns(summary, key, stats).items():
             frame[col] = v[part]
-    frame["n_held_out"] = R
+    frame["n_held_out"] = h.values.shape[1]
     frame["ci_level"] = stats.ci_level
     return frame
