@@ -138,7 +138,6 @@ def test_dla_intervals_p_and_q_match_brute_force(dla):
     np.testing.assert_allclose(t["mean_q"], bh(t["mean_p"].to_numpy()), rtol=1e-9)
     assert (t["significant"] == (t["mean_q"] <= 0.05)).all()
     assert_inside(t, "mean")
-    assert_inside(t, "mean_abs")
 
 
 def test_dla_summary_deterministic_and_n_boot_zero(dla):

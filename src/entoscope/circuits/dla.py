@@ -28,7 +28,7 @@ in float64 from the model's activations.
 Over the dataset (`summarise_dla`, from the per-prompt table alone): each row's `mean` contribution
 with its bootstrap interval over prompts (`mean_ci_low`, `mean_ci_high`, `mean_se`, `ci_level`), a
 two-sided p-value against no direct effect (`mean_p`), its Benjamini-Hochberg q-value over the
-table's rows (`mean_q`) and `significant` (q <= stats.fdr); `mean_abs` gets its interval too.
+table's rows (`mean_q`) and `significant` (q <= stats.fdr). `std` and `mean_abs` are descriptive.
 """
 
 from __future__ import annotations
@@ -248,14 +248,11 @@ def summarise_dla(per_prompt: pd.DataFrame, stats: Stats, seed: int) -> pd.DataF
     grid = per_prompt.pivot(index="example", columns="component", values="contribution")
     values = grid.reindex(columns=frame["component"]).to_numpy(dtype=np.float64)  # [n_prompts, components]
     mean = summarise(mean_stat(values), stats, seed)
-    mean_abs = summarise(mean_stat(np.abs(values)), stats, seed)  # the same resamples (same seed)
     frame["mean"] = mean.value
     for key, col in interval_columns(mean, "mean", stats, test=True).items():
         frame[key] = col
     frame["std"] = values.std(0)
-    frame["mean_abs"] = mean_abs.value
-    for key, col in interval_columns(mean_abs, "mean_abs", stats).items():
-        frame[key] = col
+    frame["mean_abs"] = np.abs(values).mean(0)  # descriptive (no interval: the test is on `mean`)
     frame["n_prompts"] = values.shape[0]
     frame["ci_level"] = stats.ci_level
     return frame
