@@ -170,23 +170,29 @@ def head_score_frame(per_prompt: dict[str, Tensor], n_layers: int, n_heads: int)
 
 def summarise_head_scores(per_prompt: pd.DataFrame, stats: Stats, seed: int) -> pd.DataFrame:
     """One row per (kind, layer, head) from the per-prompt table: `score` (mean over the prompts with a
-    target position), `score_tl` (mean over all prompts), each with its bootstrap interval over prompts."""
-    rows = []
+    target position), `score_tl` (mean over all prompts), each with its bootstrap interval over prompts
+    (one resampling of the prompts for every kind, head and column)."""
+    tables, blocks = [], []
     for kind, sub in per_prompt.groupby("kind", sort=False):
         heads = sub.drop_duplicates(["layer", "head"])[["layer", "head", "site"]].reset_index(drop=True)
-        table = heads.assign(kind=kind)[["kind", "layer", "head", "site"]]
+        tables.append(heads.assign(kind=kind)[["kind", "layer", "head", "site"]])
         for col in ("score", "score_tl"):
             grid = sub.pivot(index="example", columns="site", values=col).reindex(columns=heads["site"])
-            values = grid.to_numpy(dtype=np.float64)
-            summary = summarise(mean_stat(values), stats, seed)
-            table[col] = summary.value
+            blocks.append(grid.to_numpy(dtype=np.float64))
+    summary = summarise(mean_stat(np.concatenate(blocks, axis=1)), stats, seed)
+    start = 0
+    for i, table in enumerate(tables):
+        for j, col in enumerate(("score", "score_tl")):
+            values = blocks[2 * i + j]
+            part = slice(start, start + values.shape[1])
+            start += values.shape[1]
+            table[col] = summary.value[part]
             for key, value in interval_columns(summary, col, stats).items():
-                table[key] = value
+                table[key] = value[part]
             if col == "score":
                 table["n_prompts"] = np.isfinite(values).sum(0)
         table["ci_level"] = stats.ci_level
-        rows.append(table)
-    return pd.concat(rows, ignore_index=True)
+    return pd.concat(tables, ignore_index=True)
 
 
 def _figures(result: Result) -> list[tuple[str, Any]]:

@@ -74,17 +74,26 @@ def metric_names(n_classes: int | None) -> list[str]:
 
 # ---------------------------------------------------------------------- weighted metrics: w [B, n]
 def _auroc(w: np.ndarray, positive: np.ndarray, score: np.ndarray) -> np.ndarray:
-    """[B] weighted Mann-Whitney AUROC of one score vector [n] (ties count 1/2); NaN with one class."""
-    order = np.argsort(score, kind="stable")
-    s = score[order]
-    lo, hi = np.searchsorted(s, score, "left"), np.searchsorted(s, score, "right")
-    neg = np.concatenate([np.zeros((w.shape[0], 1)), np.cumsum(w[:, order] * ~positive[order], 1)], 1)
-    below = neg[:, lo] + 0.5 * (neg[:, hi] - neg[:, lo])  # negative weight under (and tied with) each row
-    w_pos = w @ positive
+    """[B, S] weighted Mann-Whitney AUROC of scores [S, n] against labels positive [n] (ties count 1/2);
+    NaN where a resample has one class."""
+    B, (S, n) = w.shape[0], score.shape
+    order = np.argsort(score, axis=1, kind="stable")  # [S, n]
+    s = np.take_along_axis(score, order, 1)
+    pos = np.flatnonzero(positive)
+    # per site, each positive row's rank range among tied scores: negatives below count 1, tied 1/2
+    lo = np.stack([np.searchsorted(s[i], score[i, pos], "left") for i in range(S)])  # [S, P]
+    hi = np.stack([np.searchsorted(s[i], score[i, pos], "right") for i in range(S)])
+    cum = np.zeros((B, S, n + 1))
+    np.cumsum((w * ~positive)[:, order], 2, out=cum[:, :, 1:])  # negative weight up to each rank
+    flat = cum.reshape(B, S * (n + 1))
+    base = (np.arange(S) * (n + 1))[:, None]
+    below = flat[:, (base + lo).ravel()] + flat[:, (base + hi).ravel()]  # [B, S*P], twice the count
+    num = 0.5 * np.einsum("bsp,bp->bs", below.reshape(B, S, len(pos)), w[:, pos])
+    w_pos = w[:, pos].sum(1)
     w_neg = w.sum(1) - w_pos
-    num = (w * positive * below).sum(1)
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where((w_pos > 0) & (w_neg > 0), num / (w_pos * w_neg), np.nan)
+        ok = ((w_pos > 0) & (w_neg > 0))[:, None]
+        return np.where(ok, num / (w_pos * w_neg)[:, None], np.nan)
 
 
 def _classification(w: np.ndarray, y: np.ndarray, values: np.ndarray, K: int) -> dict[str, np.ndarray]:
@@ -102,21 +111,25 @@ def _classification(w: np.ndarray, y: np.ndarray, values: np.ndarray, K: int) ->
         accuracy = (w @ (yhat == y).T.astype(float)) / total
     Y = np.eye(K)[y]  # [n, K]
     P = np.eye(K)[yhat]  # [S, n, K]
-    tp = np.einsum("bi,ik,sik->bsk", w, Y, P)
-    fp = np.einsum("bi,ik,sik->bsk", w, 1 - Y, P)
-    fn = np.einsum("bi,ik,sik->bsk", w, Y, 1 - P)
-    denom = 2 * tp + fp + fn
+    n = len(y)
+
+    def flat(a: np.ndarray) -> np.ndarray:  # [S, n, K] -> [n, S*K]
+        return np.ascontiguousarray(a.transpose(1, 0, 2)).reshape(n, S * K)
+    tp = (w @ flat(Y[None] * P)).reshape(-1, S, K)
+    predicted = (w @ flat(P)).reshape(-1, S, K)  # tp + fp
+    actual = (w @ Y)[:, None, :]  # tp + fn
+    denom = predicted + actual  # 2 tp + fp + fn
     present = denom > 0
     with np.errstate(invalid="ignore", divide="ignore"):
         f1 = np.where(present, 2 * tp / np.where(present, denom, 1), 0.0).sum(-1) / np.maximum(present.sum(-1), 1)
-    auroc = np.empty((w.shape[0], S))
-    for s in range(S):
-        if K == 2:
-            auroc[:, s] = _auroc(w, y == 1, values[s, :, 0])
-        else:
-            per_class = np.stack([_auroc(w, y == k, probs[s, :, k]) for k in range(K)], 1)  # type: ignore[index]
-            with np.errstate(invalid="ignore"):
-                auroc[:, s] = np.nanmean(per_class, 1)
+    if K == 2:
+        auroc = _auroc(w, y == 1, values[..., 0])
+    else:
+        assert probs is not None
+        per_class = np.stack([_auroc(w, y == k, probs[..., k]) for k in range(K)], -1)  # [B, S, K]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a resample where no class is defined stays NaN
+            auroc = np.nanmean(per_class, -1)
     return {"accuracy": accuracy, "f1_macro": f1, "auroc": auroc}
 
 
