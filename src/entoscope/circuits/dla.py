@@ -55,6 +55,7 @@ from ..operation import Operation, Plan, Prepared, model_bytes, progress, regist
 from ..results.result import Result
 from ..stats import Stats, ci_text, error_arrays, interval_columns, mean_stat, summarise
 from .decompose import Component, component_dots, components, decomposition_reads
+from .scores_takeaway import dla_takeaway
 
 FULL_PRECISION_TOLERANCE = 1e-4
 HALF_PRECISION_TOLERANCE = 2e-2
@@ -169,7 +170,8 @@ class DirectLogitAttribution(Operation):
         table = summarise_dla(per_prompt, self.stats, self.seed)
         return DLAResult(self.name, table, per_prompt=per_prompt, figures=self._figures,
                          title=f"direct logit attribution ({self.metric})",
-                         extra={"contributions": contrib, "components": comps, "identity": identity})
+                         extra={"contributions": contrib, "components": comps, "identity": identity,
+                                "metric": self.metric}, takeaway=dla_takeaway)
 
     def _attribute(self, model: ModelAdapter, acts: dict[ActName, Tensor], logits: Tensor, batch: Any,
                    split: list[int]) -> tuple[Tensor, Tensor, Tensor]:

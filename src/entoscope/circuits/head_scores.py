@@ -38,6 +38,7 @@ from ..models.names import ActName
 from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
 from ..results.result import Result
 from ..stats import Stats, ci_text, interval_columns, mean_stat, summarise
+from .scores_takeaway import head_scores_takeaway
 
 HeadKind = Literal["previous_token", "duplicate_token", "induction"]
 
@@ -151,7 +152,8 @@ class HeadScores(Operation):
                      f"of `score` (score_tl counts them as 0, as TransformerLens does)", code="prompts_without_targets")
         frame = head_score_frame(per_prompt, s.n_layers, s.n_heads)
         table = summarise_head_scores(frame, self.stats, self.seed)
-        return Result(self.name, table, per_prompt=frame, figures=_figures, title="attention head scores")
+        return Result(self.name, table, per_prompt=frame, figures=_figures, title="attention head scores",
+                      takeaway=head_scores_takeaway)
 
 
 def head_score_frame(per_prompt: dict[str, Tensor], n_layers: int, n_heads: int) -> pd.DataFrame:

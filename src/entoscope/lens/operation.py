@@ -29,6 +29,7 @@ from ..sites import Sites, SiteSet, absolute_positions
 from ..stats import Stats, ci_text, error_arrays, interval_columns, mean_stat, summarise
 from .project import (COMPONENTS, RESIDUAL_STATES, ComponentScale, check_lens_kind, decode_components,
                       decode_states, residual_after, to_residual_basis)
+from .takeaway import lens_takeaway
 from .tuned import TunedLens
 
 
@@ -108,7 +109,7 @@ class Lens(Operation):
         table = summarise_lens(per_prompt, [r["cols"] for r in rows], self.stats, self.seed)
         table = _with_top_tokens(table, prob_sum / len(td), model, k)
         return Result(self.name, table, per_prompt=per_prompt, figures=_figures, title=f"{self.method} lens: {kind}",
-                      extra={"mean_probs": prob_sum / len(td)})
+                      extra={"mean_probs": prob_sum / len(td)}, takeaway=lens_takeaway)
 
     def _decode_batches(self, model: ModelAdapter, st: dict[str, Any], rows: list[dict[str, Any]], kind: str,
                         prob_sum: Tensor, records: list[dict[str, Any]], quiet: bool) -> None:

@@ -41,6 +41,7 @@ from .fit import DEFAULT_ALPHA_GRID, DEFAULT_C_GRID, MEMORY_BUDGET, _check_split
 from .pooling import Pooling
 from .predict import held_out_predictions, held_out_scores, label_codes
 from .result import ProbeFit
+from .takeaway import probing_takeaway
 
 FILES = ["table.csv", "table.parquet", "per_prompt.csv", "per_prompt.parquet", "index.html", "manifest.json",
          "directions.safetensors", "directions.json"]
@@ -217,7 +218,7 @@ class Probing(Operation):
         if causal_frame is not None:
             extra["causal_per_prompt"] = causal_frame
         return ProbingResult(self.name, table, per_prompt=per_prompt, figures=probing_figures, title=title,
-                             extra=extra)
+                             extra=extra, takeaway=probing_takeaway)
 
     def _fit(self, X: torch.Tensor, st: dict[str, Any], site_names: list[str], control: str | None) -> ProbeFit:
         task = st["task"]

@@ -10,6 +10,9 @@ from ...results.page import figure_div, table_html
 from ..section import Section, run_saved
 
 
+COLUMNS = ["component", "kind", "mean", "mean_ci_low", "mean_ci_high", "mean_q", "significant", "n_prompts"]
+
+
 @register("report_section", "dla")
 def dla_section(model: Any, folder: Path, quick: bool) -> Section:
     """Run DLA on IOI prompts of `model`, save the Result under `folder`, return the Section."""
@@ -17,19 +20,14 @@ def dla_section(model: Any, folder: Path, quick: bool) -> Section:
 
     data = {"task": "ioi", "n": 8 if quick else 32, "seed": 7}
     result = run_saved(DirectLogitAttribution(metric="logit_diff"), model, data, folder, folder.parent)
-    identity = result.extra["identity"]
     t = result.table
     top = t.reindex(t["mean"].abs().sort_values(ascending=False).index)
-    lead = result.takeaway or _lead(top, identity)
+    identity = result.extra["identity"]
+    note = (f'<p class="note">Checked per prompt: the rows plus the constant reproduce the model\'s logit difference '
+            f"within {identity['error'].max():.2g} (allowed {identity['allowed'].min():.2g} or more).</p>")
     figs = "".join(figure_div(fig) for _, fig in result.figures())
-    return Section("direct logit attribution on IOI (logit difference: IO minus S)", lead,
-                   figs + table_html(top, max_rows=12, note=result.blank_note),
+    shown = top[[c for c in COLUMNS if c in top]]
+    return Section("direct logit attribution on IOI (logit difference: IO minus S)", result.takeaway,
+                   note + figs + table_html(shown, max_rows=12, note=result.blank_note),
                    terms=("direct logit attribution", "logit difference", "95% interval"))
 
-
-def _lead(top: Any, identity: Any) -> str:
-    rows = top[top["kind"] != "constant"].head(3) if "kind" in top else top.head(3)
-    cells = "; ".join(f"{r.component} {r.mean:+.2f}" for r in rows.itertuples())
-    return (f"The components writing most directly to the logit difference, mean over {len(identity)} prompts: "
-            f"{cells}. The rows plus the constant reproduce the model's logit difference within "
-            f"{identity['error'].max():.2g}.")

@@ -21,9 +21,6 @@ def head_scores_section(model: Any, folder: Path, quick: bool) -> Section:
             "params": {"length": 20, "bos_token_id": a.bos_token_id}}
     result = run_saved(HeadScores(period=20), model, data, folder, folder.parent)
     t = result.table
-    best = t.sort_values("score", ascending=False).groupby("kind", sort=False).head(1)
-    lead = result.takeaway or ("Strongest head of each kind on repeated random tokens (period 20): " + "; ".join(
-        f"{r.kind.replace('_', '-')} a{int(r.layer)}.h{int(r.head)} {r.score:.2f}" for r in best.itertuples()) + ".")
     top = t.sort_values("score", ascending=False).head(12)
     body = figure_div(head_score_panels(t)) + table_html(top, note=result.blank_note)
-    return Section("attention head scores on repeated random tokens", lead, body, terms=("score", "score_tl"))
+    return Section("attention head scores on repeated random tokens", result.takeaway, body, terms=("score", "score_tl"))

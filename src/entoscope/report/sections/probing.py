@@ -35,19 +35,7 @@ def probing_section(model: Any, folder: Path, quick: bool) -> Section:
     from ...probing import Probing
 
     body, results = examples_html(Probing, model, _examples(quick), folder, max_rows=12)
-    leads = [r.takeaway for r in results if r.takeaway]
-    lead = " ".join(leads) or _lead(results)
+    lead = " ".join(f"{name}: {r.takeaway}" for name, r in zip(("Greater-than start year", "IOI name order"), results))
     return Section("probing: held-out scores against a control task, by layer", lead, body,
                    terms=("held-out score", "causal check"), own_page=False)
 
-
-def _lead(results: list[Any]) -> str:
-    parts = []
-    for name, r in zip(("greater-than start year", "IOI name order"), results):
-        t = r.table
-        col = next((c for c in ("selectivity", "score", "test_score") if c in t), None)
-        if col is None:
-            continue
-        best = t.loc[t[col].idxmax()]
-        parts.append(f"{name}: best at {best['site']} ({col} {best[col]:.2f})")
-    return "Where each property is linearly present: " + "; ".join(parts) + "."
