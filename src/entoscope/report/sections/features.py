@@ -62,7 +62,7 @@ def features_section(model: Any, folder: Path, quick: bool) -> Section:
     for t, (task, label, positions) in enumerate(TASKS):
         sites = Sites(activation="resid_post", dictionary=RELEASE, over=["layer", "position", "feature"],
                       positions=positions)
-        result = Patching(method="attribution", sites=sites, comparison="difference").run(
+        result = Patching(method="attribution", sites=sites, comparison="difference", per_prompt=False).run(
             model, {"task": task, "n": n, "seed": 21}, quiet=True)
         where = folder if t == 0 else folder / f"example{t}"
         result.save(where, assets_dir=folder.parent)
