@@ -186,7 +186,7 @@ def test_refusals_come_before_any_run():
 
 
 def test_demo_ioi_saves_and_the_report_section(tmp_path):
-    from entoscope.circuits.report_dla import dla_section
+    from entoscope.report.sections.dla import dla_section
 
     m = load_model("demo")
     result = DirectLogitAttribution().run(m, {"task": "ioi", "n": 8, "seed": 0}, quiet=True)
@@ -196,6 +196,6 @@ def test_demo_ioi_saves_and_the_report_section(tmp_path):
     for name in ("table.csv", "per_prompt.csv", "identity.csv", "index.html", "manifest.json"):
         assert (folder / name).exists()
     assert len(result.figures()) == 2
-    title, html = dla_section(m, tmp_path / "report" / "dla", True)
-    assert "IOI" in title and "<table" in html
+    section = dla_section(m, tmp_path / "report" / "dla", True)
+    assert "IOI" in section.title and "<table" in section.body
     assert (tmp_path / "report" / "dla" / "identity.csv").exists()

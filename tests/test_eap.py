@@ -229,7 +229,7 @@ def demo():
 def test_demo_induction_circuit_has_a_k_composition_route_near_the_top(demo):
     # The demo model's previous-token head (a0.h3) reaches the induction heads' keys through MLP 0
     # (docs/circuits.md): a route counts when its weakest edge is in EAP-IG's top 5%.
-    from entoscope.circuits.report import k_composition_routes, route_rank
+    from entoscope.circuits.routes import k_composition_routes, route_rank
 
     routes, heads = k_composition_routes(demo, n=16)
     induction = heads[heads.kind == "induction"]
@@ -248,7 +248,7 @@ def test_demo_induction_circuit_has_a_k_composition_route_near_the_top(demo):
 def test_route_rank_is_the_weakest_edge_and_none_outside_the_graph():
     import pandas as pd
 
-    from entoscope.circuits.report import route_rank
+    from entoscope.circuits.routes import route_rank
 
     ranks = pd.Series({"a0.h1->m0": 2, "m0->a1.h0<k>": 9, "a0.h1->a1.h0<k>": 30})
     assert route_rank(("a0.h1->m0", "m0->a1.h0<k>"), ranks) == 9

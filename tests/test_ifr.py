@@ -202,10 +202,10 @@ def test_demo_ioi_graphs_save_as_graphml_and_json(tmp_path):
 
 
 def test_report_section_saves_every_route(tmp_path):
-    from entoscope.circuits.report_ifr import ifr_section
+    from entoscope.report.sections.ifr import ifr_section
 
-    title, html = ifr_section(load_model("demo"), tmp_path / "ifr", True)
-    assert "IOI" in title and "<table" in html
+    section = ifr_section(load_model("demo"), tmp_path / "ifr", True)
+    assert "IOI" in section.title and "<table" in section.body
     graphs = sorted((tmp_path / "ifr" / "graphs").glob("*.graphml"))
     assert len(graphs) == 4  # quick: 4 prompts
     for path in graphs:

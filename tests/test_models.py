@@ -104,6 +104,25 @@ def test_residual_stream_adds_up(tiny):
             assert torch.equal(post, out[f"resid_pre.{L + 1}"])
 
 
+
+def test_writing_resid_mid_changes_the_residual_not_only_the_mlp_input(tiny):
+    """resid_mid is the residual between attention and MLP: writing a source run's resid_mid at every
+    position must give the source run's logits, and adding v there must equal adding v to attn_out
+    (both add to the same residual). A bridge's hook_resid_mid is only the MLP norm's input."""
+    a = adapt(tiny)
+    s = a.structure
+    if s.parallel:
+        pytest.skip("parallel blocks have no resid_mid (refused as no_resid_mid, tested in test_sites)")
+    base, source = tokens(a), tokens(a, SOURCE)
+    v = torch.randn(s.d_model, generator=torch.Generator().manual_seed(0))
+    for L in range(s.n_layers):
+        src = a.run(source, [f"resid_mid.{L}"])
+        out = a.run(base, interventions=[Intervention.replace(f"resid_mid.{L}", src[f"resid_mid.{L}"])])
+        torch.testing.assert_close(out.logits, src.logits, atol=1e-4, rtol=0)
+        via_mid = a.run(base, interventions=[Intervention.add(f"resid_mid.{L}", v)]).logits
+        via_attn = a.run(base, interventions=[Intervention.add(f"attn_out.{L}", v)]).logits
+        torch.testing.assert_close(via_mid, via_attn, atol=1e-4, rtol=0)
+
 def test_embeddings_are_rows_of_W_E_and_W_pos(tiny):
     a = adapt(tiny)
     toks = tokens(a)

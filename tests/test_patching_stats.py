@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import entoscope as es
-from entoscope.patching.report import _examples
+from entoscope.report.sections.patching import _examples
 from entoscope.stats import resample_weights
 from entoscope.stats.bootstrap import expanded_alpha
 

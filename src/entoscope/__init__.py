@@ -11,6 +11,7 @@ from . import errors
 from .circuits import Circuits, DirectLogitAttribution, HeadScores, InformationFlowRoutes
 from .data import Dataset, DataSpec, Example, load_data
 from .data import tasks
+from .dictionaries import DecoderLens, FeatureDLA, FeatureGraph
 from .errors import EntoscopeError
 from .executors import InProcess, Ray
 from .lens import Lens, ParameterLens, TunedLens
@@ -24,7 +25,7 @@ from .results import Result
 from .sites import Sites
 
 __version__ = "0.1.0.dev0"
-__all__ = ["ActName", "CachedModel", "Circuits", "Dataset", "DataSpec", "DirectLogitAttribution", "EntoscopeError", "Example", "HeadScores",
+__all__ = ["ActName", "CachedModel", "Circuits", "Dataset", "DataSpec", "DecoderLens", "DirectLogitAttribution", "EntoscopeError", "Example", "FeatureDLA", "FeatureGraph", "HeadScores",
            "InProcess", "InformationFlowRoutes", "Intervention", "Lens",
            "Metric", "ModelAdapter", "Operation", "ParameterLens", "Patching", "Plan", "Probing", "Ray", "Result", "Sites", "TunedLens", "adapt",
            "errors", "load_data", "load_model", "register", "tasks"]

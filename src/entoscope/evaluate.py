@@ -6,7 +6,8 @@
   greater_than  prob_diff = mean of (P(years > start) - P(years <= start)) (Hanna et al. 2023)
   induction     accuracy = share of prompts whose top-1 next token continues the repeat
 
-Every number is read at each prompt's last token, in batches, through the model layer.
+Every number is read at each prompt's last token, in batches, through the model layer, and comes with
+its 95% bootstrap interval over prompts (`<key>_ci_low`, `<key>_ci_high`).
 """
 
 from __future__ import annotations
@@ -44,14 +45,23 @@ def task_scores(model: Any, n: int = 64, seed: int = 1234, batch_size: int = 32)
                     values["ld"].append(logit_diff(logits, b.answers, b.wrong_answers))
         if name == "ioi":
             ld = torch.cat(values["ld"])
-            out[name] = {"accuracy": float((ld > 0).float().mean()), "logit_diff": float(ld.mean()), "n": float(len(ld))}
+            out[name] = {**_mean_ci("accuracy", (ld > 0).double()), **_mean_ci("logit_diff", ld), "n": float(len(ld))}
         elif name == "greater_than":
             pd_ = torch.cat(values["pd"])
-            out[name] = {"prob_diff": float(pd_.mean()), "n": float(len(pd_))}
+            out[name] = {**_mean_ci("prob_diff", pd_), "n": float(len(pd_))}
         else:
             acc = torch.cat(values["top1"])
-            out[name] = {"accuracy": float(acc.mean()), "n": float(len(acc))}
+            out[name] = {**_mean_ci("accuracy", acc.double()), "n": float(len(acc))}
     return out
+
+
+def _mean_ci(key: str, values: torch.Tensor) -> dict[str, float]:
+    """The mean over prompts with its 95% bootstrap interval (entoscope.stats defaults, seeded)."""
+    from .stats import Stats, mean_stat, summarise
+
+    x = values.double().cpu().numpy()[:, None]
+    s = summarise(mean_stat(x), Stats(), seed=0)
+    return {key: float(s.value[0]), f"{key}_ci_low": float(s.ci_low[0]), f"{key}_ci_high": float(s.ci_high[0])}
 
 
 def format_scores(scores: dict[str, dict[str, float]]) -> str:
@@ -60,6 +70,8 @@ def format_scores(scores: dict[str, dict[str, float]]) -> str:
         if "skipped" in figs:
             lines.append(f"{task:14s} skipped: {figs.get('reason')}")
             continue
-        parts = [f"{k} {v:.3f}" for k, v in figs.items() if k != "n"]
+        parts = [f"{k} {v:.3f}" + (f" [{figs[k + '_ci_low']:.3f}, {figs[k + '_ci_high']:.3f}]"
+                                    if k + "_ci_low" in figs else "")
+                 for k, v in figs.items() if k != "n" and not k.endswith(("_ci_low", "_ci_high"))]
         lines.append(f"{task:14s} " + ", ".join(parts) + f"  (n={int(figs['n'])})")
     return "\n".join(lines)

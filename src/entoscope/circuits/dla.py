@@ -24,6 +24,11 @@ where value_b is the model's own logit (difference) at that position. Default to
 float32/float64 models, 2e-2 for float16/bfloat16 ones. When it fails the run refuses
 (CheckFailedError, code "dla_identity_failed") and returns no numbers. Contributions are computed
 in float64 from the model's activations.
+
+Over the dataset (`summarise_dla`, from the per-prompt table alone): each row's `mean` contribution
+with its bootstrap interval over prompts (`mean_ci_low`, `mean_ci_high`, `mean_se`, `ci_level`), a
+two-sided p-value against no direct effect (`mean_p`), its Benjamini-Hochberg q-value over the
+table's rows (`mean_q`) and `significant` (q <= stats.fdr). `std` and `mean_abs` are descriptive.
 """
 
 from __future__ import annotations
@@ -47,16 +52,11 @@ from ..metrics import logit_diff as logit_diff_metric
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
 from ..models.weights import Norm
-from ..operation import (
-    Operation,
-    Plan,
-    Prepared,
-    model_bytes,
-    progress,
-    register_operation,
-)
+from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
 from ..results.result import Result
+from ..stats import Stats, ci_text, error_arrays, interval_columns, mean_stat, summarise
 from .decompose import Component, component_dots, components, decomposition_reads
+from .scores_takeaway import dla_takeaway
 
 FULL_PRECISION_TOLERANCE = 1e-4
 HALF_PRECISION_TOLERANCE = 2e-2
@@ -181,10 +181,11 @@ class DirectLogitAttribution(Operation):
         ident = {k: torch.from_numpy(m[k]) for k in ("value", "constant", "sum")}
         identity = self._check(ident, st["tol"])
         per_prompt = _per_prompt(comps, contrib)
-        table = _table(comps, contrib)
+        table = summarise_dla(per_prompt, self.stats, self.seed)
         return DLAResult(self.name, table, per_prompt=per_prompt, figures=self._figures,
                          title=f"direct logit attribution ({self.metric})",
-                         extra={"contributions": contrib, "components": comps, "identity": identity})
+                         extra={"contributions": contrib, "components": comps, "identity": identity,
+                                "metric": self.metric}, takeaway=dla_takeaway)
 
     def _attribute(self, model: ModelAdapter, acts: dict[ActName, Tensor], logits: Tensor, batch: Any,
                    split: list[int]) -> tuple[Tensor, Tensor, Tensor]:
@@ -253,13 +254,35 @@ def _per_prompt(comps: list[Component], contrib: Tensor) -> pd.DataFrame:
     return frame
 
 
-def _table(comps: list[Component], contrib: Tensor) -> pd.DataFrame:
-    frame = _component_frame(comps)
-    frame["mean"] = contrib.mean(1).numpy()
-    frame["std"] = contrib.std(1, unbiased=False).numpy()
-    frame["mean_abs"] = contrib.abs().mean(1).numpy()
-    frame["n_prompts"] = contrib.shape[1]
+COMPONENT_COLUMNS = ["component", "kind", "layer", "head", "neuron"]
+
+
+def summarise_dla(per_prompt: pd.DataFrame, stats: Stats, seed: int) -> pd.DataFrame:
+    """One row per component from the per-prompt table (example, component, ..., contribution):
+    mean, std (ddof 0) and mean |contribution| over prompts, with intervals, p/q-values, significance."""
+    frame = per_prompt.drop_duplicates("component")[COMPONENT_COLUMNS].reset_index(drop=True)
+    grid = per_prompt.pivot(index="example", columns="component", values="contribution")
+    values = grid.reindex(columns=frame["component"]).to_numpy(dtype=np.float64)  # [n_prompts, components]
+    mean = summarise(mean_stat(values), stats, seed)
+    frame["mean"] = mean.value
+    for key, col in interval_columns(mean, "mean", stats, test=True).items():
+        frame[key] = col
+    frame["std"] = values.std(0)
+    frame["mean_abs"] = np.abs(values).mean(0)  # descriptive (no interval: the test is on `mean`)
+    frame["n_prompts"] = values.shape[0]
+    frame["ci_level"] = stats.ci_level
     return frame
+
+
+def _hover(t: pd.DataFrame) -> list[str]:
+    out = []
+    for r in t.to_dict("records"):
+        text = f"{r['component']}<br>mean {r['mean']:.3g}"
+        ci = ci_text(r, "mean")
+        if ci:
+            text += f" ({ci})<br>q = {r['mean_q']:.2g}" + (" (significant)" if r["significant"] else "")
+        out.append(text + f"<br>n = {int(r['n_prompts'])}")
+    return out
 
 
 def dla_figures(result: Result, top_k: int = 20) -> list[tuple[str, Any]]:
@@ -267,20 +290,31 @@ def dla_figures(result: Result, top_k: int = 20) -> list[tuple[str, Any]]:
 
     t = result.table
     top = t.reindex(t["mean"].abs().sort_values(ascending=False).index).head(top_k).iloc[::-1]
+    errors = error_arrays(top, "mean")
     bar = go.Figure(go.Bar(x=top["mean"], y=top["component"], orientation="h",
-                           error_x={"type": "data", "array": top["std"]},
+                           error_x=errors if errors is not None else {"type": "data", "array": top["std"]},
+                           text=_hover(top), hovertemplate="%{text}<extra></extra>", textposition="none",
                            marker_color=np.where(top["mean"] >= 0, "#2b6cb0", "#c53030")))
     bar.update_layout(xaxis_title="mean direct contribution", height=140 + 22 * len(top))
-    figs = [(f"top {len(top)} components by |mean contribution| (error bars: std over prompts)", bar)]
+    what = f"{round(100 * float(t['ci_level'].iloc[0]))}% bootstrap interval over prompts" if errors is not None \
+        else "std over prompts (stats.n_boot = 0: no interval)"
+    figs = [(f"top {len(top)} components by |mean contribution| (error bars: {what})", bar)]
     heads = t[t["kind"] == "head"]
     if len(heads):
         grid = heads.pivot(index="layer", columns="head", values="mean")
-        mlp = t[t["kind"].isin(["mlp", "neuron", "mlp_bias"])].groupby("layer")["mean"].sum()
+        hover = heads.assign(_hover=_hover(heads)).pivot(index="layer", columns="head", values="_hover")
+        mlps = t[t["kind"].isin(["mlp", "neuron", "mlp_bias"])]
+        mlp = mlps.groupby("layer")["mean"].sum()
+        whole = t[t["kind"] == "mlp"].set_index("layer")  # an unsplit MLP is one row: its own hover
+        mlp_hover = [_hover(whole.loc[[L]].reset_index())[0] if L in whole.index else
+                     f"layer {L} MLP: sum of its rows {mlp.get(L, np.nan):.3g}" for L in grid.index]
         z = np.column_stack([grid.values, mlp.reindex(grid.index).to_numpy(dtype=float)])
+        text = np.column_stack([hover.reindex(index=grid.index, columns=grid.columns).values, mlp_hover])
         x = [f"h{h}" for h in grid.columns] + ["mlp"]
         lim = float(np.nanmax(np.abs(z))) or 1.0
         heat = go.Figure(go.Heatmap(z=z, x=x, y=[int(v) for v in grid.index], zmid=0, zmin=-lim, zmax=lim,
-                                    colorscale="RdBu", texttemplate="%{z:.2f}"))
+                                    colorscale="RdBu", texttemplate="%{z:.2f}", customdata=text,
+                                    hovertemplate="%{customdata}<extra></extra>"))
         heat.update_layout(xaxis_title="head (and the layer's MLP)", yaxis_title="layer", height=140 + 40 * len(grid))
-        figs.append(("mean direct contribution by layer and head", heat))
+        figs.append(("mean direct contribution by layer and head (hover: interval and BH q-value)", heat))
     return figs

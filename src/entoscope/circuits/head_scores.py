@@ -15,6 +15,9 @@ Two scores per head, averaged over prompts:
   score_tl  TransformerLens's "mul" score: total attention mass on targets / total attention mass
             (= number of query positions). On a sequence repeated twice an ideal induction head
             scores about 0.5 by this measure, since the first half has no targets.
+Both are means over prompts of per-prompt scores (the per-prompt table; a prompt without a target
+position has no `score`), and each carries its bootstrap interval over prompts (`score_ci_low`,
+`score_ci_high`, `score_tl_ci_low`, ...; `summarise_head_scores`, from the per-prompt table alone).
 """
 
 from __future__ import annotations
@@ -33,15 +36,10 @@ from ..errors import ConfigError, DataError, warn
 from ..executors.shards import PerPrompt
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
-from ..operation import (
-    Operation,
-    Plan,
-    Prepared,
-    model_bytes,
-    progress,
-    register_operation,
-)
+from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
 from ..results.result import Result
+from ..stats import Stats, ci_text, interval_columns, mean_stat, summarise
+from .scores_takeaway import head_scores_takeaway
 
 HeadKind = Literal["previous_token", "duplicate_token", "induction"]
 
@@ -127,7 +125,7 @@ class HeadScores(Operation):
                     peak_memory_bytes=model_bytes(model) + bs * per_example)
         return Prepared(model, data, plan, {"batches": batches, "n": len(td)})
 
-    # sharded (docs/scale.md): a shard returns its sums of the scores and its count of scored prompts
+    # sharded (docs/scale.md): a shard returns its prompts' scores; summarise has every prompt's
     sharded = True
 
     def shard_batches(self, prepared: Prepared) -> list[list[int]]:
@@ -136,44 +134,83 @@ class HeadScores(Operation):
     def execute_shard(self, prepared: Prepared, phase: str, batches: list[int], *, quiet: bool = False) -> PerPrompt:
         model, st = prepared.model, prepared.state
         s = model.structure
-        mine = [st["batches"][i] for i in batches]
         reads = [ActName("pattern", L) for L in range(s.n_layers)]
-        sums = {k: torch.zeros(2, s.n_layers, s.n_heads, dtype=torch.float64) for k in self.kinds}
-        scored = {k: 0 for k in self.kinds}  # prompts with at least one target position
+        mine = [st["batches"][i] for i in batches]
+        examples = [i for b in mine for i in b.index]
+        n = len(examples)
+        per_prompt = {k: torch.full((2, n, s.n_layers, s.n_heads), float("nan"), dtype=torch.float64)
+                      for k in self.kinds}
+        start = 0
         for b in progress(mine, total=len(mine), desc="head scores", quiet=quiet):
             out = model.run(b.tokens, reads)
+            idx = torch.arange(start, start + len(b))  # this shard's rows
+            start += len(b)
             for kind in self.kinds:
                 det = detection_patterns(kind, b.tokens, b.lengths, self.period)
-                scored[kind] += int((det.sum((1, 2)) > 0).sum())
                 for L in range(s.n_layers):
                     sc, tl = score_patterns(out[reads[L]].float(), det, b.lengths, self.exclude_bos,
                                             self.exclude_current)
-                    sums[kind][0, L] += sc.nan_to_num(0.0).sum(0).double()
-                    sums[kind][1, L] += tl.sum(0).double()
-        totals = {f"sums.{k}": v.numpy() for k, v in sums.items()} | {f"scored.{k}": np.asarray(v)
-                                                                       for k, v in scored.items()}
-        return PerPrompt([i for b in mine for i in b.index], {}, sums=totals)
+                    per_prompt[kind][0, idx, L] = sc.double().cpu()
+                    per_prompt[kind][1, idx, L] = tl.double().cpu()
+        return PerPrompt(examples, {k: v.transpose(0, 1).numpy() for k, v in per_prompt.items()})  # [n, 2, L, H]
 
     def summarise(self, prepared: Prepared, merged: dict[str, Any], *, quiet: bool = False) -> Result:
-        st, s = prepared.state, prepared.model.structure
-        sums = {k: torch.from_numpy(merged["main"][f"sums.{k}"]) for k in self.kinds}
-        scored = {k: int(merged["main"][f"scored.{k}"]) for k in self.kinds}
-        rows = []
+        s, n = prepared.model.structure, prepared.state["n"]
+        per_prompt = {k: torch.from_numpy(merged["main"][k]).transpose(0, 1) for k in self.kinds}  # [2, n, L, H]
         for kind in self.kinds:
-            if scored[kind] == 0:
+            scored = int(per_prompt[kind][0, :, 0, 0].isfinite().sum())  # prompts with a target position
+            if scored == 0:
                 raise DataError(f"no prompt has a {kind} target (a position whose token repeats an earlier one)",
                                 code="no_targets", remedy="use prompts with repeats (task: repeated_tokens or "
                                 "induction), or drop this kind")
-            if scored[kind] < st["n"]:
-                warn(f"{kind}: {st['n'] - scored[kind]} of {st['n']} prompts have no target position and are left out "
+            if scored < n:
+                warn(f"{kind}: {n - scored} of {n} prompts have no target position and are left out "
                      f"of `score` (score_tl counts them as 0, as TransformerLens does)", code="prompts_without_targets")
-            score, score_tl = sums[kind][0] / scored[kind], sums[kind][1] / st["n"]
-            for L in range(s.n_layers):
-                for h in range(s.n_heads):
-                    rows.append({"kind": kind, "layer": L, "head": h, "site": f"{L}.{h}",
-                                 "score": float(score[L, h]), "score_tl": float(score_tl[L, h]),
-                                 "n_prompts": scored[kind]})
-        return Result(self.name, pd.DataFrame(rows), figures=_figures, title="attention head scores")
+        frame = head_score_frame(per_prompt, s.n_layers, s.n_heads)
+        table = summarise_head_scores(frame, self.stats, self.seed)
+        return Result(self.name, table, per_prompt=frame, figures=_figures, title="attention head scores",
+                      takeaway=head_scores_takeaway)
+
+
+def head_score_frame(per_prompt: dict[str, Tensor], n_layers: int, n_heads: int) -> pd.DataFrame:
+    """The per-prompt table: one row per (kind, example, layer, head) with `score` (NaN: no target
+    position in that prompt) and `score_tl`. per_prompt[kind]: [2, n, layers, heads]."""
+    frames = []
+    for kind, v in per_prompt.items():
+        n = v.shape[1]
+        ex, L, h = np.meshgrid(np.arange(n), np.arange(n_layers), np.arange(n_heads), indexing="ij")
+        frames.append(pd.DataFrame({"kind": kind, "example": ex.reshape(-1), "layer": L.reshape(-1),
+                                    "head": h.reshape(-1), "site": [f"{a}.{b}" for a, b in zip(L.reshape(-1),
+                                                                                                 h.reshape(-1))],
+                                    "score": v[0].reshape(-1).numpy(), "score_tl": v[1].reshape(-1).numpy()}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def summarise_head_scores(per_prompt: pd.DataFrame, stats: Stats, seed: int) -> pd.DataFrame:
+    """One row per (kind, layer, head) from the per-prompt table: `score` (mean over the prompts with a
+    target position), `score_tl` (mean over all prompts), each with its bootstrap interval over prompts
+    (one resampling of the prompts for every kind, head and column)."""
+    tables, blocks = [], []
+    for kind, sub in per_prompt.groupby("kind", sort=False):
+        heads = sub.drop_duplicates(["layer", "head"])[["layer", "head", "site"]].reset_index(drop=True)
+        tables.append(heads.assign(kind=kind)[["kind", "layer", "head", "site"]])
+        for col in ("score", "score_tl"):
+            grid = sub.pivot(index="example", columns="site", values=col).reindex(columns=heads["site"])
+            blocks.append(grid.to_numpy(dtype=np.float64))
+    summary = summarise(mean_stat(np.concatenate(blocks, axis=1)), stats, seed)
+    start = 0
+    for i, table in enumerate(tables):
+        for j, col in enumerate(("score", "score_tl")):
+            values = blocks[2 * i + j]
+            part = slice(start, start + values.shape[1])
+            start += values.shape[1]
+            table[col] = summary.value[part]
+            for key, value in interval_columns(summary, col, stats).items():
+                table[key] = value[part]
+            if col == "score":
+                table["n_prompts"] = np.isfinite(values).sum(0)
+        table["ci_level"] = stats.ci_level
+    return pd.concat(tables, ignore_index=True)
 
 
 def _figures(result: Result) -> list[tuple[str, Any]]:
@@ -182,8 +219,15 @@ def _figures(result: Result) -> list[tuple[str, Any]]:
     figs = []
     for kind, sub in result.table.groupby("kind", sort=False):
         grid = sub.pivot(index="layer", columns="head", values="score")
+        hover = sub.assign(_hover=[f"head {r['site']}<br>score {r['score']:.3g}"
+                                   + (f" ({ci_text(r, 'score')})" if ci_text(r, "score") else "")
+                                   + f"<br>score_tl {r['score_tl']:.3g}<br>n = {int(r['n_prompts'])}"
+                                   for r in sub.to_dict("records")])
+        text = hover.pivot(index="layer", columns="head", values="_hover").reindex(index=grid.index,
+                                                                                  columns=grid.columns)
         fig = go.Figure(go.Heatmap(z=grid.values, x=[f"h{h}" for h in grid.columns], y=list(grid.index),
-                                   zmin=0, zmax=1, colorscale="Viridis", texttemplate="%{z:.2f}"))
+                                   zmin=0, zmax=1, colorscale="Viridis", texttemplate="%{z:.2f}",
+                                   customdata=text.values, hovertemplate="%{customdata}<extra></extra>"))
         fig.update_layout(xaxis_title="head", yaxis_title="layer", height=120 + 40 * len(grid))
-        figs.append((f"{kind} score", fig))
+        figs.append((f"{kind} score (hover: the interval over prompts)", fig))
     return figs

@@ -58,15 +58,9 @@ from ..executors.shards import PerPrompt
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
 from ..models.structure import Structure
-from ..operation import (
-    Operation,
-    Plan,
-    Prepared,
-    model_bytes,
-    progress,
-    register_operation,
-)
+from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
 from ..results.result import Result
+from .takeaway import routes_takeaway
 
 Granularity = Literal["head", "token"]
 
@@ -454,10 +448,11 @@ class InformationFlowRoutes(Operation):
         comp_sum, comp_edges, comp_last = (torch.from_numpy(m[k]) for k in ("comp_sum", "comp_edges", "comp_last"))
         table = _component_table(prepared.model.structure, self.granularity, comp_sum, comp_edges, comp_last)
         return RoutesResult(self.name, table, per_prompt=per_prompt, figures=self._figures,
-                            title=f"information flow routes (tau {self.tau:g})", extra={"graphs": graphs})
+                            title=f"information flow routes (tau {self.tau:g})", extra={"graphs": graphs},
+                            takeaway=routes_takeaway)
 
     def _figures(self, result: Result) -> list[tuple[str, Any]]:
-        from .ifr_page import component_heatmap, route_figure
+        from .ifr_figures import component_heatmap, route_figure
 
         figs = []
         for g in result.extra["graphs"][: self.drawn_routes]:

@@ -27,32 +27,19 @@ from ..executors.shards import PerPrompt
 from ..metrics import Metric
 from ..models.adapter import ModelAdapter
 from ..models.split_inputs import check_split, refuse_unsplittable
-from ..operation import (
-    Operation,
-    Plan,
-    Prepared,
-    model_bytes,
-    progress,
-    register_operation,
-)
+from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
 from ..results.page import figure_div, write_page
 from ..results.result import Result
 from ..stats import benjamini_hochberg, mean_stat, summarise
 from .acdc import acdc
 from .eap import Rule, edge_scores_per_prompt
 from .edge_patching import EdgePatcher
-from .faithfulness import (
-    MIB_FRACTIONS,
-    above,
-    curve_circuits,
-    curve_table,
-    faithfulness,
-    faithfulness_summary,
-    top_n,
-)
-from .graph import Circuit, ComponentGraph
-from .page import circuit_figure, faithfulness_figure
+from .faithfulness import (MIB_FRACTIONS, above, curve_circuits, curve_table, faithfulness, faithfulness_summary,
+                           top_n)
 from .stability import circuit_stability
+from .takeaway import circuit_blank_note, circuit_takeaway, sign_labels
+from .graph import Circuit, ComponentGraph
+from .figures import circuit_figure, faithfulness_figure
 
 Method = Literal["eap", "eap_ig", "exact", "acdc"]
 ROWS_PER_PASS = 32  # EAP-IG: prompts x integration points in one forward/backward pass
@@ -325,7 +312,8 @@ class Circuits(Operation):
         return CircuitResult(self.name, circuit.table(extra_cols or {}), per_prompt=per_prompt, figures=_figures,
                              title=f"circuit ({self.method}, {self.metric.type}) on {data_name}",
                              extra={"circuit": circuit, "curve": curve, "summary": summary, "decisions": decisions,
-                                    "stability": stability, "node_stats": node_stats})
+                                    "stability": stability, "node_stats": node_stats},
+                             takeaway=circuit_takeaway, blank_note=circuit_blank_note(self.method))
 
     def _scores(self, model: ModelAdapter, graph: ComponentGraph, batches: list[Batch], metric: Any,
                 patcher: EdgePatcher | None, quiet: bool) -> Tensor:
@@ -386,7 +374,8 @@ class CircuitResult(Result):
     def save_extra(self, folder: Path, files: list[str]) -> None:
         self.circuit.save_json(folder / "circuit.json")
         self.circuit.save_graphml(folder / "circuit.graphml")
-        drawing = circuit_figure(self.circuit, node_stats=self.extra.get("node_stats"))
+        drawing = circuit_figure(self.circuit, node_stats=self.extra.get("node_stats"),
+                                 sign_labels=sign_labels(self.summary["method"]))
         write_page(folder / "circuit.html", self.title, [("circuit", figure_div(drawing))],
                    js_relpath=self.js_relpath, back=self.back_relpath)
         (folder / "summary.json").write_text(json.dumps(self.summary, indent=2, default=float), encoding="utf-8")
@@ -405,7 +394,8 @@ def _figures(result: Result) -> list[tuple[str, Any]]:
     title = f"circuit: {circuit.n_kept} of {circuit.graph.n_edges} edges"
     if "faithfulness" in s:
         title += f", faithfulness {s['faithfulness']:.3f}"
-    figs = [(title, circuit_figure(circuit, title=title, node_stats=result.extra.get("node_stats")))]
+    figs = [(title, circuit_figure(circuit, title=title, node_stats=result.extra.get("node_stats"),
+                                   sign_labels=sign_labels(s["method"])))]
     curve = result.extra.get("curve")
     if curve is not None and len(curve):
         figs.append((f"faithfulness curve (CPR {s['cpr']:.3f}, CMD {s['cmd']:.3f})", faithfulness_figure(curve)))

@@ -4,16 +4,24 @@
     f = d.encode(x); x_hat = d.decode(f); err = d.error(x)
     entoscope.dictionaries.register_dictionary("mine", sae_lens_sae)  # then Sites(dictionary="mine", ...)
 
+Operations on features (each registered by name): `FeatureDLA` (feature_dla: DLA per feature),
+`DecoderLens` (decoder_lens: decoder rows through W_U), `FeatureGraph` (feature_graph: attribution graphs
+with feature, error and token nodes, replacement and completeness scores). Probing and patching take feature Sites directly.
+
 See docs/features.md.
 """
 
 from .catalog import DEMO, as_dictionary, for_site, get_dictionary, register_dictionary, release_members
 from .dictionary import ARCHITECTURES, Dictionary
+from .dla import FeatureDLA
+from .graph import FeatureGraphOperation as FeatureGraph
+from .lens import DecoderLens
 from .saelens import from_sae_lens, read_folder, write_folder
+
 
 load_dictionary = get_dictionary
 save_dictionary = write_folder
 
-__all__ = ["ARCHITECTURES", "DEMO", "Dictionary", "as_dictionary", "for_site", "from_sae_lens", "get_dictionary",
+__all__ = ["ARCHITECTURES", "DEMO", "DecoderLens", "Dictionary", "FeatureDLA", "FeatureGraph", "as_dictionary", "for_site", "from_sae_lens", "get_dictionary",
            "load_dictionary", "read_folder", "register_dictionary", "release_members", "save_dictionary",
            "write_folder"]

@@ -2,8 +2,9 @@
 
 Per site and prompt: the top-k tokens and probabilities; when the data names answers, the first
 answer's rank (0 = top), probability and logit; and KL(model's final distribution || lens
-distribution) at that position. Over the dataset: mean and spread of each, and the top tokens of
-the mean lens distribution. The maths is in `project.py` (normalisation conventions documented
+distribution) at that position. Over the dataset (`summarise_lens`, from the per-prompt table
+only): the mean of each with its bootstrap interval over prompts (`<col>_ci_low`, `<col>_ci_high`,
+`<col>_se`, one `ci_level`), the spread, and the top tokens of the mean lens distribution. The maths is in `project.py` (normalisation conventions documented
 there and in docs/lens.md). One batched run per batch of prompts; one matmul per chunk of sites.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import numpy as np
 import pandas as pd
 import torch
 from pydantic import Field
@@ -22,26 +24,13 @@ from ..errors import ConfigError
 from ..executors.shards import PerPrompt
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
-from ..operation import (
-    Operation,
-    Plan,
-    Prepared,
-    model_bytes,
-    progress,
-    register_operation,
-)
+from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
 from ..results.result import Result
 from ..sites import Sites, SiteSet, absolute_positions
-from .project import (
-    COMPONENTS,
-    RESIDUAL_STATES,
-    ComponentScale,
-    check_lens_kind,
-    decode_components,
-    decode_states,
-    residual_after,
-    to_residual_basis,
-)
+from ..stats import Stats, ci_text, error_arrays, interval_columns, mean_stat, summarise
+from .project import (COMPONENTS, RESIDUAL_STATES, ComponentScale, check_lens_kind, decode_components,
+                      decode_states, residual_after, to_residual_basis)
+from .takeaway import lens_takeaway
 from .tuned import TunedLens
 
 
@@ -128,9 +117,10 @@ class Lens(Operation):
         n = len(st["td"])
         mean_probs = torch.from_numpy(merged["main"]["prob_sum"]) / n
         per_prompt = merged["main"]["table"]
-        table = _aggregate(per_prompt, st["rows"], mean_probs, model, self.top_k)
+        table = summarise_lens(per_prompt, [r["cols"] for r in st["rows"]], self.stats, self.seed)
+        table = _with_top_tokens(table, mean_probs, model, self.top_k)
         return Result(self.name, table, per_prompt=per_prompt, figures=_figures, title=f"{self.method} lens: {kind}",
-                      extra={"mean_probs": mean_probs})
+                      extra={"mean_probs": mean_probs}, takeaway=lens_takeaway)
 
     def _decode_batches(self, model: ModelAdapter, batches: list[Any], st: dict[str, Any], rows: list[dict[str, Any]],
                         kind: str, prob_sum: Tensor, records: list[dict[str, Any]], quiet: bool) -> None:
@@ -255,24 +245,89 @@ def _gather(model: ModelAdapter, acts: dict[ActName, Tensor], rows: list[dict[st
     return torch.stack(vectors), scale_t, torch.stack(positions)
 
 
-def _aggregate(per_prompt: pd.DataFrame, rows: list[dict[str, Any]], mean_probs: Tensor, model: ModelAdapter,
-               k: int) -> pd.DataFrame:
+# per-prompt column -> (table column, how a prompt's value enters the mean)
+LENS_AGGREGATES = {"kl_mean": "kl_to_final", "target_prob_mean": "target_prob", "target_logit_mean": "target_logit",
+                   "target_rank_mean": "target_rank", "target_top1": "target_rank"}
+
+
+def summarise_lens(per_prompt: pd.DataFrame, sites: list[dict[str, Any]], stats: Stats, seed: int) -> pd.DataFrame:
+    """One row per site from the per-prompt table alone (so merged shards summarise the same way).
+
+    Per site: `kl_mean` (and with answers `target_prob_mean`, `target_logit_mean`, `target_rank_mean`,
+    `target_top1` = share of prompts whose answer is the lens's top token), each the mean over prompts
+    with its bootstrap interval over prompts (one resampling of the prompts for every column and
+    site); `kl_std`, `target_prob_std`, `target_logit_std` the spread over prompts (ddof 0)."""
+    names = [s["site"] for s in sites]
+    wanted = {agg: col for agg, col in LENS_AGGREGATES.items() if col in per_prompt}
+    blocks = []
+    for agg, col in wanted.items():
+        grid = per_prompt.pivot(index="example", columns="site", values=col).reindex(columns=names)
+        values = grid.to_numpy(dtype=float)
+        blocks.append((values == 0).astype(float) * np.where(np.isfinite(values), 1.0, np.nan)
+                      if agg == "target_top1" else values)
+    table = pd.DataFrame.from_records(sites)
+    if not blocks:
+        return table
+    stacked = np.concatenate(blocks, axis=1)  # [n_prompts, columns x sites]
+    summary = summarise(mean_stat(stacked), stats, seed)
+    U = len(names)
+    table["n_prompts"] = np.isfinite(blocks[0]).sum(0)
+    for j, (agg, col) in enumerate(wanted.items()):
+        part = slice(j * U, (j + 1) * U)
+        table[agg] = summary.value[part]
+        for key, value in interval_columns(summary, agg, stats).items():
+            table[key] = value[part]
+        if agg in ("kl_mean", "target_prob_mean", "target_logit_mean"):
+            table[agg.replace("_mean", "_std")] = np.nanstd(blocks[j], axis=0)
+    table["ci_level"] = stats.ci_level
+    return table
+
+
+def _with_top_tokens(table: pd.DataFrame, mean_probs: Tensor, model: ModelAdapter, k: int) -> pd.DataFrame:
+    """The top-k tokens of each site's mean lens distribution (descriptive: no interval)."""
+    top_p, top_i = mean_probs.topk(k, dim=-1)
+    for t in range(k):
+        table[f"top{t + 1}_token"] = [model.tokenizer.decode([int(i)]) for i in top_i[:, t]]
+        table[f"top{t + 1}_prob"] = top_p[:, t].tolist()
+    return table
+
+
+MAX_LINES = 6  # positions drawn as lines in the by-layer charts (the last ones)
+
+
+def _hover(t: pd.DataFrame, value: str) -> list[str]:
+    """Per site: the value with its interval and n, and the KL with its interval."""
     out = []
-    for i, r in enumerate(rows):
-        sub = per_prompt[per_prompt["site"] == r["cols"]["site"]]
-        rec: dict[str, Any] = {**r["cols"], "n_prompts": len(sub),
-                               "kl_mean": sub["kl_to_final"].mean(), "kl_std": sub["kl_to_final"].std(ddof=0)}
-        if "target_prob" in sub:
-            rec.update({"target_prob_mean": sub["target_prob"].mean(), "target_prob_std": sub["target_prob"].std(ddof=0),
-                        "target_logit_mean": sub["target_logit"].mean(),
-                        "target_logit_std": sub["target_logit"].std(ddof=0),
-                        "target_rank_mean": sub["target_rank"].mean(), "target_top1": (sub["target_rank"] == 0).mean()})
-        top_p, top_i = mean_probs[i].topk(k)
-        for t in range(k):
-            rec[f"top{t + 1}_token"] = model.tokenizer.decode([int(top_i[t])])
-            rec[f"top{t + 1}_prob"] = float(top_p[t])
-        out.append(rec)
-    return pd.DataFrame.from_records(out)
+    for r in t.to_dict("records"):
+        text = f"{r['site']}<br>{value} {r[value]:.3g}"
+        ci = ci_text(r, value)
+        text += f" ({ci})" if ci else ""
+        if value != "kl_mean":
+            kl_ci = ci_text(r, "kl_mean")
+            text += f"<br>KL {r['kl_mean']:.3g}" + (f" ({kl_ci})" if kl_ci else "")
+        out.append(text + f"<br>top-1 of the mean distribution {r['top1_token']!r}<br>n = {int(r['n_prompts'])}")
+    return out
+
+
+def _by_layer(t: pd.DataFrame, value: str, ylabel: str) -> tuple[str, Any]:
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    positions = list(dict.fromkeys(t["position"])) if "position" in t else [None]
+    shown = positions[-MAX_LINES:]
+    for p in shown:
+        sub = t if p is None else t[t["position"] == p]
+        sub = sub.sort_values("layer")
+        fig.add_trace(go.Scatter(x=sub["layer"], y=sub[value], mode="lines+markers", name=f"position {p}",
+                                 error_y=error_arrays(sub, value), text=_hover(sub, value),
+                                 hovertemplate="%{text}<extra></extra>"))
+    fig.update_layout(xaxis_title="layer", yaxis_title=ylabel, height=340, legend={"orientation": "h"})
+    fig.update_xaxes(dtick=1)
+    level = t["ci_level"].iloc[0] if "ci_level" in t and len(t) else 0.95
+    which = "" if len(shown) == len(positions) else f" (the last {len(shown)} of {len(positions)} positions)"
+    bars = f"error bars: {round(100 * level)}% bootstrap interval over prompts" \
+        if error_arrays(t, value) is not None else "no interval (stats.n_boot = 0)"
+    return f"{ylabel} by layer{which}; {bars}", fig
 
 
 def _figures(result: Result) -> list[tuple[str, Any]]:
@@ -282,21 +337,24 @@ def _figures(result: Result) -> list[tuple[str, Any]]:
     figs = []
     value = "target_prob_mean" if "target_prob_mean" in t else "top1_prob"
     if "layer" in t and "position" in t and t["position"].nunique() > 1:
-        grid = t.pivot_table(index="layer", columns="position", values=value, aggfunc="first")
-        text = t.pivot_table(index="layer", columns="position", values="top1_token", aggfunc="first")
+        grid = t.pivot_table(index="layer", columns="position", values=value, aggfunc="first", sort=False)
+        text = t.pivot_table(index="layer", columns="position", values="top1_token", aggfunc="first", sort=False)
+        hover = t.assign(_hover=_hover(t, value)).pivot_table(index="layer", columns="position", values="_hover",
+                                                             aggfunc="first", sort=False)
+        text, hover = (f.reindex(index=grid.index, columns=grid.columns) for f in (text, hover))
         labels = [str(c) for c in grid.columns]
         if result.per_prompt is not None and len(result.per_prompt):
             first = result.per_prompt[result.per_prompt["example"] == result.per_prompt["example"].min()]
             tok = first.drop_duplicates("position").set_index("position")["token"].to_dict()
             labels = [f"{c}: {tok.get(c, '')!r}" for c in grid.columns]
         fig = go.Figure(go.Heatmap(z=grid.values, x=labels, y=list(grid.index), text=text.values,
+                                   customdata=hover.values, hovertemplate="%{customdata}<extra></extra>",
                                    texttemplate="%{text}", colorscale="Blues", colorbar={"title": value}))
         fig.update_layout(xaxis_title="position (token of the first prompt)", yaxis_title="layer", height=420)
-        figs.append((f"{value} by layer and position (text: top-1 token of the mean distribution)", fig))
-    if "layer" in t:
-        agg = t.groupby("layer", as_index=False).agg(kl=("kl_mean", "mean"), std=("kl_std", "mean"))
-        fig = go.Figure(go.Scatter(x=agg["layer"], y=agg["kl"], error_y={"type": "data", "array": agg["std"]},
-                                   mode="lines+markers"))
-        fig.update_layout(xaxis_title="layer", yaxis_title="KL(final || lens), nats", height=320)
-        figs.append(("KL to the model's final distribution", fig))
+        title = f"{value} by layer and position (text: top-1 token of the mean distribution; hover: its interval)"
+        figs.append((title, fig))
+    if "layer" in t and t["layer"].notna().all():
+        figs.append(_by_layer(t, "kl_mean", "KL(final || lens), nats"))
+        if "target_prob_mean" in t:
+            figs.append(_by_layer(t, "target_prob_mean", "probability of the answer"))
     return figs

@@ -197,6 +197,20 @@ class TLBackend(Backend):
         raise NotImplementedError
 
 
+def _mid_through_attn_out(layer: int, fn: Callable) -> list[tuple[str, Callable]]:
+    """Hooks that write `fn` to layer's resid_mid through its attention output (see BridgeBackend.hooks_for)."""
+    kept: dict[str, Tensor] = {}
+
+    def keep_pre(x: Tensor, hook: Any = None) -> None:
+        kept["pre"] = x
+
+    def edit_out(out: Tensor, hook: Any = None) -> Tensor:
+        mid = kept.pop("pre") + out
+        return out + (fn(mid) - mid)
+
+    return [(f"blocks.{layer}.hook_resid_pre", keep_pre), (f"blocks.{layer}.hook_attn_out", edit_out)]
+
+
 def _saver(store: dict[ActName, Tensor], act: ActName) -> Callable:
     # Returning x matters: the bridge hands some hooks (q, k, v, z) a reshaped copy and only a
     # returned tensor flows on, so a stored-but-not-returned copy would be off the autograd path.
@@ -256,6 +270,18 @@ class BridgeBackend(TLBackend):
     def start_paths(self) -> dict[str, str]:
         return {"positions": "the bridge's blocks called from that layer on, with a frozen key/value prefix",
                 "layers": "the bridge's blocks called from that layer on"}
+
+    def hooks_for(self, interventions: Sequence[BaseIntervention]) -> list[tuple[str, Callable]]:
+        """A bridge's hook_resid_mid is the second norm's input: a write there would change what the MLP
+        reads but not the residual the MLP's output is added to. So a resid_mid write is made where the
+        residual is formed: attn_out' = attn_out + (f(mid) - mid), mid = resid_pre + attn_out (both as
+        the run has them after every other write)."""
+        plain = [(act, fn) for act, fn in interventions if act.kind != "resid_mid"]
+        hooks = super().hooks_for(plain)
+        for act, fn in interventions:
+            if act.kind == "resid_mid":
+                hooks += _mid_through_attn_out(act.layer, fn)
+        return hooks
 
     def record_past(self, acts: dict[ActName, Tensor], layer: int, structure: Structure) -> None:
         with torch.no_grad():

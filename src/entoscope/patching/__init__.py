@@ -1,6 +1,5 @@
 """Activation patching over datasets: exact (batched, prefix reuse), attribution, integrated gradients."""
 
-from . import report  # noqa: F401  (registers the report section)
 from .operation import Patching
 from .top import top_sites
 from .values import PatchInputs, PatchValue, patch_value

@@ -35,6 +35,14 @@ def _position_labels(result: Result, positions: list[Any]) -> list[str]:
     return labels
 
 
+def _position_title(positions: Any) -> str:
+    roles = [p for p in positions if not str(p).lstrip("-").isdigit()]
+    if len(roles) == len(positions):
+        return "position: the token of each role (IO, S1, ...) in each prompt"
+    return "position (numbers: the first prompt's base-run token; names: each prompt's token of that role)" \
+        if roles else "position: token of the first prompt's base run"
+
+
 def _hover(t: Any, index: str, columns: str) -> Any:
     """Hover text per cell: the value, its interval and the influence of its most influential prompt."""
     def text(r: Any) -> str:
@@ -69,7 +77,7 @@ def patching_figures(result: Result) -> list[tuple[str, Any]]:
         fig = go.Figure(go.Heatmap(z=grid.values, x=_position_labels(result, list(grid.columns)), y=list(grid.index),
                                    texttemplate="%{z:.2f}", text=hover.values, hovertemplate="%{text}<extra></extra>",
                                    **_colour(grid.values), colorbar={"title": what}))
-        fig.update_layout(xaxis_title="position: token of the first prompt's base run", yaxis_title="layer",
+        fig.update_layout(xaxis_title=_position_title(grid.columns), yaxis_title="layer",
                           height=160 + 32 * len(grid))
         figs.append((f"{what} by layer and position", fig))
     elif "layer" in has and ("head" in has or "kv_head" in has) and len(has) == 2:

@@ -26,37 +26,17 @@ from ..executors.shards import PerPrompt, batch_cap
 from ..metrics import ANSWER_LOGITS_ONLY, Metric, metric_where
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
-from ..models.partial import (
-    has_taps,
-    prefix_note,
-    prefix_reads,
-    prefix_support,
-    start_paths,
-)
-from ..operation import (
-    Operation,
-    Plan,
-    Prepared,
-    model_bytes,
-    progress,
-    register_operation,
-)
+from ..models.partial import has_taps, prefix_note, prefix_reads, prefix_support, start_paths
+from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
 from ..results.result import Result
 from ..sites import Sites, resolve_positions
 from .attribution import attribution_chunk, ig_chunk
 from .compare import per_pair, prompt_table, site_table
-from .exact import exact_chunk, schedule
+from .exact import schedule, exact_chunk
 from .figures import degenerate_note, patching_figures
-from .references import (
-    Pairs,
-    check_alignment,
-    choose_partners,
-    dataset_means,
-    new_chunk,
-    run_base,
-    run_sources,
-)
+from .references import Pairs, check_alignment, choose_partners, dataset_means, new_chunk, run_base, run_sources
 from .slots import SHIFTED_AXES, member_groups, unit_layers, unit_members
+from .takeaway import patching_takeaway
 from .values import get_patch_value
 from .writes import Setup
 
@@ -143,8 +123,8 @@ class Patching(Operation):
         per_example = _bytes_per_example(model, reads, T, past_from)
         if self.method == "attribution":
             per_example += _backward_bytes(model, T)
-        chunk_size = batch_cap(max(1, min(len(td), 64, int(self.memory_budget_mb * 2**20 / 2) // max(1, per_example))),
-                               len(td))
+        fits = int(self.memory_budget_mb * 2**20 / 2) // max(1, per_example)
+        chunk_size = batch_cap(max(1, min(len(td), 64, fits)), len(td))  # enough chunks to shard (docs/scale.md)
         if self.method == "attribution" and self.batch_size is not None:
             chunk_size = min(len(td), self.batch_size)
         chunks = length_batches(lengths, chunk_size)
@@ -420,7 +400,8 @@ class Patching(Operation):
                  "per_prompt_column": {"absolute": "patched_metric"}.get(self.comparison, self.comparison),
                  "first_tokens": [vocab[t] for t in pairs.base[0]], "path": st["setup"].path,
                  "partners": pairs.partner, "summary": summary}
-        return Result(self.name, table, per_prompt=per_prompt, figures=patching_figures, title=title, extra=extra)
+        return Result(self.name, table, per_prompt=per_prompt, figures=patching_figures, title=title, extra=extra,
+                      takeaway=patching_takeaway)
 
 
 # ---------------------------------------------------------------------- helpers

@@ -5,7 +5,6 @@ docs/probing.md for the method and the definitions. On a model: the `Probing` op
 at any sites, pooling, probes, control task, causal check) and `collect_activations`.
 """
 
-from . import report  # noqa: F401  (registers the report section)
 from .causal import CausalCheck
 from .collect import Collected, collect_activations
 

@@ -122,9 +122,10 @@ def _project_member(v: Tensor, m: MemberRead, basis: Tensor, head_pooling: str) 
             flat = v.reshape(*v.shape[:-2], -1)
             return project_out(flat, basis).reshape(v.shape)
         return project_out(v, basis)  # mean / sum: each head's vector
-    if m.neuron is not None:
+    index = m.neuron if m.neuron is not None else m.feature  # one neuron or one dictionary feature
+    if index is not None:
         v = v.clone()
-        v[..., m.neuron: m.neuron + 1] = project_out(v[..., m.neuron: m.neuron + 1], basis)
+        v[..., index: index + 1] = project_out(v[..., index: index + 1], basis)
         return v
     return project_out(v, basis)
 

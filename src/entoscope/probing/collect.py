@@ -11,6 +11,7 @@ What one member contributes, for an activation [B, T, ...]:
   head      per-head kinds (z, q, k, v, result): the unit's head, else the head pooling
             (k, v with a query-head index read the key/value head that query head uses);
   neuron    mlp_pre / mlp_post: the unit's neuron (one feature), else every neuron.
+  feature   features.L@KEY (Sites with a dictionary): the unit's dictionary feature, else all of them.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class MemberRead:
     has_heads: bool  # the kind has a head axis (z, q, k, v, result)
     neuron: int | None
     size: int  # features contributed
+    feature: int | None = None  # a dictionary feature (features.L@KEY sites)
 
 
 @dataclass(frozen=True)
@@ -73,10 +75,10 @@ def unit_reads(model: ModelAdapter, siteset: SiteSet, head_pooling: str) -> list
         for coord in u.members:
             d = dict(coord)
             layer = d.get("layer")
-            act = ActName(kind.name, layer) if kind.per_layer else ActName(kind.name)
+            act = siteset.act_name(layer)  # features: with the layer's dictionary
             axes = [a for a in kind.axes if a != "pos"]
             has_heads = axes[0] in ("head", "kv_head")
-            head = neuron = None
+            head = neuron = feature = None
             if has_heads:
                 if "kv_head" in d:
                     head = d["kv_head"]
@@ -89,9 +91,12 @@ def unit_reads(model: ModelAdapter, siteset: SiteSet, head_pooling: str) -> list
             elif axes == ["neuron"]:
                 neuron = d.get("neuron")
                 size = 1 if neuron is not None else s.d_mlp
+            elif axes == ["feature"]:
+                feature = d.get("feature")
+                size = 1 if feature is not None else model.axis_sizes(act)["feature"]
             else:
                 size = model.axis_sizes(kind.name)[axes[0]]
-            members.append(MemberRead(act, d.get("pos"), head, has_heads, neuron, size))
+            members.append(MemberRead(act, d.get("pos"), head, has_heads, neuron, size, feature))
         units.append(UnitRead(u.label, tuple(members)))
     return units
 
@@ -114,6 +119,8 @@ def member_features(x: Tensor, m: MemberRead, lengths: Tensor, pool: PoolFn, at:
         v = v[:, m.head] if m.head is not None else head_pool(v)
     elif m.neuron is not None:
         v = v[:, m.neuron: m.neuron + 1]
+    elif m.feature is not None:
+        v = v[:, m.feature: m.feature + 1]
     return v.reshape(v.shape[0], -1)
 
 
@@ -238,7 +245,7 @@ def bytes_per_example(model: ModelAdapter, reads: list[ActName], T: int) -> int:
     """Activations read plus the logits, per prompt of T tokens."""
     total = 0
     for r in reads:
-        sizes = model.axis_sizes(r.kind, T)
+        sizes = model.axis_sizes(r, T)  # the name in full: a features activation's width is its dictionary's
         count = 1
         for v in sizes.values():
             count *= v

@@ -1,8 +1,10 @@
 """Figures of a probing Result: held-out score and selectivity by layer (and position), control and
 chance lines, error bars; the causal check against its random baseline.
 
-Error bars: the sample standard deviation over folds (k-fold). A holdout split has no spread over
-folds; its accuracy gets the binomial standard error sqrt(p (1 - p) / n_test) instead (R^2: none).
+Error bars: the bootstrap interval over the held-out prompts (`<column>_ci_low/high`, see
+intervals.py). Without intervals (stats.n_boot = 0): the sample standard deviation over folds
+(k-fold); a holdout split has no spread over folds, so its accuracy gets the binomial standard
+error sqrt(p (1 - p) / n_test) instead (R^2: none).
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from ..stats import error_arrays
 
 SERIES_AXES = ("position", "head", "kv_head", "neuron")
 MAX_LINES = 8
@@ -32,19 +36,26 @@ def _series(t: pd.DataFrame) -> str | None:
     return None
 
 
-def error_bars(t: pd.DataFrame, column: str) -> tuple[np.ndarray | None, str]:
-    """(per-row error, what it is) for a test/control/selectivity column."""
+def error_bars(t: pd.DataFrame, column: str) -> tuple[dict[str, Any] | None, str]:
+    """(plotly error bars per row, what they are) for a test/control/selectivity column."""
+    interval = error_arrays(t, column)
+    if interval is not None:
+        return interval, f"{round(100 * float(t['ci_level'].iloc[0]))}% bootstrap interval over held-out prompts"
     std = t.get(f"{column}_std")
     if std is not None and np.isfinite(std.to_numpy(dtype=float)).all():
-        return std.to_numpy(dtype=float), "std over folds"
+        return _symmetric(std.to_numpy(dtype=float)), "std over folds"
     if column.endswith("accuracy") and "n_test" in t:
         p = t[column].to_numpy(dtype=float)
-        return np.sqrt(p * (1 - p) / t["n_test"].to_numpy(dtype=float)), "binomial s.e."
+        return _symmetric(np.sqrt(p * (1 - p) / t["n_test"].to_numpy(dtype=float))), "binomial s.e."
     if column == "selectivity" and "test_accuracy" in t and "n_test" in t:
         n = t["n_test"].to_numpy(dtype=float)
         p, q = t["test_accuracy"].to_numpy(dtype=float), t["control_test_accuracy"].to_numpy(dtype=float)
-        return np.sqrt(p * (1 - p) / n + q * (1 - q) / n), "binomial s.e."
+        return _symmetric(np.sqrt(p * (1 - p) / n + q * (1 - q) / n)), "binomial s.e."
     return None, "no spread (one split)"
+
+
+def _symmetric(err: np.ndarray) -> dict[str, Any]:
+    return {"type": "data", "array": err, "visible": True}
 
 
 def _groups(t: pd.DataFrame, series: str | None) -> list[tuple[str, pd.DataFrame]]:
@@ -62,14 +73,12 @@ def _lines(t: pd.DataFrame, x: str, series: str | None, column: str, control: st
         color = COLORS[i % len(COLORS)]
         err, _ = error_bars(sub, column)
         fig.add_trace(go.Scatter(x=sub[x], y=sub[column], mode="lines+markers", name=name or "probe",
-                                 line={"color": color}, error_y=None if err is None else
-                                 {"type": "data", "array": err, "visible": True}))
+                                 line={"color": color}, error_y=err))
         if control is not None and control in sub:
             cerr, _ = error_bars(sub, control)
             fig.add_trace(go.Scatter(x=sub[x], y=sub[control], mode="lines+markers",
                                      name=f"{name + ' ' if name else ''}control", line={"color": color, "dash": "dash"},
-                                     marker={"symbol": "circle-open"}, error_y=None if cerr is None else
-                                     {"type": "data", "array": cerr, "visible": True}))
+                                     marker={"symbol": "circle-open"}, error_y=cerr))
     if chance is not None and np.isfinite(chance):
         fig.add_hline(y=chance, line_dash="dot", line_color="gray", annotation_text="chance (majority class)")
     fig.update_layout(xaxis_title=x, yaxis_title=ylabel, height=380, legend={"orientation": "h"})

@@ -95,6 +95,7 @@ def _check_split(sp: Split, n: int, y_codes, K: int | None, need_val: bool, f: i
     if sp.train.numel() < 2 or sp.test.numel() == 0 or (need_val and sp.val.numel() == 0):
         raise DataError(
             f"split {f}: {sp.train.numel()} training, {sp.val.numel()} validation, {sp.test.numel()} test rows",
+            code="probe_split_too_small",
             remedy="use more examples, fewer folds or larger fractions "
             "(validation rows are needed to choose among several C / alpha)",
         )
@@ -333,6 +334,9 @@ def fit_probes(
         converged=converged,
         chance_accuracy=chance,
         splits=[sp.to("cpu") for sp in splits],
+        control_coef=stack("coef", 1) if has_control else None,
+        control_intercept=stack("intercept", 1) if has_control else None,
+        control_labels=Y[1].cpu() if has_control else None,
     )
 
 

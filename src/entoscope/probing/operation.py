@@ -8,7 +8,8 @@ in the model's forward pass to see whether the model uses it (`causal.py`). docs
 method, the conventions and the references.
 
 Table: one row per site. test_* are held-out scores (the result; mean over folds, `_std` the sample
-std over folds); control_test_*, selectivity; train_* are training-row scores (a measure of fit,
+std over folds, `_ci_low` / `_ci_high` the bootstrap interval over the held-out prompts, all folds'
+held-out predictions pooled: `intervals.py`); control_test_*, selectivity (with its interval); train_* are training-row scores (a measure of fit,
 labelled as such, never the result); C / alpha chosen on validation rows; causal columns for the
 checked sites. per_prompt: every held-out prediction. Directions are saved as safetensors.
 """
@@ -32,33 +33,16 @@ from ..models.adapter import ModelAdapter
 from ..operation import Operation, Plan, Prepared, model_bytes, register_operation
 from ..results.result import Result
 from ..sites import Sites
-from .causal import (
-    CausalCheck,
-    check_units,
-    chosen_sites,
-    run_causal_check,
-    validate_site_labels,
-)
-from .collect import (
-    bytes_per_example,
-    collect,
-    empty_collection,
-    reads_of,
-    setup_collection,
-)
+from .causal import CausalCheck, check_units, chosen_sites, run_causal_check, validate_site_labels
+from .collect import bytes_per_example, collect, empty_collection, reads_of, setup_collection
 from .figures import probing_figures
-from .fit import (
-    DEFAULT_ALPHA_GRID,
-    DEFAULT_C_GRID,
-    MEMORY_BUDGET,
-    _check_split,
-    _encode_labels,
-    _make_splits,
-    fit_probes,
-)
+from .intervals import held_out_values, summarise_probing
+from .fit import DEFAULT_ALPHA_GRID, DEFAULT_C_GRID, MEMORY_BUDGET, _check_split, _encode_labels, _make_splits, \
+    fit_probes
 from .pooling import Pooling
 from .predict import held_out_predictions, held_out_scores, label_codes
 from .result import ProbeFit
+from .takeaway import probing_takeaway
 
 FILES = ["table.csv", "table.parquet", "per_prompt.csv", "per_prompt.parquet", "index.html", "manifest.json",
          "directions.safetensors", "directions.json"]
@@ -241,10 +225,12 @@ class Probing(Operation):
         for F, idx in collected.bucket_units.items():
             fits[F] = self._fit(collected.buckets[F], st, [cs.units[i].label for i in idx], control=self.control)
         where = {i: (F, j) for F, idx in collected.bucket_units.items() for j, i in enumerate(idx)}
-        table = self._table(model, cs, fits, collected.bucket_units)
+        codes = {F: label_codes(fit, st["labels"]) for F, fit in fits.items()}
+        intervals = pd.concat([summarise_probing(held_out_values(fits[F], collected.buckets[F], codes[F]),
+                                                 self.stats, self.seed) for F in fits], ignore_index=True)
+        table = self._table(model, cs, fits, collected.bucket_units, intervals)
         per_prompt = None
         if self.per_prompt:
-            codes = {F: label_codes(fit, st["labels"]) for F, fit in fits.items()}
             per_prompt = pd.concat([held_out_predictions(fits[F], collected.buckets[F], codes[F], st["labels"],
                                                          [cs.units[i].label for i in idx])
                                     for F, idx in collected.bucket_units.items()], ignore_index=True)
@@ -258,7 +244,7 @@ class Probing(Operation):
         if causal_frame is not None:
             extra["causal_per_prompt"] = causal_frame
         return ProbingResult(self.name, table, per_prompt=per_prompt, figures=probing_figures, title=title,
-                             extra=extra)
+                             extra=extra, takeaway=probing_takeaway)
 
     def _fit(self, X: torch.Tensor, st: dict[str, Any], site_names: list[str], control: str | None) -> ProbeFit:
         task = st["task"]
@@ -271,7 +257,7 @@ class Probing(Operation):
                           dtype=torch.float64 if self.precision == "float64" else torch.float32)
 
     def _table(self, model: ModelAdapter, cs: Any, fits: dict[int, ProbeFit],
-               bucket_units: dict[int, list[int]]) -> pd.DataFrame:
+               bucket_units: dict[int, list[int]], intervals: pd.DataFrame) -> pd.DataFrame:
         frames = []
         for F, idx in bucket_units.items():
             fit = fits[F]
@@ -279,7 +265,7 @@ class Probing(Operation):
             frame.insert(1, "unit", idx)
             frame.insert(2, "features", F)
             frame["n_test"] = float(np.mean([sp.test.numel() for sp in fit.splits]))
-            frames.append(frame)
+            frames.append(_with_intervals(frame, intervals))
         table = pd.concat(frames, ignore_index=True).sort_values("unit", kind="stable").reset_index(drop=True)
         axes = cs.siteset.frame().drop(columns=["site"])
         layers = [u.get("layer") for u in cs.siteset.units]
@@ -366,6 +352,21 @@ class ProbingResult(Result):
         if causal is not None:
             causal.to_csv(folder / "causal_per_prompt.csv", index=False)
             files.append("causal_per_prompt.csv")
+
+
+def _with_intervals(frame: pd.DataFrame, intervals: pd.DataFrame) -> pd.DataFrame:
+    """The fit's table with each test_* / selectivity column followed by its interval columns."""
+    by_site = intervals.set_index("site").reindex(frame["site"]).reset_index(drop=True)
+    out = frame.copy()
+    for col in [c for c in by_site.columns if c not in ("n_held_out", "ci_level")]:
+        base = col.rsplit("_ci_", 1)[0].removesuffix("_se")
+        at = list(out.columns).index(base) + 1 if base in out.columns else len(out.columns)
+        while at < len(out.columns) and out.columns[at].startswith(base + "_"):
+            at += 1
+        out.insert(at, col, by_site[col].to_numpy())
+    out["n_held_out"] = by_site["n_held_out"].to_numpy()
+    out["ci_level"] = by_site["ci_level"].to_numpy()
+    return out
 
 
 def infer_task(labels: list[Any], max_classes: int = 32) -> str:

@@ -24,10 +24,12 @@ def label_codes(fit: ProbeFit, y) -> Tensor:
     return torch.tensor([index[v] for v in y_np.tolist()], dtype=torch.long)
 
 
-def decision_values(fit: ProbeFit, X: Tensor, sites: list[int] | None = None) -> Tensor:
-    """[F, S, N, K'] = X [S, N, D] through each fold's raw map (binary/regression: K' = 1)."""
-    W = fit.raw_coef if sites is None else fit.raw_coef[:, sites]
-    b = fit.raw_intercept if sites is None else fit.raw_intercept[:, sites]
+def decision_values(fit: ProbeFit, X: Tensor, sites: list[int] | None = None, control: bool = False) -> Tensor:
+    """[F, S, N, K'] = X [S, N, D] through each fold's raw map (binary/regression: K' = 1); with
+    control=True, through the control probe's."""
+    W, b = fit.raw_map(control)
+    if sites is not None:
+        W, b = W[:, sites], b[:, sites]
     return torch.einsum("snd,fskd->fsnk", X.to(W.device, W.dtype), W) + b[:, :, None, :]
 
 

@@ -53,6 +53,9 @@ class ProbeFit:
     converged: torch.Tensor  # [F, S] every chosen fit met its gradient test
     chance_accuracy: torch.Tensor | None  # [F] test accuracy of always answering the majority training class
     splits: list = field(default_factory=list, repr=False)  # the Split objects (row indices)
+    control_coef: torch.Tensor | None = None  # [F, S, K', D] the control probe's weights (standardised features)
+    control_intercept: torch.Tensor | None = None  # [F, S, K']
+    control_labels: torch.Tensor | None = None  # [N] the control task's label codes
 
     # ---- derived quantities -------------------------------------------------------------
     @property
@@ -72,6 +75,15 @@ class ProbeFit:
     def raw_intercept(self) -> torch.Tensor:
         """[F, S, K']: intercepts matching `raw_coef` (b - (w / std) . mean)."""
         return self.intercept - torch.einsum("fskd,fsd->fsk", self.raw_coef, self.mean)
+
+    def raw_map(self, control: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """(raw_coef, raw_intercept) of the probe, or of the control probe (same standardisation)."""
+        if not control:
+            return self.raw_coef, self.raw_intercept
+        if self.control_coef is None or self.control_intercept is None:
+            raise ValueError("this fit has no control probe")
+        coef = self.control_coef / self.std[:, :, None, :]
+        return coef, self.control_intercept - torch.einsum("fskd,fsd->fsk", coef, self.mean)
 
     @property
     def fold_directions(self) -> torch.Tensor:

@@ -32,11 +32,15 @@ nav.toc ol { margin: 0.3em 0; padding-left: 1.4em; columns: 2; }
 .table-wrap { overflow-x: auto; max-width: 100%; margin: 0.5em 0; }
 table.table { border-collapse: collapse; font-size: 0.82em; white-space: nowrap; }
 table.table td, table.table th { padding: 2px 8px; border-bottom: 1px solid #ddd; text-align: right; }
-table.table th { background: #fafafa; position: sticky; top: 0; }
+table.table th { background: #fafafa; position: sticky; top: 0; } table.table td.t { text-align: left; }
 p.note { font-size: 0.85em; color: #555; }
 pre { background: #f6f6f6; padding: 1em; overflow-x: auto; }
 .warnings { background: #fff4e5; border-left: 4px solid #e69500; padding: 0.5em 1em; margin: 1em 0; }
 .plotly-graph-div { max-width: 100%; }
+p.takeaway { font-size: 1.02em; background: #f2f7fd; border-left: 4px solid #2b6cb0; padding: 0.5em 0.9em; }
+p.figtitle { font-weight: 600; margin: 1.2em 0 0.2em; } p.more { margin: 0.4em 0 1.2em; }
+details.terms { font-size: 0.88em; margin: 0.5em 0; } details.terms dt { font-weight: 600; margin-top: 0.3em; }
+details.terms dd { margin-left: 1.2em; } ul.glance li { margin: 0.35em 0; }
 """
 
 
@@ -57,8 +61,13 @@ def ensure_plotly_js(folder: Path) -> Path:
 
 
 def figure_div(fig: Any) -> str:
-    """A figure that fills its column's width (its height is the figure's own)."""
-    fig.update_layout(autosize=True, width=None, margin={"l": 60, "r": 30, "t": 50, "b": 60})
+    """A figure that fills its column's width, sized and labelled by the house rules (results/figures.py)."""
+    from .figures import polish
+
+    margin = fig.layout.margin
+    fig.update_layout(autosize=True, width=None, margin={"l": margin.l or 60, "r": margin.r or 30,
+                                                         "t": margin.t or 50, "b": margin.b or 60})
+    polish(fig)
     return fig.to_html(full_html=False, include_plotlyjs=False,
                        config={"displaylogo": False, "responsive": True})
 
@@ -77,7 +86,8 @@ def table_html(frame: pd.DataFrame, max_rows: int = 200, note: str = "") -> str:
     empty = [c for c in frame.columns if frame[c].isna().all()]
     shown = frame.drop(columns=empty).head(max_rows)
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in shown.columns)
-    body = "".join("<tr>" + "".join(f"<td>{_cell(v)}</td>" for v in row) + "</tr>"
+    body = "".join("<tr>" + "".join(f'<td class="t">{_cell(v)}</td>' if isinstance(v, str) else f"<td>{_cell(v)}</td>"
+                                    for v in row) + "</tr>"
                    for row in shown.itertuples(index=False, name=None))
     parts = [f'<div class="table-wrap"><table class="table"><thead><tr>{head}</tr></thead>'
              f"<tbody>{body}</tbody></table></div>"]

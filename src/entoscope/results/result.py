@@ -65,7 +65,9 @@ class Result:
         if figs:
             first = not Result._shown_in_notebook
             Result._shown_in_notebook = True
-            parts.append(figs[0][1].to_html(full_html=False, include_plotlyjs=first))
+            from .figures import polish
+
+            parts.append(polish(figs[0][1]).to_html(full_html=False, include_plotlyjs=first))
         parts.append(table_html(self.table, max_rows=10, note=self.blank_note))
         return "".join(parts)
 

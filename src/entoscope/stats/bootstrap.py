@@ -66,6 +66,8 @@ def mean_stat(values: np.ndarray) -> RatioStat:
     if v.ndim == 1:
         v = v[:, None]
     ok = np.isfinite(v)
+    if ok.all():  # one shared denominator: half the matrix products
+        return RatioStat(v, np.ones(v.shape[0]))
     return RatioStat(np.where(ok, v, 0.0), ok.astype(np.float64))
 
 
@@ -229,7 +231,8 @@ def _summarise(stat: StatFn, stats: Stats, seed: int, keep_boot: bool) -> Summar
         low[cols], high[cols] = _interval(boot, value[cols], jack[:, cols] if jack.size else jack, stats.ci_level,
                                           stats.ci_method, n)
         with np.errstate(invalid="ignore"):
-            se[cols] = np.nanstd(boot, 0, ddof=1) if stats.n_boot > 1 else np.nan
+            se[cols] = (boot.std(0, ddof=1) if np.isfinite(boot).all() else np.nanstd(boot, 0, ddof=1)) \
+                if stats.n_boot > 1 else np.nan
     with np.errstate(invalid="ignore", divide="ignore"):
         z = np.abs(value) / se
         p = np.where(se > 0, 2 * (1 - _ndtr(z)), np.where(value == 0, 1.0, 0.0))

@@ -48,8 +48,10 @@ def _finite(x: Any) -> float:
 
 
 def circuit_figure(circuit: Circuit, max_edges: int = 300, title: str | None = None,
-                   node_stats: dict[str, tuple[float, float, float]] | None = None) -> Any:
-    """The circuit's kept edges (the `max_edges` strongest). node_stats: name -> (value, ci_low, ci_high)."""
+                   node_stats: dict[str, tuple[float, float, float]] | None = None,
+                   sign_labels: tuple[str, str] = ("score > 0", "score < 0")) -> Any:
+    """The circuit's kept edges (the `max_edges` strongest). node_stats: name -> (value, ci_low, ci_high);
+    sign_labels: the legend's words for a positive and a negative score (what the sign means for the method)."""
     import plotly.graph_objects as go
 
     pos = node_positions(circuit)
@@ -87,7 +89,7 @@ def circuit_figure(circuit: Circuit, max_edges: int = 300, title: str | None = N
         traces_bucket.append(bucket)
     _ports(fig, circuit, pos)
     _nodes(fig, circuit, pos, node_stats)
-    for positive, label in ((True, "score > 0"), (False, "score < 0")):
+    for positive, label in zip((True, False), sign_labels):
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", line={"color": SIGN_COLOURS[positive], "width": 4},
                                  name=label))
     n_fixed = len(fig.data) - len(traces_bucket)
@@ -166,7 +168,14 @@ def faithfulness_figure(curve: pd.DataFrame) -> Any:
     fig = go.Figure(go.Scatter(x=curve["fraction"], y=curve["faithfulness"], mode="lines+markers",
                                text=[f"{n} edges" for n in curve["n_edges"]],
                                hovertemplate="%{x:.3g}: f=%{y:.3f}, %{text}"))
+    if "faithfulness_ci_low" in curve and curve["faithfulness_ci_low"].notna().any():
+        fig.add_trace(go.Scatter(x=list(curve["fraction"]) + list(curve["fraction"])[::-1],
+                                 y=list(curve["faithfulness_ci_high"]) + list(curve["faithfulness_ci_low"])[::-1],
+                                 fill="toself", fillcolor="rgba(43,108,176,0.15)", line={"width": 0},
+                                 hoverinfo="skip", name="95% interval over prompts"))
+        fig.data[0].name = "faithfulness"
     fig.add_hline(y=1.0, line_dash="dot", line_color="#888")
-    fig.update_layout(xaxis={"title": "fraction of edges kept (top by |score|)", "type": "log"},
+    fig.update_layout(xaxis={"title": "fraction of edges kept (top by |score|)", "type": "log", "dtick": 1,
+                             "tickformat": ".3~g"},
                       yaxis_title="faithfulness (m(C) - m(empty)) / (m(full) - m(empty))", height=360)
     return fig

@@ -1,4 +1,4 @@
-"""The probing section of `entoscope report`: two properties of the demo tasks, probed by layer.
+"""The report's probing section: two properties of the demo tasks, probed by layer.
 
 1. greater-than: the start year's last two digits (the task's `label`, 0-99: regression) at the last
    positions of the residual stream. The model must carry them to the final token to say which
@@ -12,7 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..registry import register
+from ...registry import register
+from ..section import Section, examples_html
 
 
 def _examples(quick: bool) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
@@ -29,10 +30,12 @@ def _examples(quick: bool) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
 
 
 @register("report_section", "probing")
-def probing_section(model: Any, folder: Path, quick: bool) -> tuple[str, str]:
+def probing_section(model: Any, folder: Path, quick: bool) -> Section:
     """Probe the model for two task properties; the first Result is saved in `folder`, the other below it."""
-    from ..report import examples_html
-    from .operation import Probing
+    from ...probing import Probing
 
-    html = examples_html(Probing, model, _examples(quick), folder, max_rows=12)
-    return ("probing: held-out scores against a control task, by layer", html)
+    body, results = examples_html(Probing, model, _examples(quick), folder, max_rows=12)
+    lead = " ".join(f"{name}: {r.takeaway}" for name, r in zip(("Greater-than start year", "IOI name order"), results))
+    return Section("probing: held-out scores against a control task, by layer", lead, body,
+                   terms=("held-out score", "causal check"), own_page=False)
+

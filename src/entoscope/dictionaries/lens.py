@@ -1,0 +1,77 @@
+"""The parameter lens of dictionary features: each feature's decoder row W_dec[i] read through the unembedding.
+
+    DecoderLens(dictionary="demo/transcoder.1", features=[3, 17]).run(model)
+
+A feature adds f_i W_dec[i] to the residual stream (an SAE on resid_post / attn_out / mlp_out, or a
+transcoder on mlp_out: all of them write d_model vectors). Its direct logit effect per unit of
+activation is, through the final norm with its scale frozen (as DLA, circuits/dla.py), proportional to
+
+    centre(W_dec[i]) * w_norm @ W_U          (`through_norm`, the default)
+
+and raw `W_dec[i] @ W_U` without it (the parameter lens's own convention, lens/parameter.py). With the
+norm applied, a plain model (HuggingFace's W_U, the norm weight separate) and a processed one (the
+weight folded into W_U, W_U centred) give the same numbers. Scores are per unit of feature activation
+and before the 1/scale of the norm, so they rank tokens, and compare features, at one position's scale.
+The rows are the parameter lens's: top and bottom tokens with their scores, and the vector's norm.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from torch import Tensor
+
+from ..data.examples import Dataset
+from ..errors import DictionaryError
+from ..lens.parameter import ParameterLens
+from ..models.adapter import ModelAdapter
+from ..operation import Plan, Prepared, model_bytes, register_operation
+from ..sites import Selection, Sites
+from .catalog import get_dictionary
+
+
+def logit_directions(model: ModelAdapter, W_dec: Tensor, through_norm: bool = True) -> Tensor:
+    """The residual-stream vectors [F, d_model] whose product with W_U is each feature's logit effect."""
+    V = W_dec.to(model.weights.W_U.device, model.weights.W_U.dtype)
+    if not through_norm:
+        return V
+    norm = model.weights.final_norm
+    V = norm.center(V)
+    return V * norm.weight.to(V.dtype) if norm.weight is not None else V
+
+
+@register_operation
+class DecoderLens(ParameterLens):
+    """Dictionary features' decoder rows through the unembedding: the tokens each feature promotes and suppresses.
+
+    dictionary:   one dictionary (demo/transcoder.1, a SAELens folder, a registered name).
+    features:     which features ("all", an index, a list, or "a:b").
+    through_norm: apply the final norm's centring and weight (scale frozen) before W_U (default true).
+    top_k:        tokens listed at each end.
+    """
+
+    name = "decoder_lens"
+    target: Literal["decoder"] = "decoder"  # type: ignore[assignment]
+    space: Literal["unembed"] = "unembed"  # type: ignore[assignment]
+    dictionary: str
+    features: Selection = "0:8"
+    through_norm: bool = True
+
+    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared:
+        d = get_dictionary(self.dictionary)
+        if d.d_out != model.structure.d_model:
+            raise DictionaryError(f"dictionary {self.dictionary!r} writes {d.hook_out} (width {d.d_out}), not the "
+                                  "residual stream", code="dictionary_site_unsupported",
+                                  remedy="read decoder rows of dictionaries that write d_model activations")
+        kind = d.hook_out.split(".")[0]
+        sites = Sites(activation=kind, dictionary=self.dictionary, over=["feature"], features=self.features)
+        units = [{"dictionary": self.dictionary, "feature": u.get("feature")} for u in sites.resolve(model).units]
+        s = model.structure
+        plan = Plan(self.name, rows=len(units), forward_passes=0, backward_passes=0, batch_sizes=[],
+                    peak_memory_bytes=model_bytes(model) + 4 * len(units) * (s.d_vocab + s.d_model))
+        return Prepared(model, data, plan, {"units": units})
+
+    def vectors(self, model: ModelAdapter, units: list[dict[str, Any]]) -> Tensor:
+        W_dec = get_dictionary(self.dictionary).W_dec
+        return logit_directions(model, W_dec[[u["feature"] for u in units]], self.through_norm)
+

@@ -1,0 +1,99 @@
+"""`entoscope report`: one offline page about a model — its structure, how it does the built-in tasks, and
+a section per operation, each saying what it shows and what to conclude from its numbers.
+
+The pages' one home: `report/section.py` builds a section (run, save, `Section`), `report/glossary.py`
+defines every term once, `report/sections/` holds one module per section (registered with
+`register("report_section", name)`), and this module assembles the summary page. Operations never import
+the report; the report imports operations.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+from ..evaluate import task_scores
+from ..models.adapter import adapt
+from ..registry import lookup, names
+from ..results.folder import writing_run
+from ..results.page import anchor, ensure_plotly_js, table_html, write_page
+from . import sections as _sections  # noqa: F401  (registers the sections)
+from .glossary import terms_html
+from .section import Section
+
+SECTION_ORDER = ["lens", "head_scores", "dla", "patching", "probing", "circuits", "ifr", "features"]
+TASK_MEANING = {
+    "ioi": "indirect object identification: 'When Mary and John went to the store, John gave a drink to' -> Mary",
+    "facts": "a country's capital: 'The capital of France is' -> Paris",
+    "greater_than": "'The war lasted from the year 1732 to the year 17' -> a year after 32 (Hanna et al. 2023)",
+    "induction": "a sequence shown twice: predict the next token of the second copy",
+}
+
+
+def build_report(model: Any, out: str | Path, *, quick: bool = False, sections: list[str] | None = None,
+                 overwrite: bool = False) -> Path:
+    """Write `out/index.html` (and one sub-folder per section). Returns the page path.
+
+    The report is built in a hidden sibling folder and renamed into place when complete, so an
+    interrupted report never leaves pages of two reports together; an existing report is replaced
+    only with `overwrite=True`.
+    """
+    a = adapt(model)
+    final = Path(out)
+    with writing_run(final, overwrite=overwrite) as folder, a.evaluating():
+        _write_report(model, a, folder, quick, sections)
+    return final / "index.html"
+
+
+def _write_report(model: Any, a: Any, folder: Path, quick: bool, sections: list[str] | None) -> None:
+    from ..results.manifest import model_identity, package_versions
+
+    ensure_plotly_js(folder)
+    scores = task_scores(model, n=32 if quick else 128)
+    chosen = sections if sections is not None else [s for s in SECTION_ORDER if s in names("report_section")]
+    chosen += [s for s in names("report_section") if s not in chosen and sections is None]
+    built: list[tuple[str, Section]] = []
+    for name in chosen:
+        built.append((name, lookup("report_section", name)(model, folder / name, quick)))
+    parts = [("at a glance", _glance(built)),
+             ("the model", f"<pre>{html.escape(a.structure.describe())}</pre>"),
+             ("how it does the built-in tasks", _scores_html(scores))]
+    for name, sec in built:
+        link = (f'<p class="more"><a href="{name}/index.html">{html.escape(sec.title)}: every figure and the whole '
+                "table</a></p>") if sec.own_page else ""
+        parts.append((sec.title, f'<p class="takeaway">{html.escape(sec.lead)}</p>' + terms_html(sec.terms) + sec.body
+                      + link))
+    (folder / "scores.json").write_text(json.dumps(scores, indent=2))
+    manifest = {"operation": "report", "quick": quick, "sections": chosen, "model": model_identity(a),
+                "versions": package_versions()}
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str), encoding="utf-8")
+    lead = (f"What {a.name} ({a.structure.n_layers} layers, {a.structure.n_heads} heads per layer) does on the "
+            "built-in tasks, and which of its components carry each task, with 95% bootstrap intervals over "
+            "prompts. Each section below starts with its conclusion; every section has its own page.")
+    write_page(folder / "index.html", f"entoscope report: {a.name}", parts, js_relpath="plotly.min.js", lead=lead)
+
+
+def _glance(built: list[tuple[str, Section]]) -> str:
+    items = "".join(f'<li><a href="#{anchor(sec.title)}">{html.escape(sec.title)}</a>: {html.escape(sec.lead)}</li>'
+                    for _, sec in built)
+    return f"<ul class=\"glance\">{items}</ul>"
+
+
+def _scores_html(scores: dict[str, dict[str, float]]) -> str:
+    import pandas as pd
+
+    rows = []
+    for task, figs in scores.items():
+        if "skipped" in figs:
+            rows.append({"task": task, "what": TASK_MEANING.get(task, ""), "measure": "skipped",
+                         "value": None, "95% interval": str(figs.get("reason", "")), "prompts": None})
+            continue
+        for key, value in figs.items():
+            if key == "n" or key.endswith(("_ci_low", "_ci_high")):
+                continue
+            ci = f"[{figs[key + '_ci_low']:.3f}, {figs[key + '_ci_high']:.3f}]" if key + "_ci_low" in figs else ""
+            rows.append({"task": task, "what": TASK_MEANING.get(task, ""), "measure": key.replace("_", " "),
+                         "value": round(value, 3), "95% interval": ci, "prompts": int(figs["n"])})
+    return table_html(pd.DataFrame(rows), note="the task could not be built for this tokenizer")

@@ -1,0 +1,68 @@
+"""The report's circuits section: the induction and IOI circuits by EAP-IG, their faithfulness and stability.
+
+Head scores (repeated random tokens, period 20) name the strongest previous-token and induction heads;
+the section says where EAP-IG ranks the K-composition routes between them (circuits/routes.py).
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any
+
+from ...registry import register
+from ..section import Section, interval, result_html, run_saved
+
+
+@register("report_section", "circuits")
+def circuits_section(model: Any, folder: Path, quick: bool) -> Section:
+    from ...circuits import Circuits
+    from ...circuits.routes import k_composition_routes, route_rank
+
+    n_edges = 20
+    op = Circuits(method="eap_ig", steps=5, metric="logit_diff", n_edges=n_edges, stability=100)
+    result = run_saved(op, model, {"task": "induction", "n": 16 if quick else 48, "seed": 11}, folder, folder.parent)
+    s = result.summary
+    routes, _ = k_composition_routes(model, n=8 if quick else 16)
+    ranks = result.table.set_index("edge")["rank"]
+    ranked = sorted((r, route) for route in routes if (r := route_rank(route, ranks)) is not None)
+    found = [f"{' + '.join(route)} (weakest edge rank {r} of {s['n_edges_total']})" for r, route in ranked[:4]]
+    lines = [
+        f"EAP-IG ({op.steps} steps, {op.rule} rule) on the induction task, metric logit difference; "
+        f"clean {s['m_full']:.3f}, corrupt {s['m_empty']:.3f}.",
+        f"Top-{n_edges} circuit: {s['n_kept']} edges ({s['n_kept_pruned']} after pruning), metric "
+        f"{s['m_circuit']:.3f}, faithfulness {interval(s, 'faithfulness')}; CPR {interval(s, 'cpr')}, "
+        f"CMD {interval(s, 'cmd')} over MIB's edge fractions (95% bootstrap intervals over prompts).",
+        stability_sentence(s),
+        "Previous-token head -> induction head key, directly or through an MLP, best routes: "
+        + ("; ".join(found) if found else "no such pair of heads"),
+    ]
+    body = "<h3>induction circuit (EAP-IG, top 20 edges)</h3>" + "".join(f"<p>{html.escape(line)}</p>" for line in lines)
+    body += result_html(result, figures=2, lead=False)
+    ioi_op = Circuits(method="eap_ig", steps=5, metric="logit_diff", n_edges=n_edges, stability=100, faithfulness=[])
+    ioi = run_saved(ioi_op, model, {"task": "ioi", "n": 16 if quick else 48, "seed": 11}, folder / "ioi", folder.parent)
+    t = ioi.summary
+    sentence = f"Faithfulness {interval(t, 'faithfulness')}. {stability_sentence(t)}"
+    body += (f"<h3>IOI circuit (EAP-IG, top {n_edges} edges)</h3><p>{html.escape(sentence)}</p>"
+             + result_html(ioi, figures=1, lead=False, max_rows=8)
+             + f'<p class="more"><a href="{folder.name}/ioi/index.html">IOI circuit: every figure and the whole '
+             "table</a></p>")
+    lead = (f"The induction task's top-{n_edges} EAP-IG circuit recovers {interval(s, 'faithfulness', '.2f')} of the "
+            f"model's logit difference (faithfulness); its edges are chosen again with mean Jaccard "
+            f"{s.get('stability_jaccard', float('nan')):.2f} over resamples of the prompts. The IOI circuit: "
+            f"faithfulness {interval(t, 'faithfulness', '.2f')}, Jaccard {t.get('stability_jaccard', float('nan')):.2f}.")
+    return Section("induction and IOI circuits (EAP-IG)", lead, body,
+                   terms=("EAP-IG", "faithfulness", "CPR", "CMD", "stable circuit", "95% interval"))
+
+
+def stability_sentence(s: dict[str, Any]) -> str:
+    """Circuit stability in one sentence (summary keys of a Circuits run with stability > 0)."""
+    if "stability_resamples" not in s:
+        return ""
+    text = (f"Over {s['stability_resamples']} bootstrap resamples of the prompts the top-{s['n_kept']} circuit is chosen "
+            f"again each time: mean pairwise Jaccard {s['stability_jaccard']:.2f} (with the full-data circuit "
+            f"{s['stability_jaccard_to_full']:.2f}); {s['n_stable']} edges are kept in at least "
+            f"{s['stability_share']:.0%} of resamples (the stable circuit)")
+    if "stable_faithfulness" in s:
+        text += f", faithfulness {interval(s, 'stable_faithfulness')}"
+    return text + "."

@@ -1,0 +1,33 @@
+"""The report's direct-logit-attribution section: DLA of the IOI logit difference (IO minus S)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ...registry import register
+from ...results.page import figure_div, table_html
+from ..section import Section, run_saved
+
+
+COLUMNS = ["component", "kind", "mean", "mean_ci_low", "mean_ci_high", "mean_q", "significant", "n_prompts"]
+
+
+@register("report_section", "dla")
+def dla_section(model: Any, folder: Path, quick: bool) -> Section:
+    """Run DLA on IOI prompts of `model`, save the Result under `folder`, return the Section."""
+    from ...circuits import DirectLogitAttribution
+
+    data = {"task": "ioi", "n": 8 if quick else 32, "seed": 7}
+    result = run_saved(DirectLogitAttribution(metric="logit_diff"), model, data, folder, folder.parent)
+    t = result.table
+    top = t.reindex(t["mean"].abs().sort_values(ascending=False).index)
+    identity = result.extra["identity"]
+    note = (f'<p class="note">Checked per prompt: the rows plus the constant reproduce the model\'s logit difference '
+            f"within {identity['error'].max():.2g} (allowed {identity['allowed'].min():.2g} or more).</p>")
+    figs = "".join(figure_div(fig) for _, fig in result.figures())
+    shown = top[[c for c in COLUMNS if c in top]]
+    return Section("direct logit attribution on IOI (logit difference: IO minus S)", result.takeaway,
+                   note + figs + table_html(shown, max_rows=12, note=result.blank_note),
+                   terms=("direct logit attribution", "logit difference", "95% interval"))
+

@@ -1,0 +1,26 @@
+"""The report's head-scores section: every kind (previous-token, duplicate-token, induction) side by side."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ...models.adapter import adapt
+from ...registry import register
+from ...results.page import figure_div, table_html
+from ..section import Section, run_saved
+
+
+@register("report_section", "head_scores")
+def head_scores_section(model: Any, folder: Path, quick: bool) -> Section:
+    from ...circuits import HeadScores
+    from ...circuits.head_figures import head_score_panels
+
+    a = adapt(model)
+    data = {"task": "repeated_tokens", "n": 8 if quick else 32, "seed": 3,
+            "params": {"length": 20, "bos_token_id": a.bos_token_id}}
+    result = run_saved(HeadScores(period=20), model, data, folder, folder.parent)
+    t = result.table
+    top = t.sort_values("score", ascending=False).head(12)
+    body = figure_div(head_score_panels(t)) + table_html(top, note=result.blank_note)
+    return Section("attention head scores on repeated random tokens", result.takeaway, body, terms=("score", "score_tl"))

@@ -1,0 +1,28 @@
+"""The report's information-flow-routes section: the routes of a few IOI prompts (Ferrando & Voita 2024)."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any
+
+from ...registry import register
+from ...results.page import figure_div, table_html
+from ..section import Section, run_saved
+
+
+@register("report_section", "ifr")
+def ifr_section(model: Any, folder: Path, quick: bool) -> Section:
+    """Run IFR on IOI prompts of `model`, save the Result under `folder`, return the Section."""
+    from ...circuits import InformationFlowRoutes
+
+    op = InformationFlowRoutes(drawn_routes=1 if quick else 2)
+    result = run_saved(op, model, {"task": "ioi", "n": 4 if quick else 16, "seed": 3}, folder, folder.parent)
+    figs = "".join(f'<p class="figtitle">{html.escape(title)}</p>' + figure_div(fig) for title, fig in result.figures())
+    note = (f'<p class="note">An edge is kept when its proximity share of its node is above tau = {op.tau:g}; '
+            "routes start at the last position, last layer. Every prompt's graph is saved as GraphML and JSON "
+            "under <code>ifr/graphs/</code>.</p>")
+    lead = result.takeaway or (f"Information flow routes of {len(result.extra['graphs'])} IOI prompts: the "
+                               "components each prompt's prediction is built from.")
+    return Section("information flow routes on IOI", lead, note + figs + table_html(result.table, max_rows=12),
+                   terms=("information flow routes",))

@@ -1,0 +1,73 @@
+"""What every figure on a page gets, whichever operation drew it: a height that fits its rows, integer
+ticks on layer / head / position axes, a diverging colour scale centred at 0 for signed heatmaps, colour
+bars of a readable size, and legends placed where they never cover data or axis titles."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+INTEGER_AXES = ("layer", "head", "kv_head", "position", "step", "prompt")
+ROW_PX, MIN_HEIGHT = 40, 300
+
+
+def polish(fig: Any) -> Any:
+    """Apply the house figure rules to a plotly figure in place (and return it)."""
+    _integer_ticks(fig)
+    rows = 0
+    for trace in fig.data:
+        if trace.type == "heatmap" and trace.z is not None:
+            z = np.asarray(trace.z, dtype=float)
+            rows = max(rows, z.shape[0] if z.ndim == 2 else 1)
+            _colour_scale(trace, z)
+            trace.colorbar.thickness = 14
+            trace.colorbar.len = 1.0
+    height = fig.layout.height or 0
+    if rows:
+        height = max(height, 140 + ROW_PX * rows)
+    fig.update_layout(height=max(height, MIN_HEIGHT))
+    _legend(fig)
+    return fig
+
+
+def _integer_ticks(fig: Any) -> None:
+    layout = fig.layout
+    for name in [k for k in layout if k.startswith(("xaxis", "yaxis"))]:
+        axis = layout[name]
+        title = (axis.title.text or "").lower() if axis.title else ""
+        if not any(title.startswith(w) or f" {w}" in title for w in INTEGER_AXES):
+            continue
+        letter, ref = name[0], name[0] + name[5:]  # "xaxis2" -> ("x", "x2")
+        values: list[Any] = []
+        for t in fig.data:
+            if (getattr(t, f"{letter}axis", None) or letter) == ref and getattr(t, letter, None) is not None:
+                values += [v for v in np.asarray(getattr(t, letter), dtype=object).ravel() if _is_number(v)]
+        if values and all(float(v).is_integer() for v in values):
+            axis.update(tickmode="linear", dtick=1 if len(set(values)) <= 30 else None, tickformat="d")
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and np.isfinite(v)
+
+
+def _colour_scale(trace: Any, z: np.ndarray) -> None:
+    """Signed data (both signs) get a diverging scale centred at 0, symmetric, unless the trace chose one."""
+    finite = z[np.isfinite(z)]
+    if not finite.size or trace.zmid is not None or trace.zmin is not None:
+        return
+    if finite.min() < 0 < finite.max():
+        bound = float(np.abs(finite).max())
+        trace.update(colorscale="RdBu", zmid=0, zmin=-bound, zmax=bound)
+
+
+def _legend(fig: Any) -> None:
+    """Legends go above the plot area, in a row, so they cover neither data nor axis titles."""
+    if not any(getattr(t, "showlegend", None) is not False and getattr(t, "name", None) for t in fig.data):
+        return
+    titled = bool(fig.layout.title and fig.layout.title.text)
+    fig.update_layout(legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "xanchor": "left", "x": 0})
+    top = 90 if titled else 60
+    fig.update_layout(margin={"t": max(top, (fig.layout.margin.t or 0))})
+    if titled:
+        fig.update_layout(title={"y": 0.98, "yanchor": "top"})

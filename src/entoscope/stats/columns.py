@@ -1,0 +1,50 @@
+"""Table columns and hover text from a Summary, in the naming every operation shares.
+
+`<name>_ci_low`, `<name>_ci_high` (and `_se`; with `test=True` also `_p`, `_q`: Benjamini-Hochberg
+over the table's cells, and `significant` at `stats.fdr`), plus one `ci_level` column.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .bootstrap import Summary
+from .config import Stats
+from .fdr import benjamini_hochberg
+
+
+def interval_columns(summary: Summary, name: str, stats: Stats, *, test: bool = False,
+                     influence: bool = False) -> dict[str, Any]:
+    """The interval columns of one summarised quantity (the value itself is not repeated)."""
+    cols: dict[str, Any] = {f"{name}_ci_low": summary.ci_low, f"{name}_ci_high": summary.ci_high,
+                            f"{name}_se": summary.se}
+    if influence:
+        cols[f"{name}_influence"] = summary.influence
+        cols[f"{name}_influential_prompt"] = summary.influential
+    if test:
+        q = benjamini_hochberg(summary.p_value)
+        cols[f"{name}_p"] = summary.p_value
+        cols[f"{name}_q"] = q
+        cols["significant"] = np.where(np.isfinite(q), q <= stats.fdr, False)
+    return cols
+
+
+def ci_text(row: Any, name: str) -> str:
+    """'95% CI [a, b]' for a table row with `<name>_ci_low/high` and `ci_level`; '' when there is none."""
+    low, high = row.get(f"{name}_ci_low"), row.get(f"{name}_ci_high")
+    if low is None or high is None or not (np.isfinite(low) and np.isfinite(high)):
+        return ""
+    return f"{round(100 * float(row['ci_level']))}% CI [{low:.3g}, {high:.3g}]"
+
+
+def error_arrays(frame: Any, name: str, value: str | None = None) -> dict[str, Any] | None:
+    """Plotly asymmetric error bars (value - ci_low, ci_high - value) for `frame`, or None without intervals."""
+    low, high = frame.get(f"{name}_ci_low"), frame.get(f"{name}_ci_high")
+    if low is None or high is None or not np.isfinite(np.asarray(low, dtype=float)).any():
+        return None
+    v = np.asarray(frame[value or name], dtype=float)
+    return {"type": "data", "symmetric": False, "visible": True,
+            "array": np.nan_to_num(np.asarray(high, dtype=float) - v),
+            "arrayminus": np.nan_to_num(v - np.asarray(low, dtype=float))}
