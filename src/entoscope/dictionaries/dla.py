@@ -78,6 +78,8 @@ class FeatureDLA(DirectLogitAttribution):
     layers: Selection = "all"
     top_k_features: int = Field(default=10, ge=1)
 
+    sharded = False  # its own execute (not split into shards yet: docs/scale.md)
+
     def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared:
         if self.neurons:
             raise ConfigError("feature_dla splits dictionary sites into features, not MLPs into neurons",
