@@ -13,20 +13,15 @@ Three measurements, each reported as a ratio (nnsight time / bridge time, and mu
 from __future__ import annotations
 
 import argparse
-import time
+import sys
+from pathlib import Path
 
 import torch
 
 import entoscope as es
 
-
-def best(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
+sys.path.insert(0, str(Path(__file__).parent))
+from common import best_of  # noqa: E402
 
 
 def main() -> None:
@@ -41,8 +36,8 @@ def main() -> None:
     lens = es.Lens(sites=es.Sites(activation="resid_post", over=["layer", "position"]))
     patching = es.Patching(method="exact", sites=es.Sites(activation="resid_pre", over=["layer", "position"]))
     for what, op in (("logit lens", lens), ("exact patching", patching)):
-        tb = best(lambda op=op: op.run(bridge, data, quiet=True), args.repeats)
-        tn = best(lambda op=op: op.run(nn, data, quiet=True), args.repeats)
+        tb = best_of(lambda op=op: op.run(bridge, data, quiet=True), args.repeats)
+        tn = best_of(lambda op=op: op.run(nn, data, quiet=True), args.repeats)
         print(f"{what:16s} bridge {tb:7.3f} s  nnsight {tn:7.3f} s  ratio nnsight/bridge {tn / tb:5.2f}")
 
     adapter = es.models.adapt(nn)
@@ -65,7 +60,7 @@ def main() -> None:
                     kept.extend(b.output.save() for b in blocks)
         assert len(kept) == len(batch) * len(blocks)
 
-    t1, tm = best(one_trace, args.repeats), best(multi_invoke, args.repeats)
+    t1, tm = best_of(one_trace, args.repeats), best_of(multi_invoke, args.repeats)
     print(f"multi-invoke     one batch {t1:7.3f} s  one invoke per prompt {tm:7.3f} s  ratio {tm / t1:5.2f}")
 
 

@@ -18,16 +18,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import gpt2_small, random_prompts, set_threads  # noqa: E402
+from common import best_of, gpt2_small, random_prompts, set_threads  # noqa: E402
 
-
-def best_of(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
 
 
 def cases(es, n: int):
