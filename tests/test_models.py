@@ -111,9 +111,12 @@ def test_writing_resid_mid_changes_the_residual_not_only_the_mlp_input(tiny):
     (both add to the same residual). A bridge's hook_resid_mid is only the MLP norm's input."""
     a = adapt(tiny)
     s = a.structure
-    if s.parallel:
-        pytest.skip("parallel blocks have no resid_mid (refused as no_resid_mid, tested in test_sites)")
     base, source = tokens(a), tokens(a, SOURCE)
+    if s.parallel:  # no residual between attention and MLP: refused, never written somewhere else
+        with pytest.raises(SiteError) as err:
+            a.run(base, interventions=[Intervention.add("resid_mid.0", torch.zeros(s.d_model))])
+        assert err.value.code == "no_resid_mid"
+        return
     v = torch.randn(s.d_model, generator=torch.Generator().manual_seed(0))
     for L in range(s.n_layers):
         src = a.run(source, [f"resid_mid.{L}"])
