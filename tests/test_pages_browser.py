@@ -18,7 +18,11 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--
         "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
 WIDTH = 1280
 
-playwright = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (pip install playwright)")
+if os.environ.get("ENTOSCOPE_REQUIRE_BROWSER") == "1":  # CI: a missing browser fails instead of skipping
+    import playwright.sync_api as playwright  # noqa: F401
+    assert CHROMIUM is not None, "ENTOSCOPE_REQUIRE_BROWSER=1 but no Chromium is installed (apt-get install chromium)"
+else:
+    playwright = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (pip install playwright)")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on this machine (apt-get install chromium)")
 
 CHECKS = """() => {

@@ -5,13 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
-
-def _ci(r: Any, col: str, fmt: str = "+.2f") -> str:
-    low, high = r.get(f"{col}_ci_low"), r.get(f"{col}_ci_high")
-    text = format(r[col], fmt)
-    return text + (f" [{format(low, fmt)}, {format(high, fmt)}]" if low is not None and pd.notna(low) else "")
+from ..stats import value_with_ci
 
 
 def dla_takeaway(result: Any, top: int = 3) -> str:
@@ -23,7 +18,7 @@ def dla_takeaway(result: Any, top: int = 3) -> str:
     if not len(t) or "mean" not in t:
         return ""
     strongest = t.reindex(t["mean"].abs().sort_values(ascending=False).index).head(top)
-    cells = "; ".join(f"{r['component']} {_ci(r, 'mean')}" for _, r in strongest.iterrows())
+    cells = "; ".join(f"{r['component']} {value_with_ci(r, 'mean', '+.2f')}" for _, r in strongest.iterrows())
     n = int(t["n_prompts"].iloc[0])
     text = f"The components writing most directly to the {result.extra.get('metric', 'metric')}: {cells}"
     pp, identity = result.per_prompt, result.extra.get("identity")
@@ -44,6 +39,6 @@ def head_scores_takeaway(result: Any) -> str:
     if not len(t) or "score" not in t:
         return ""
     best = t.sort_values("score", ascending=False).groupby("kind", sort=False).head(1)
-    cells = "; ".join(f"{r['kind'].replace('_', '-')} a{int(r['layer'])}.h{int(r['head'])} {_ci(r, 'score', '.2f')}"
+    cells = "; ".join(f"{r['kind'].replace('_', '-')} a{int(r['layer'])}.h{int(r['head'])} {value_with_ci(r, 'score', '.2f')}"
                       for _, r in best.iterrows())
     return f"Strongest head of each kind (score, 1 = ideal; 95% intervals over {int(t['n_prompts'].iloc[0])} prompts): {cells}."

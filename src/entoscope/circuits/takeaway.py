@@ -4,10 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-
-def _ci(s: dict[str, Any], key: str) -> str:
-    low, high = s.get(f"{key}_ci_low"), s.get(f"{key}_ci_high")
-    return f"{s[key]:.2f}" + (f" [{low:.2f}, {high:.2f}]" if low is not None and high is not None else "")
+from ..stats import value_with_ci
 
 
 def circuit_takeaway(result: Any) -> str:
@@ -17,13 +14,14 @@ def circuit_takeaway(result: Any) -> str:
     kept = t[t["in_circuit"].astype(bool)] if "in_circuit" in t else t.iloc[:0]
     text = f"The circuit keeps {s['n_kept']} of {s['n_edges_total']} edges ({s['method']}, metric {s['metric']})"
     if "faithfulness" in s:
-        text += f" and recovers {_ci(s, 'faithfulness')} of the metric (faithfulness)"
+        text += f" and recovers {value_with_ci(s, 'faithfulness')} of the metric (faithfulness)"
     text += "."
     if len(kept) and "score" in kept:
         top = kept.reindex(kept["score"].abs().sort_values(ascending=False).index).head(3)
         text += " Strongest edges: " + ", ".join(f"{r.edge} ({r.score:+.2g})" for r in top.itertuples()) + "."
     if s.get("cpr") is not None and s.get("cpr") == s.get("cpr"):
-        text += f" Over the edge fractions: CPR {_ci(s, 'cpr')} (higher is better), CMD {_ci(s, 'cmd')} (lower is better)."
+        text += (f" Over the edge fractions: CPR {value_with_ci(s, 'cpr')} (higher is better), "
+                 f"CMD {value_with_ci(s, 'cmd')} (lower is better).")
     if "stability_jaccard" in s:
         text += (f" Over {s['stability_resamples']} resamples of the prompts the circuit is chosen again with mean "
                  f"Jaccard {s['stability_jaccard']:.2f}; {s['n_stable']} edges are kept in at least "

@@ -6,6 +6,8 @@ from typing import Any
 
 import pandas as pd
 
+from ..stats import value_with_ci
+
 
 def last_position_rows(table: pd.DataFrame) -> pd.DataFrame:
     """The rows of the last position asked for (the largest offset or index; a role named END or last)."""
@@ -20,11 +22,6 @@ def last_position_rows(table: pd.DataFrame) -> pd.DataFrame:
     return table[table["position"] == last]
 
 
-def _ci(row: Any, col: str) -> str:
-    low, high = row.get(f"{col}_ci_low"), row.get(f"{col}_ci_high")
-    return f"{row[col]:.3g}" + (f" [{low:.3g}, {high:.3g}]" if low is not None and pd.notna(low) else "")
-
-
 def lens_takeaway(result: Any) -> str:
     t = result.table
     if not len(t) or "layer" not in t:
@@ -37,11 +34,11 @@ def lens_takeaway(result: Any) -> str:
         when = (f"the answer is the lens's top token for most prompts from layer {int(top['layer'].iloc[0])} on"
                 if len(top) else "the answer is never the lens's top token for most prompts")
         return (f"At the last position {when}; the answer's mean probability through the lens is "
-                f"{_ci(first, 'target_prob_mean')} at layer {int(first['layer'])} and "
-                f"{_ci(final, 'target_prob_mean')} at layer {int(final['layer'])} "
+                f"{value_with_ci(first, 'target_prob_mean', '.3g')} at layer {int(first['layer'])} and "
+                f"{value_with_ci(final, 'target_prob_mean', '.3g')} at layer {int(final['layer'])} "
                 f"(95% intervals over {n} prompts).")
     if "kl_mean" in rows:
-        return (f"At the last position KL(final || lens) falls from {_ci(first, 'kl_mean')} nats at layer "
-                f"{int(first['layer'])} to {_ci(final, 'kl_mean')} at layer {int(final['layer'])} "
+        return (f"At the last position KL(final || lens) falls from {value_with_ci(first, 'kl_mean', '.3g')} nats at layer "
+                f"{int(first['layer'])} to {value_with_ci(final, 'kl_mean', '.3g')} at layer {int(final['layer'])} "
                 f"(95% intervals over {n} prompts).")
     return ""

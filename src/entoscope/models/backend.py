@@ -60,6 +60,10 @@ class Backend:
     def check_servable(self, act: ActName) -> None:
         """Refuse (SiteError) a base site this model cannot read or write."""
 
+    def written_through(self, act: ActName) -> ActName:
+        """The base site where a write to `act` takes effect (itself, unless the backend writes it elsewhere)."""
+        return act
+
     def computes_norm(self, act: ActName, structure: Structure) -> bool:
         """Whether the normalised input `act` has no site here, so the adapter computes it from the residual."""
         return False

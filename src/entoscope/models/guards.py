@@ -68,13 +68,12 @@ def first_non_finite(adapter: ModelAdapter, tokens: Tensor, interventions: Seque
     same forward with the same interventions (base interventions, ModelAdapter.lower)."""
     impl = adapter.impl
     written = {act for act, _ in interventions}
+    through = {impl.written_through(act): act for act in written}  # where each write takes effect
     with torch.no_grad():
         _, acts = impl.run(tokens, impl.sites(adapter.structure), list(interventions), logits=False)
     for act, x in acts.items():  # in the order they were reached
         if act.kind != "attn_scores" and x.is_floating_point() and not bool(torch.isfinite(x).all()):
-            mid = type(act)("resid_mid", act.layer)
-            if act.kind == "attn_out" and mid in written:  # a bridge writes resid_mid through attn_out
-                act = mid
+            act = through.get(act, act)  # name the site the user wrote, not where the backend wrote it
             return f"{act} (hook {impl.key(act)})" + (", where an intervention writes" if act in written else "")
     return None
 

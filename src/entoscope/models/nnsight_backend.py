@@ -160,6 +160,9 @@ class NNsightBackend(Backend):
             out += [ActName(k, L) for k in _LAYER_ORDER if self.has_site(ActName(k, L))]
         return out + [ActName("final_scale")]
 
+    def written_through(self, act: ActName) -> ActName:
+        return ActName("attn_out", act.layer) if act.kind == "resid_mid" else act  # attn_out = new - resid_pre
+
     def check_servable(self, act: ActName) -> None:
         if act.kind in HEAD_DERIVED and self._heads_refused:
             raise SiteError(f"{act}: this nnsight model's attention could not be reproduced from its q, k and v "

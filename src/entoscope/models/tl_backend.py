@@ -283,6 +283,9 @@ class BridgeBackend(TLBackend):
                 hooks += _mid_through_attn_out(act.layer, fn)
         return hooks
 
+    def written_through(self, act: ActName) -> ActName:
+        return ActName("attn_out", act.layer) if act.kind == "resid_mid" else act
+
     def record_past(self, acts: dict[ActName, Tensor], layer: int, structure: Structure) -> None:
         with torch.no_grad():
             keys, values = bridge_start.record(self.tl, structure.architecture, acts[ActName("resid_pre", layer)],

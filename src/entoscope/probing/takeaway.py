@@ -6,10 +6,7 @@ from typing import Any
 
 import pandas as pd
 
-
-def _ci(r: Any, col: str) -> str:
-    low, high = r.get(f"{col}_ci_low"), r.get(f"{col}_ci_high")
-    return f"{r[col]:.2f}" + (f" [{low:.2f}, {high:.2f}]" if low is not None and pd.notna(low) else "")
+from ..stats import value_with_ci
 
 
 def probing_takeaway(result: Any) -> str:
@@ -20,11 +17,11 @@ def probing_takeaway(result: Any) -> str:
     col = f"test_{metric}"
     best = t.loc[t[col].idxmax()]
     n = int(best["n_held_out"]) if "n_held_out" in best and pd.notna(best.get("n_held_out")) else None
-    text = f"The probe's held-out {metric} is highest at {best['site']}: {_ci(best, col)}"
+    text = f"The probe's held-out {metric} is highest at {best['site']}: {value_with_ci(best, col)}"
     if f"control_{col}" in t and pd.notna(best.get(f"control_{col}")):
-        text += f", against {_ci(best, f'control_{col}')} on the control task"
+        text += f", against {value_with_ci(best, f'control_{col}')} on the control task"
     if "selectivity" in t and pd.notna(best.get("selectivity")):
-        text += f" (selectivity {_ci(best, 'selectivity')})"
+        text += f" (selectivity {value_with_ci(best, 'selectivity')})"
     text += "."
     low = best.get("selectivity_ci_low")
     if low is not None and pd.notna(low):

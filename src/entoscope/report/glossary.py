@@ -43,7 +43,8 @@ TERMS: dict[str, str] = {
     "higher is better (MIB, Mueller et al. 2025).",
     "CMD": "circuit-model distance: the area between the faithfulness curve and 1 (|1 - faithfulness|); lower "
     "is better (MIB).",
-    "stable circuit": "the edges chosen in at least half (the stability_share setting) of the bootstrap resamples of the prompts; Jaccard: the "
+    "stable circuit": "the edges chosen in at least half (the stability_share setting) of the bootstrap "
+    "resamples of the prompts; Jaccard: the "
     "overlap of two circuits' edge sets (shared / either).",
     "held-out score": "probing: accuracy (classes) or R^2 (numbers) of a linear probe on prompts it was not "
     "fit on; the control task gives the prompts random labels of the same distribution, and selectivity is "

@@ -66,16 +66,3 @@ def examples_html(operation: Any, model: Any, examples: list[tuple[str, dict[str
         link = f'<p class="more"><a href="{rel}">{html.escape(title)}: every figure and the whole table</a></p>'
         parts.append(f"<h3>{html.escape(title)}</h3>" + result_html(result, max_rows=max_rows, columns=columns) + link)
     return "".join(parts), results
-
-
-def link_html(folder: Path, what: str = "every figure and the whole table") -> str:
-    """The one link of a section to its own page."""
-    return f'<p class="more"><a href="{Path(folder).name}/index.html">{html.escape(what)}</a></p>'
-
-
-def interval(s: dict[str, Any], key: str, fmt: str = ".3f") -> str:
-    """'value [low, high]' from a summary dict with key, key_ci_low and key_ci_high."""
-    low, high = s.get(f"{key}_ci_low"), s.get(f"{key}_ci_high")
-    if low is None or high is None:
-        return format(s[key], fmt)
-    return f"{format(s[key], fmt)} [{format(low, fmt)}, {format(high, fmt)}]"

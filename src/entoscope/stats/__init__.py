@@ -8,9 +8,10 @@ leave-one-out values (one weight 0) used for influence and the BCa acceleration.
 
 from .bootstrap import (FunctionStat, RatioStat, StatFn, Summary, fragile, leave_one_out, mean_stat, ratio_stat,
                         resample_weights, summarise)
-from .columns import ci_text, error_arrays, interval_columns
+from .columns import ci_text, error_arrays, interval_columns, value_with_ci
 from .config import Stats
 from .fdr import benjamini_hochberg
 
 __all__ = ["FunctionStat", "RatioStat", "StatFn", "Stats", "Summary", "benjamini_hochberg", "ci_text",
-           "error_arrays", "fragile", "interval_columns", "leave_one_out", "mean_stat", "ratio_stat", "resample_weights", "summarise"]
+           "error_arrays", "fragile", "interval_columns", "leave_one_out", "mean_stat", "ratio_stat", "resample_weights", "summarise",
+           "value_with_ci"]

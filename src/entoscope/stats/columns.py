@@ -39,6 +39,16 @@ def ci_text(row: Any, name: str) -> str:
     return f"{round(100 * float(row['ci_level']))}% CI [{low:.3g}, {high:.3g}]"
 
 
+def value_with_ci(row: Any, name: str, fmt: str = ".2f") -> str:
+    """'value [low, high]' for a table row or summary dict with `<name>_ci_low/high`; the value alone
+    where there is no finite interval."""
+    low, high = row.get(f"{name}_ci_low"), row.get(f"{name}_ci_high")
+    text = format(row[name], fmt)
+    if low is None or high is None or not (np.isfinite(low) and np.isfinite(high)):
+        return text
+    return f"{text} [{format(low, fmt)}, {format(high, fmt)}]"
+
+
 def error_arrays(frame: Any, name: str, value: str | None = None) -> dict[str, Any] | None:
     """Plotly asymmetric error bars (value - ci_low, ci_high - value) for `frame`, or None without intervals."""
     low, high = frame.get(f"{name}_ci_low"), frame.get(f"{name}_ci_high")

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from ...registry import register
-from ..section import Section, interval, result_html, run_saved
+from ...stats import value_with_ci
+from ..section import Section, result_html, run_saved
 
 
 @register("report_section", "circuits")
@@ -31,8 +32,8 @@ def circuits_section(model: Any, folder: Path, quick: bool) -> Section:
         f"EAP-IG ({op.steps} steps, {op.rule} rule) on the induction task, metric logit difference; "
         f"clean {s['m_full']:.3f}, corrupt {s['m_empty']:.3f}.",
         f"Top-{n_edges} circuit: {s['n_kept']} edges ({s['n_kept_pruned']} after pruning), metric "
-        f"{s['m_circuit']:.3f}, faithfulness {interval(s, 'faithfulness')}; CPR {interval(s, 'cpr')}, "
-        f"CMD {interval(s, 'cmd')} over MIB's edge fractions (95% bootstrap intervals over prompts).",
+        f"{s['m_circuit']:.3f}, faithfulness {value_with_ci(s, 'faithfulness', '.3f')}; CPR {value_with_ci(s, 'cpr', '.3f')}, "
+        f"CMD {value_with_ci(s, 'cmd', '.3f')} over MIB's edge fractions (95% bootstrap intervals over prompts).",
         stability_sentence(s),
         "Previous-token head -> induction head key, directly or through an MLP, best routes: "
         + ("; ".join(found) if found else "no such pair of heads"),
@@ -42,15 +43,15 @@ def circuits_section(model: Any, folder: Path, quick: bool) -> Section:
     ioi_op = Circuits(method="eap_ig", steps=5, metric="logit_diff", n_edges=n_edges, stability=100, faithfulness=[])
     ioi = run_saved(ioi_op, model, {"task": "ioi", "n": 16 if quick else 48, "seed": 11}, folder / "ioi", folder.parent)
     t = ioi.summary
-    sentence = f"Faithfulness {interval(t, 'faithfulness')}. {stability_sentence(t)}"
+    sentence = f"Faithfulness {value_with_ci(t, 'faithfulness', '.3f')}. {stability_sentence(t)}"
     body += (f"<h3>IOI circuit (EAP-IG, top {n_edges} edges)</h3><p>{html.escape(sentence)}</p>"
              + result_html(ioi, figures=1, lead=False, max_rows=8)
              + f'<p class="more"><a href="{folder.name}/ioi/index.html">IOI circuit: every figure and the whole '
              "table</a></p>")
-    lead = (f"The induction task's top-{n_edges} EAP-IG circuit recovers {interval(s, 'faithfulness', '.2f')} of the "
+    lead = (f"The induction task's top-{n_edges} EAP-IG circuit recovers {value_with_ci(s, 'faithfulness', '.2f')} of the "
             f"model's logit difference (faithfulness); its edges are chosen again with mean Jaccard "
             f"{s.get('stability_jaccard', float('nan')):.2f} over resamples of the prompts. The IOI circuit: "
-            f"faithfulness {interval(t, 'faithfulness', '.2f')}, Jaccard {t.get('stability_jaccard', float('nan')):.2f}.")
+            f"faithfulness {value_with_ci(t, 'faithfulness', '.2f')}, Jaccard {t.get('stability_jaccard', float('nan')):.2f}.")
     return Section("induction and IOI circuits (EAP-IG)", lead, body,
                    terms=("EAP-IG", "faithfulness", "CPR", "CMD", "stable circuit", "95% interval"))
 
@@ -64,5 +65,5 @@ def stability_sentence(s: dict[str, Any]) -> str:
             f"{s['stability_jaccard_to_full']:.2f}); {s['n_stable']} edges are kept in at least "
             f"{s['stability_share']:.0%} of resamples (the stable circuit)")
     if "stable_faithfulness" in s:
-        text += f", faithfulness {interval(s, 'stable_faithfulness')}"
+        text += f", faithfulness {value_with_ci(s, 'stable_faithfulness', '.3f')}"
     return text + "."
