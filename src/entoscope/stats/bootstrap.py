@@ -26,6 +26,8 @@ import numpy as np
 import torch
 
 from .config import Stats
+from .resample import Resampler, resample_weights
+from .sums import SumsStat
 
 CELLS_PER_CHUNK = 1 << 23  # bootstrap values held at once (resamples x cells): 64 MiB of float64
 
@@ -37,44 +39,6 @@ class StatFn(Protocol):
     def __call__(self, W: np.ndarray, cols: slice) -> np.ndarray: ...
 
 
-class RatioStat:
-    """theta(w) = (w @ num) / (w @ den), per cell. num [n, U]; den [n, U] or [n] (shared by the cells).
-
-    Covers a mean (num = values, den = 1), a mean over the finite entries (num = values with NaN as 0,
-    den = 1 where finite), and a ratio of means ((mean a - mean b) / (mean c - mean b): num = a - b,
-    den = c - b). A cell whose weighted denominator is 0 is NaN for that weight row.
-    """
-
-    def __init__(self, num: np.ndarray, den: np.ndarray) -> None:
-        self.num = np.asarray(num, dtype=np.float64)
-        if self.num.ndim == 1:
-            self.num = self.num[:, None]
-        den = np.asarray(den, dtype=np.float64)
-        self.den = den[:, None] if den.ndim == 1 else den
-        self.n, self.n_cells = self.num.shape
-
-    def __call__(self, W: np.ndarray, cols: slice = slice(None)) -> np.ndarray:
-        a = W @ self.num[:, cols]
-        d = W @ (self.den if self.den.shape[1] == 1 else self.den[:, cols])
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(d != 0, a / np.where(d != 0, d, 1.0), np.nan)
-
-
-def mean_stat(values: np.ndarray) -> RatioStat:
-    """The mean over prompts of each column of values [n, U], skipping NaN entries."""
-    v = np.asarray(values, dtype=np.float64)
-    if v.ndim == 1:
-        v = v[:, None]
-    ok = np.isfinite(v)
-    if ok.all():  # one shared denominator: half the matrix products
-        return RatioStat(v, np.ones(v.shape[0]))
-    return RatioStat(np.where(ok, v, 0.0), ok.astype(np.float64))
-
-
-def ratio_stat(num: np.ndarray, den: np.ndarray) -> RatioStat:
-    return RatioStat(num, den)
-
-
 class FunctionStat:
     """A statistic given as a plain function of the weights (any aggregate; see R2 in probing)."""
 
@@ -83,12 +47,6 @@ class FunctionStat:
 
     def __call__(self, W: np.ndarray, cols: slice = slice(None)) -> np.ndarray:
         return self.fn(W, cols)
-
-
-def resample_weights(n: int, n_boot: int, seed: int) -> np.ndarray:
-    """[n_boot, n] multinomial counts: each row resamples the n prompts with replacement (seeded)."""
-    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0xB007]))
-    return rng.multinomial(n, np.full(n, 1.0 / n), size=n_boot).astype(np.float64)
 
 
 @dataclass
@@ -151,22 +109,28 @@ def expanded_alpha(level: float, n: int) -> float:
     return float(_ndtr(np.array(np.sqrt(n / (n - 1)) * _t_quantile(z, n - 1))))
 
 
-def _interval(boot: np.ndarray, value: np.ndarray, jack: np.ndarray, level: float, method: str, n: int
+def acceleration(jack: np.ndarray) -> np.ndarray:
+    """BCa's acceleration a = sum d^3 / (6 (sum d^2)^1.5), d = mean(jack) - jack, from the jackknife values."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        d = np.nanmean(jack, 0) - jack
+        return np.nansum(d ** 3, 0) / (6 * np.nansum(d ** 2, 0) ** 1.5)
+
+
+def _interval(boot: np.ndarray, value: np.ndarray, accel: np.ndarray | None, level: float, method: str, n: int
               ) -> tuple[np.ndarray, np.ndarray]:
+    """The interval of each cell from its bootstrap values; accel: BCa's acceleration (None: percentile)."""
     alpha = expanded_alpha(level, n)
     finite = np.isfinite(boot)
     lo_q = np.full(value.shape, alpha)
     hi_q = np.full(value.shape, 1 - alpha)
-    if method == "bca" and jack.shape[0] >= 3:
+    if method == "bca" and accel is not None:
         with np.errstate(invalid="ignore", divide="ignore"):
             share = (np.where(finite, boot < value, False).sum(0) + 0.5 * np.where(finite, boot == value, False).sum(0)
                      ) / finite.sum(0)
             z0 = _ndtri(share)
-            d = np.nanmean(jack, 0) - jack
-            a = np.nansum(d ** 3, 0) / (6 * np.nansum(d ** 2, 0) ** 1.5)
             za, zb = _ndtri(np.array(alpha)), _ndtri(np.array(1 - alpha))
-            adj_lo = _ndtr(z0 + (z0 + za) / (1 - a * (z0 + za)))
-            adj_hi = _ndtr(z0 + (z0 + zb) / (1 - a * (z0 + zb)))
+            adj_lo = _ndtr(z0 + (z0 + za) / (1 - accel * (z0 + za)))
+            adj_hi = _ndtr(z0 + (z0 + zb) / (1 - accel * (z0 + zb)))
         ok = np.isfinite(adj_lo) & np.isfinite(adj_hi)  # degenerate distributions fall back to percentiles
         lo_q = np.where(ok, adj_lo, lo_q)
         hi_q = np.where(ok, adj_hi, hi_q)
@@ -196,9 +160,16 @@ def _quantiles(sorted_boot: np.ndarray, lo_q: np.ndarray, hi_q: np.ndarray) -> t
 
 
 def summarise(stat: StatFn, stats: Stats, seed: int, *, keep_boot: bool = False) -> Summary:
-    """Value, interval, se, p-value and leave-one-out influence of every cell of `stat`."""
+    """Value, interval, se, p-value and leave-one-out influence of every cell of `stat`.
+
+    A statistic of weighted sums (`SumsStat`: means, ratios of means, CPR/CMD) is read block by block
+    in two passes (the sums and every resample's sums; then each prompt left out), so its memory is
+    n_boot x cells whatever the number of prompts; any other statistic is evaluated on the whole
+    [n_boot, n] weight matrix."""
     with warnings.catch_warnings():  # all-NaN cells (undefined statistics) are expected and stay NaN
         warnings.simplefilter("ignore", RuntimeWarning)
+        if isinstance(stat, SumsStat):
+            return _summarise_sums(stat, stats, seed, keep_boot)
         return _summarise(stat, stats, seed, keep_boot)
 
 
@@ -215,30 +186,85 @@ def _summarise(stat: StatFn, stats: Stats, seed: int, keep_boot: bool) -> Summar
         influential = np.where(np.isfinite(influence), influential, -1)
     else:
         influence, influential = np.full(U, np.nan), np.full(U, -1)
-    nan = np.full(U, np.nan)
     if stats.n_boot == 0 or n < 2:
-        return Summary(value, nan.copy(), nan.copy(), nan.copy(), nan.copy(), influence, influential,
-                       stats.ci_level, stats.ci_method, 0)
-    W = resample_weights(n, stats.n_boot, seed)
-    low, high, se = nan.copy(), nan.copy(), nan.copy()
+        return _no_interval(value, influence, influential, stats)
+    boot = stat(resample_weights(n, stats.n_boot, seed))
+    accel = acceleration(jack) if n >= 3 else None
+    return _finish(boot, value, accel, influence, influential, stats, n, keep_boot)
+
+
+def _summarise_sums(stat: SumsStat, stats: Stats, seed: int, keep_boot: bool) -> Summary:
+    n, U = stat.n, stat.n_cells
+    n_boot = stats.n_boot if n >= 2 else 0
+    resampler = Resampler(n, n_boot, seed) if n_boot else None
+    total = np.zeros((1, stat.width))
+    boot_sums = np.zeros((n_boot, stat.width))
+    for lo, hi, X in stat.blocks():  # pass 1: the sums, and every resample's sums
+        total += np.ones((1, hi - lo)) @ X
+        if resampler is not None:
+            boot_sums += resampler.block(lo, hi) @ X
+    value = stat.g(total)[0] if n else np.full(U, np.nan)
+    influence, influential = np.full(U, np.nan), np.full(U, -1)
+    accel = None
+    if n > 1:  # pass 2: each prompt left out, g(total - x_i), as deviations e_i from the value
+        k, s1, s2, s3 = (np.zeros(U) for _ in range(4))
+        best = np.full(U, -1.0)
+        for lo, hi, X in stat.blocks():
+            with np.errstate(invalid="ignore", over="ignore"):
+                e = stat.g(total - X) - value[None]
+            ok = np.isfinite(e)
+            e0 = np.where(ok, e, 0.0)
+            k += ok.sum(0)
+            s1 += e0.sum(0)
+            s2 += (e0 ** 2).sum(0)
+            s3 += (e0 ** 3).sum(0)
+            dev = np.where(ok, np.abs(e0), -1.0)
+            better = dev.max(0) > best
+            influential = np.where(better, lo + dev.argmax(0), influential)
+            best = np.where(better, dev.max(0), best)
+        influence = np.where(best >= 0, best, np.nan)
+        influential = np.where(best >= 0, influential, -1)
+        if n >= 3:  # sum (m - e)^2 and sum (m - e)^3 with m the mean deviation: BCa's acceleration
+            with np.errstate(invalid="ignore", divide="ignore"):
+                m = s1 / k
+                d2 = np.maximum(s2 - k * m ** 2, 0.0)
+                d3 = k * m ** 3 - 3 * m ** 2 * s1 + 3 * m * s2 - s3
+                accel = d3 / (6 * d2 ** 1.5)
+    if not n_boot:
+        return _no_interval(value, influence, influential, stats)
+    boot = stat.g(boot_sums)
+    del boot_sums
+    return _finish(boot, value, accel, influence, influential, stats, n, keep_boot)
+
+
+def _no_interval(value: np.ndarray, influence: np.ndarray, influential: np.ndarray, stats: Stats) -> Summary:
+    nan = np.full(value.shape, np.nan)
+    return Summary(value, nan.copy(), nan.copy(), nan.copy(), nan.copy(), influence, influential,
+                   stats.ci_level, stats.ci_method, 0)
+
+
+def _finish(boot: np.ndarray, value: np.ndarray, accel: np.ndarray | None, influence: np.ndarray,
+            influential: np.ndarray, stats: Stats, n: int, keep_boot: bool) -> Summary:
+    """Intervals, standard errors and p-values from the bootstrap values [n_boot, U]."""
+    U = value.shape[0]
+    low, high, se = (np.full(U, np.nan) for _ in range(3))
     step = max(1, CELLS_PER_CHUNK // max(1, stats.n_boot))
-    kept = np.empty((stats.n_boot, U)) if keep_boot else None
     for c0 in range(0, U, step):
         cols = slice(c0, min(U, c0 + step))
-        boot = stat(W, cols)
-        if kept is not None:
-            kept[:, cols] = boot
-        low[cols], high[cols] = _interval(boot, value[cols], jack[:, cols] if jack.size else jack, stats.ci_level,
+        b = boot[:, cols]
+        low[cols], high[cols] = _interval(b, value[cols], None if accel is None else accel[cols], stats.ci_level,
                                           stats.ci_method, n)
         with np.errstate(invalid="ignore"):
-            se[cols] = (boot.std(0, ddof=1) if np.isfinite(boot).all() else np.nanstd(boot, 0, ddof=1)) \
+            se[cols] = (b.std(0, ddof=1) if np.isfinite(b).all() else np.nanstd(b, 0, ddof=1)) \
                 if stats.n_boot > 1 else np.nan
+    undefined = ~np.isfinite(value)  # no value: no interval either
+    low[undefined], high[undefined] = np.nan, np.nan
     with np.errstate(invalid="ignore", divide="ignore"):
         z = np.abs(value) / se
         p = np.where(se > 0, 2 * (1 - _ndtr(z)), np.where(value == 0, 1.0, 0.0))
     p = np.where(np.isfinite(value) & np.isfinite(se), p, np.nan)
     return Summary(value, low, high, se, p, influence, influential, stats.ci_level, stats.ci_method,
-                   stats.n_boot, kept)
+                   stats.n_boot, boot if keep_boot else None)
 
 
 def fragile(summary: Summary, share: float) -> np.ndarray:
