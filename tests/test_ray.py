@@ -199,34 +199,36 @@ def test_a_store_of_another_run_is_refused(tmp_path):
     assert err.value.code == "run_unfinished"
 
 
-def test_parquet_shards_round_trip_every_kind_of_array():
-    from entoscope.executors.shards import PerPrompt, Shard, merge
+def test_parquet_shards_round_trip_every_kind_of_array_and_stream_back_in_prompt_order(monkeypatch):
+    from entoscope.executors import columns
+    from entoscope.executors.shards import PerPrompt, Shard
 
     rng = np.random.default_rng(0)
     parts = [PerPrompt([2, 0], {"a": rng.normal(size=(2, 3, 4)), "b": np.array([True, False]),
                                 "g": np.array(['{"x": 1}', "y"], dtype=object),
-                                "f": rng.normal(size=2).astype(np.float32)},
-                       table=pd.DataFrame({"example": [2, 2, 0], "pos": [1, "S2", None]}),
-                       sums={"s": np.ones((2, 2))}),
+                                "f": rng.normal(size=2).astype(np.float32)}, sums={"s": np.ones((2, 2))}),
              PerPrompt([1], {"a": rng.normal(size=(1, 3, 4)), "b": np.array([True]), "g": np.array(["z"], dtype=object),
-                             "f": np.ones(1, np.float32)},
-                       table=pd.DataFrame({"example": [1], "pos": [3]}), sums={"s": np.ones((2, 2))})]
+                             "f": np.ones(1, np.float32)}, sums={"s": np.ones((2, 2))})]
     import tempfile
 
+    monkeypatch.setattr(columns, "BUCKET_BYTES", 1)  # buckets of one prompt: every read spans several
     with tempfile.TemporaryDirectory() as d:
         st = store.ShardStore(d, "k")
         shards = [Shard(0, (0,), (2, 0)), Shard(1, (1,), (1,))]
         for s, p in zip(shards, parts):
             st.write("main", s, p)
         back = [st.read("main", s) for s in shards]
-    m, direct = merge(back, 3), merge(parts, 3)
+        streamed = columns.StoredColumns([st.path("main", s) for s in shards], shards, 3)
+    m, direct = columns.merge(back, 3), columns.merge(parts, 3)
     for key in ("a", "b", "f", "s"):
-        np.testing.assert_array_equal(m[key], direct[key])
-        assert m[key].dtype == direct[key].dtype
-    assert m["g"].tolist() == ["y", "z", '{"x": 1}']
-    assert m["table"]["example"].tolist() == [0, 1, 2, 2] and m["table"]["pos"].tolist() == [None, 3, 1, "S2"]
+        for got in (m[key], streamed[key]):
+            np.testing.assert_array_equal(got, direct[key])
+            assert got.dtype == direct[key].dtype
+    assert m["g"].tolist() == streamed["g"].tolist() == ["y", "z", '{"x": 1}']
+    np.testing.assert_array_equal(streamed.read(1, 3, ["a"])["a"], direct["a"][1:3])  # read after the shards are gone
+    assert streamed.bucket == 1
     with pytest.raises(Exception) as err:
-        merge([parts[0], parts[0]], 3)
+        columns.merge([parts[0], parts[0]], 3)
     assert getattr(err.value, "code", "") == "shards_incomplete"
 
 

@@ -6,6 +6,10 @@
         merge(...)                              concatenation in prompt order, every prompt exactly once
     op.summarise(prepared, merged)              the aggregate and its intervals from the per-prompt values
 
+`merged` maps each phase to its PromptColumns (executors/columns.py): in memory for a run in one
+process without a shard folder, else streamed from the shard files, so a run of any size summarises
+with one shard or one bucket of prompts in memory.
+
 In-process and on Ray the same functions run on the same batches, so the merged arrays are the same
 (up to the floating-point differences of one device to another, none on CPUs).
 """
@@ -19,7 +23,8 @@ from typing import Any
 
 from ..errors import ConfigError, recorded_warnings, warn
 from .config import InProcess, Ray
-from .shards import PerPrompt, Shard, digest, merge, plan_shards
+from .columns import PromptColumns, StoredColumns, merge
+from .shards import PerPrompt, Shard, digest, plan_shards
 from .spec import ModelSpec
 from .store import ShardStore
 
@@ -77,7 +82,7 @@ def run_sharded(op: Any, prepared: Any, executor: InProcess | Ray, spec: ModelSp
                                   "it from there, or pass a factory function that builds it")
             job = require_ray().put({"op": op, "data": prepared.data, "key": run_key, "plan": plan_digest,
                                      "fingerprint": fingerprint})
-        merged: dict[str, dict[str, Any]] = {}
+        merged: dict[str, PromptColumns] = {}
         resumed = 0
         for phase in phases:
             context = op.before_phase(prepared, phase, merged)
@@ -88,13 +93,15 @@ def run_sharded(op: Any, prepared: Any, executor: InProcess | Ray, spec: ModelSp
                 resumed += len(done)
                 for s in done:
                     bar.done(s, resumed=True)
+            parts: list[PerPrompt] = []
             if pool is not None:
                 for warned in pool.run_phase(job, phase, shards, context, store, bar.done):
                     _rewarn(warned)
-                parts = [store.read(phase, s) for s in shards]
             else:
                 parts = _run_here(op, prepared, phase, shards, store, bar, quiet)
-            merged[phase] = merge(parts, n)
+            # with a store every shard is on disk: the merge streams from there, one shard in memory at a time
+            merged[phase] = merge(parts, n) if store is None else \
+                StoredColumns([store.path(phase, s) for s in shards], shards, n)
             del parts
         bar.close()
         info["resumed_shards"] = resumed
@@ -109,15 +116,16 @@ def run_sharded(op: Any, prepared: Any, executor: InProcess | Ray, spec: ModelSp
 
 def _run_here(op: Any, prepared: Any, phase: str, shards: list[Shard], store: ShardStore | None, bar: Any,
               quiet: bool) -> list[PerPrompt]:
+    """The shards run here; with a store each is written and dropped (nothing returned), else kept."""
     parts = []
     for s in shards:
         if store is not None and store.has(phase, s):
-            parts.append(store.read(phase, s))
             continue
         part = op.execute_shard(prepared, phase, list(s.batches), quiet=quiet)
         if store is not None:
             store.write(phase, s, part)
-        parts.append(part)
+        else:
+            parts.append(part)
         bar.done(s)
     return parts
 

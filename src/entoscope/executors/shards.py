@@ -2,11 +2,10 @@
 
 A shard is a list of whole length-grouped batches (so each batch is padded and run exactly as in
 one process); in-process is one shard of every batch. A shard's result is a `PerPrompt`: named arrays
-whose first axis runs over the shard's examples, optionally a long table (rows with an `example`
-column, several per prompt) and sums over its prompts (added across shards: a mean distribution over
-the vocabulary need not be kept per prompt). `merge` puts the parts back in prompt order and refuses a
-prompt that is missing or appears twice, so a merged sharded run holds exactly the rows of an
-in-process run.
+whose first axis runs over the shard's examples, and optionally sums over its prompts (added across
+shards: a mean distribution over the vocabulary need not be kept per prompt). `columns.merge` and
+`columns.StoredColumns` put the parts back in prompt order and refuse a prompt that is missing or
+appears twice, so a merged sharded run holds exactly the rows of an in-process run.
 """
 
 from __future__ import annotations
@@ -73,7 +72,6 @@ class PerPrompt:
 
     examples: np.ndarray  # [n] int64 dataset indices
     arrays: dict[str, np.ndarray]
-    table: Any = None  # a DataFrame with an `example` column (any number of rows per example), or None
     sums: dict[str, np.ndarray] | None = None  # totals over the shard's prompts (merged by adding)
 
     def __post_init__(self) -> None:
@@ -90,34 +88,6 @@ def as_numpy(value: Any) -> np.ndarray:
     if hasattr(value, "detach"):
         return value.detach().cpu().numpy()
     return np.asarray(value)
-
-
-def merge(parts: Sequence[PerPrompt], n_examples: int) -> dict[str, Any]:
-    """The parts' arrays over all examples, in prompt order (every example exactly once); their sums added
-    (key as given); their tables concatenated in prompt order (key "table", rows of one example kept in order)."""
-    if not parts:
-        return {}
-    examples = np.concatenate([p.examples for p in parts])
-    counts = np.bincount(examples, minlength=n_examples) if len(examples) else np.zeros(n_examples, int)
-    if len(counts) > n_examples or (counts != 1).any():
-        missing = np.flatnonzero(counts[:n_examples] == 0)[:5].tolist()
-        twice = np.flatnonzero(counts > 1)[:5].tolist()
-        raise CheckFailedError(f"the shards do not cover the prompts exactly once (missing {missing}, more than "
-                               f"once {twice})", code="shards_incomplete",
-                               remedy="rerun without --resume (the shard folder may hold another run's files)")
-    order = np.argsort(examples, kind="stable")
-    merged: dict[str, Any] = {key: np.concatenate([p.arrays[key] for p in parts])[order] for key in parts[0].arrays}
-    for key in parts[0].sums or {}:
-        total = parts[0].sums[key]
-        for p in parts[1:]:
-            total = total + p.sums[key]
-        merged[key] = total
-    if parts[0].table is not None:
-        import pandas as pd
-
-        table = pd.concat([p.table for p in parts], ignore_index=True)
-        merged["table"] = table.sort_values("example", kind="stable").reset_index(drop=True)
-    return merged
 
 
 def digest(value: Any) -> str:

@@ -6,7 +6,7 @@
     shards/<phase>-00003.parquet  one row per prompt of shard 3: `example`, then one column per array
                                   (arrays of more than one axis as fixed-size lists; shapes in the metadata);
                                   written last, so its presence means the shard is complete
-    shards/<phase>-00003.table.parquet, .sums.parquet   its long table and its sums, where it has them
+    shards/<phase>-00003.sums.parquet   its sums over its prompts, where it has them
 
 Files are written beside and renamed into place, so a killed driver leaves only whole shards; a resumed
 run (`--resume`) checks store.json and skips the shards already there. A store whose run differs is
@@ -79,8 +79,6 @@ class ShardStore:
             raise SaveError(f"shard {shard.id} returned other prompts than it was given", code="shard_rows_mismatch",
                             remedy="this is a bug in the operation's execute_shard; report it")
         target = self.path(phase, shard)
-        if part.table is not None:
-            _write(table_to_arrow(part.table), target.with_suffix(".table.parquet"))
         if part.sums:
             _write(to_arrow(PerPrompt([0], {k: np.asarray(v)[None] for k, v in part.sums.items()})),
                    target.with_suffix(".sums.parquet"))
@@ -94,8 +92,6 @@ class ShardStore:
         if sorted(part.examples.tolist()) != sorted(shard.examples):
             raise SaveError(f"{target} holds other prompts than its shard", code="resume_mismatch",
                             remedy="start again with --overwrite")
-        if target.with_suffix(".table.parquet").exists():
-            part.table = table_from_arrow(pq.read_table(target.with_suffix(".table.parquet")))
         if target.with_suffix(".sums.parquet").exists():
             sums = from_arrow(pq.read_table(target.with_suffix(".sums.parquet")))
             part.sums = {k: v[0] for k, v in sums.arrays.items()}
@@ -116,35 +112,6 @@ def _write(table: Any, target: Path) -> None:
         tmp.unlink(missing_ok=True)
         raise SaveError(f"writing shard {target} failed ({err.strerror or err})",
                         remedy="free some disk space, then resume the run (--resume)") from None
-
-
-def table_to_arrow(frame: Any) -> Any:
-    """A long per-prompt table as Arrow; object columns that mix types (role names and positions, None) as JSON."""
-    import pyarrow as pa
-
-    frame = frame.copy()
-    encoded = []
-    for col in frame.columns:
-        if frame[col].dtype == object and {type(v) for v in frame[col]} - {str}:
-            frame[col] = [json.dumps(None if v is None or v is pd_na() else v) for v in frame[col]]
-            encoded.append(col)
-    table = pa.Table.from_pandas(frame, preserve_index=False)
-    meta = dict(table.schema.metadata or {})
-    meta[b"entoscope_json"] = json.dumps(encoded).encode()
-    return table.replace_schema_metadata(meta)
-
-
-def table_from_arrow(table: Any) -> Any:
-    frame = table.to_pandas()
-    for col in json.loads(table.schema.metadata.get(b"entoscope_json", b"[]")):
-        frame[col] = [json.loads(v) for v in frame[col]]
-    return frame
-
-
-def pd_na() -> Any:
-    import pandas as pd
-
-    return pd.NA
 
 
 def to_arrow(part: PerPrompt) -> Any:

@@ -27,7 +27,9 @@ from ..models.names import ActName
 from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
 from ..results.result import Result
 from ..sites import Sites, SiteSet, absolute_positions
-from ..stats import Stats, ci_text, error_arrays, interval_columns, mean_stat, summarise
+from ..results.lazy import LazyTable
+from ..stats import Stats, ci_text, error_arrays, interval_columns, streamed_mean, summarise
+from ..stats.moments import column_moments
 from .project import (COMPONENTS, RESIDUAL_STATES, ComponentScale, check_lens_kind, decode_components,
                       decode_states, residual_after, to_residual_basis)
 from .takeaway import lens_takeaway
@@ -105,76 +107,74 @@ class Lens(Operation):
         rows: list[dict[str, Any]] = st["rows"]
         mine = [st["batches"][i] for i in batches]
         prob_sum = torch.zeros(len(rows), model.structure.d_vocab, dtype=torch.float64)
-        records: list[dict[str, Any]] = []
+        parts: list[dict[str, Tensor]] = []
         with torch.no_grad():
-            self._decode_batches(model, mine, st, rows, st["siteset"].kind.name, prob_sum, records, quiet)
-        return PerPrompt([i for b in mine for i in b.index], {}, table=pd.DataFrame.from_records(records),
-                         sums={"prob_sum": prob_sum.numpy()})
+            for batch in progress(mine, total=len(mine), desc="lens", quiet=quiet):
+                parts.append(self._decode_batch(model, batch, st, rows, st["siteset"].kind.name, prob_sum))
+        arrays = {k: torch.cat([p[k] for p in parts]).numpy() for k in parts[0]}
+        return PerPrompt([i for b in mine for i in b.index], arrays, sums={"prob_sum": prob_sum.numpy()})
 
     def summarise(self, prepared: Prepared, merged: dict[str, Any], *, quiet: bool = False) -> Result:
         model, st = prepared.model, prepared.state
         kind = st["siteset"].kind.name
-        n = len(st["td"])
-        mean_probs = torch.from_numpy(merged["main"]["prob_sum"]) / n
-        per_prompt = merged["main"]["table"]
-        table = summarise_lens(per_prompt, [r["cols"] for r in st["rows"]], self.stats, self.seed)
+        columns = merged["main"]
+        n = columns.n
+        mean_probs = torch.from_numpy(columns["prob_sum"]) / n
+        sites = [r["cols"] for r in st["rows"]]
+        keys = [k for k in dict.fromkeys(ARRAY_OF.values()) if k in columns.keys()]
+        table = lens_summary(n, len(sites), lambda lo, hi: _aggregates(columns.read(lo, hi, keys)), sites,
+                             self.stats, self.seed)
         table = _with_top_tokens(table, mean_probs, model, self.top_k)
+        vocab = np.asarray(model.vocab_strings(), dtype=object)
+        frame = pd.DataFrame.from_records(sites)
+        per_prompt = LazyTable(n, lambda lo, hi: lens_rows(frame, columns.read(lo, hi), vocab, lo, self.top_k),
+                               rows_per_prompt=len(sites))
         return Result(self.name, table, per_prompt=per_prompt, figures=_figures, title=f"{self.method} lens: {kind}",
                       extra={"mean_probs": mean_probs}, takeaway=lens_takeaway)
 
-    def _decode_batches(self, model: ModelAdapter, batches: list[Any], st: dict[str, Any], rows: list[dict[str, Any]],
-                        kind: str, prob_sum: Tensor, records: list[dict[str, Any]], quiet: bool) -> None:
+    def _decode_batch(self, model: ModelAdapter, batch: Any, st: dict[str, Any], rows: list[dict[str, Any]],
+                      kind: str, prob_sum: Tensor) -> dict[str, Tensor]:
+        """One batch's per-prompt arrays [B, U(, k)]: position and token decoded, KL, top-k, the answer's numbers."""
         k = self.top_k
-        vocab = model.vocab_strings()
-        for batch in progress(batches, total=len(batches), desc="lens", quiet=quiet):
-            out = model.run(batch.tokens, st["reads"])
-            vectors, scales, positions = _gather(model, out.acts, rows, kind, batch.lengths, self.component_scale,
-                                                batch.roles)
-            final_logp = out.logits.float().log_softmax(-1)
-            final_p = final_logp.exp()
-            b_idx = torch.arange(len(batch))
-            tokens = batch.tokens.tolist()
-            for start in range(0, len(rows), st["chunk"]):
-                sl = slice(start, start + st["chunk"])
-                vec = vectors[sl]  # [U, B, d_model]
-                if kind in RESIDUAL_STATES:
-                    if st["lens"] is not None:
-                        vec = torch.stack([st["lens"].transform(v, st["lens"].index_of(r["act"]))
-                                           for v, r in zip(vec, rows[sl])])
-                    logits = decode_states(model, vec)
-                else:
-                    logits = decode_components(model, vec, None if scales is None else scales[sl])
-                logits = logits.float()
-                logp = logits.log_softmax(-1)  # [U, B, V]
-                p = logp.exp()
-                pos = positions[sl]  # [U, B]
-                # KL(final || lens) = sum_v p_final (log p_final - log p_lens)
-                kl = (final_p[b_idx[None, :], pos] * (final_logp[b_idx[None, :], pos] - logp)).sum(-1)
-                prob_sum[sl] += p.sum(1, dtype=prob_sum.dtype)
-                top_lp, top_i = logp.topk(k, dim=-1)
-                top_p, top_i = top_lp.exp().tolist(), top_i.tolist()
-                kl, pos_l = kl.tolist(), pos.tolist()
-                target = None
-                if batch.answers is not None:
-                    target = batch.answers[:, 0]
-                    t_logit = logits.gather(-1, target[None, :, None].expand(logits.shape[0], -1, 1))[..., 0]
-                    t_prob = p.gather(-1, target[None, :, None].expand(p.shape[0], -1, 1))[..., 0].tolist()
-                    t_rank = (logits > t_logit[..., None]).sum(-1).tolist()
-                    t_logit, target = t_logit.tolist(), target.tolist()
-                for u in range(logits.shape[0]):
-                    r = rows[start + u]
-                    for j, ex in enumerate(batch.index):
-                        rec = {"example": ex, **r["cols"], "token_position": pos_l[u][j],
-                               "token": vocab[tokens[j][pos_l[u][j]]],
-                               "kl_to_final": kl[u][j]}
-                        for t in range(k):
-                            rec[f"top{t + 1}_token"] = vocab[top_i[u][j][t]]
-                            rec[f"top{t + 1}_prob"] = top_p[u][j][t]
-                        if target is not None:
-                            rec.update({"target": vocab[target[j]],
-                                        "target_rank": t_rank[u][j], "target_prob": t_prob[u][j],
-                                        "target_logit": t_logit[u][j]})
-                        records.append(rec)
+        out = model.run(batch.tokens, st["reads"])
+        vectors, scales, positions = _gather(model, out.acts, rows, kind, batch.lengths, self.component_scale,
+                                            batch.roles)
+        final_logp = out.logits.float().log_softmax(-1)
+        final_p = final_logp.exp()
+        b_idx = torch.arange(len(batch))
+        parts: dict[str, list[Tensor]] = {}
+        for start in range(0, len(rows), st["chunk"]):
+            sl = slice(start, start + st["chunk"])
+            vec = vectors[sl]  # [U, B, d_model]
+            if kind in RESIDUAL_STATES:
+                if st["lens"] is not None:
+                    vec = torch.stack([st["lens"].transform(v, st["lens"].index_of(r["act"]))
+                                       for v, r in zip(vec, rows[sl])])
+                logits = decode_states(model, vec)
+            else:
+                logits = decode_components(model, vec, None if scales is None else scales[sl])
+            logits = logits.float()
+            logp = logits.log_softmax(-1)  # [U, B, V]
+            p = logp.exp()
+            pos = positions[sl]  # [U, B]
+            # KL(final || lens) = sum_v p_final (log p_final - log p_lens)
+            kl = (final_p[b_idx[None, :], pos] * (final_logp[b_idx[None, :], pos] - logp)).sum(-1)
+            prob_sum[sl] += p.sum(1, dtype=prob_sum.dtype)
+            top_lp, top_i = logp.topk(k, dim=-1)
+            chunk = {"position": pos, "token": batch.tokens[b_idx[None, :], pos.to(batch.tokens.device)], "kl": kl,
+                     "top_ids": top_i, "top_probs": top_lp.exp()}
+            if batch.answers is not None:
+                target = batch.answers[:, 0]
+                t_logit = logits.gather(-1, target[None, :, None].expand(logits.shape[0], -1, 1))[..., 0]
+                chunk["target_prob"] = p.gather(-1, target[None, :, None].expand(p.shape[0], -1, 1))[..., 0]
+                chunk["target_rank"] = (logits > t_logit[..., None]).sum(-1)
+                chunk["target_logit"] = t_logit
+            for key, value in chunk.items():
+                parts.setdefault(key, []).append(value.detach().cpu())
+        arrays = {key: torch.cat(v).transpose(0, 1).contiguous() for key, v in parts.items()}  # [B, U(, k)]
+        if batch.answers is not None:
+            arrays["target"] = batch.answers[:, 0].cpu()
+        return arrays
 
 
 # ---------------------------------------------------------------------- helpers
@@ -248,39 +248,81 @@ def _gather(model: ModelAdapter, acts: dict[ActName, Tensor], rows: list[dict[st
 # per-prompt column -> (table column, how a prompt's value enters the mean)
 LENS_AGGREGATES = {"kl_mean": "kl_to_final", "target_prob_mean": "target_prob", "target_logit_mean": "target_logit",
                    "target_rank_mean": "target_rank", "target_top1": "target_rank"}
+ARRAY_OF = {"kl_to_final": "kl", "target_prob": "target_prob", "target_logit": "target_logit",
+            "target_rank": "target_rank"}  # per-prompt table column -> per-prompt array
 
 
 def summarise_lens(per_prompt: pd.DataFrame, sites: list[dict[str, Any]], stats: Stats, seed: int) -> pd.DataFrame:
-    """One row per site from the per-prompt table alone (so merged shards summarise the same way).
+    """One row per site from the per-prompt table alone (what `lens_summary` computes from the arrays)."""
+    names = [s["site"] for s in sites]
+    grids = {col: per_prompt.pivot(index="example", columns="site", values=col).reindex(columns=names)
+             .to_numpy(dtype=float) for col in set(LENS_AGGREGATES.values()) if col in per_prompt}
+    n = len(next(iter(grids.values()))) if grids else 0
+    arrays = {ARRAY_OF[col]: v for col, v in grids.items()}
+    return lens_summary(n, len(names), lambda lo, hi: _aggregates({k: v[lo:hi] for k, v in arrays.items()}),
+                        sites, stats, seed)
+
+
+def _aggregates(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The values each aggregate averages over prompts ([rows, sites] float64), from the per-prompt arrays."""
+    out = {}
+    for agg, col in LENS_AGGREGATES.items():
+        if ARRAY_OF[col] not in arrays:
+            continue
+        values = np.asarray(arrays[ARRAY_OF[col]], dtype=np.float64)
+        out[agg] = (values == 0).astype(float) * np.where(np.isfinite(values), 1.0, np.nan) \
+            if agg == "target_top1" else values
+    return out
+
+
+def lens_summary(n: int, n_sites: int, read: Any, sites: list[dict[str, Any]], stats: Stats, seed: int) -> pd.DataFrame:
+    """One row per site from the per-prompt values read in blocks (read(lo, hi) -> {aggregate: [rows, sites]}).
 
     Per site: `kl_mean` (and with answers `target_prob_mean`, `target_logit_mean`, `target_rank_mean`,
     `target_top1` = share of prompts whose answer is the lens's top token), each the mean over prompts
     with its bootstrap interval over prompts (one resampling of the prompts for every column and
     site); `kl_std`, `target_prob_std`, `target_logit_std` the spread over prompts (ddof 0)."""
-    names = [s["site"] for s in sites]
-    wanted = {agg: col for agg, col in LENS_AGGREGATES.items() if col in per_prompt}
-    blocks = []
-    for agg, col in wanted.items():
-        grid = per_prompt.pivot(index="example", columns="site", values=col).reindex(columns=names)
-        values = grid.to_numpy(dtype=float)
-        blocks.append((values == 0).astype(float) * np.where(np.isfinite(values), 1.0, np.nan)
-                      if agg == "target_top1" else values)
     table = pd.DataFrame.from_records(sites)
-    if not blocks:
+    wanted = list(read(0, min(n, 1))) if n else []
+    if not wanted:
         return table
-    stacked = np.concatenate(blocks, axis=1)  # [n_prompts, columns x sites]
-    summary = summarise(mean_stat(stacked), stats, seed)
-    U = len(names)
-    table["n_prompts"] = np.isfinite(blocks[0]).sum(0)
-    for j, (agg, col) in enumerate(wanted.items()):
+    U = n_sites
+
+    def stacked(lo: int, hi: int) -> np.ndarray:
+        block = read(lo, hi)
+        return np.concatenate([block[agg] for agg in wanted], axis=1)  # [rows, aggregates x sites]
+    width = len(wanted) * U
+    summary = summarise(streamed_mean(n, width, stacked), stats, seed)
+    moments = column_moments(n, width, stacked)
+    table["n_prompts"] = moments.count[:U].astype(int)
+    for j, agg in enumerate(wanted):
         part = slice(j * U, (j + 1) * U)
         table[agg] = summary.value[part]
         for key, value in interval_columns(summary, agg, stats).items():
             table[key] = value[part]
         if agg in ("kl_mean", "target_prob_mean", "target_logit_mean"):
-            table[agg.replace("_mean", "_std")] = np.nanstd(blocks[j], axis=0)
+            table[agg.replace("_mean", "_std")] = moments.std[part]
     table["ci_level"] = stats.ci_level
     return table
+
+
+def lens_rows(sites: pd.DataFrame, arrays: dict[str, np.ndarray], vocab: np.ndarray, lo: int, k: int) -> pd.DataFrame:
+    """The per-prompt table of prompts lo.. (one row per prompt and site, prompt-major) from their arrays."""
+    E, U = arrays["kl"].shape
+    frame = sites.iloc[np.tile(np.arange(U), E)].reset_index(drop=True)
+    frame.insert(0, "example", np.repeat(np.arange(lo, lo + E), U))
+    frame["token_position"] = arrays["position"].reshape(-1).astype(np.int64)
+    frame["token"] = vocab[arrays["token"].reshape(-1)]
+    frame["kl_to_final"] = arrays["kl"].reshape(-1).astype(np.float64)
+    for t in range(k):
+        frame[f"top{t + 1}_token"] = vocab[arrays["top_ids"][:, :, t].reshape(-1)]
+        frame[f"top{t + 1}_prob"] = arrays["top_probs"][:, :, t].reshape(-1).astype(np.float64)
+    if "target" in arrays:
+        frame["target"] = vocab[np.repeat(arrays["target"], U)]
+        frame["target_rank"] = arrays["target_rank"].reshape(-1).astype(np.int64)
+        frame["target_prob"] = arrays["target_prob"].reshape(-1).astype(np.float64)
+        frame["target_logit"] = arrays["target_logit"].reshape(-1).astype(np.float64)
+    return frame
 
 
 def _with_top_tokens(table: pd.DataFrame, mean_probs: Tensor, model: ModelAdapter, k: int) -> pd.DataFrame:
@@ -343,8 +385,8 @@ def _figures(result: Result) -> list[tuple[str, Any]]:
                                                              aggfunc="first", sort=False)
         text, hover = (f.reindex(index=grid.index, columns=grid.columns) for f in (text, hover))
         labels = [str(c) for c in grid.columns]
-        if result.per_prompt is not None and len(result.per_prompt):
-            first = result.per_prompt[result.per_prompt["example"] == result.per_prompt["example"].min()]
+        first = result.per_prompt_head(1)
+        if first is not None and len(first):
             tok = first.drop_duplicates("position").set_index("position")["token"].to_dict()
             labels = [f"{c}: {tok.get(c, '')!r}" for c in grid.columns]
         fig = go.Figure(go.Heatmap(z=grid.values, x=labels, y=list(grid.index), text=text.values,

@@ -26,53 +26,76 @@ influence of its most influential prompt (`value_influence`, `value_influential_
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
-from torch import Tensor
 
-from ..stats import Stats, Summary, benjamini_hochberg, fragile, mean_stat, ratio_stat, summarise
+from ..stats import RatioStat, Stats, SumsStat, Summary, benjamini_hochberg, fragile, streamed_mean, summarise
+from ..stats.moments import column_moments
 
 COMPARISON_COLUMN = {"absolute": "patched", "difference": "difference", "normalized": "normalized"}
 
 
-def per_pair(patched: Tensor, m_base: Tensor, m_source: Tensor, min_gap: float,
-             degenerate_share: float = 0.0) -> dict[str, np.ndarray]:
-    """[E, U] arrays of every comparison, and the [E] degenerate flags.
+@dataclass
+class PairValues:
+    """Every comparison of every pair, made block by block from the patched metrics [E, U] (read(lo, hi)).
 
-    A pair is degenerate when |gap| <= min_gap or |gap| < degenerate_share * median |gap| over the
+    base, source [E] and the degenerate flags (which need the dataset's median |gap|) are held whole;
+    the [E, U] comparisons are made for the rows asked (`block`)."""
+
+    read_patched: Callable[[int, int], np.ndarray]
+    n: int
+    n_cells: int
+    base: np.ndarray
+    source: np.ndarray
+    degenerate: np.ndarray
+    typical_gap: float
+
+    def block(self, lo: int, hi: int) -> dict[str, np.ndarray]:
+        """{"patched", "difference", "normalized"} [hi - lo, U] of pairs lo..hi-1."""
+        p = np.asarray(self.read_patched(lo, hi), dtype=np.float64).reshape(hi - lo, self.n_cells)
+        base, gap = self.base[lo:hi, None], (self.source - self.base)[lo:hi, None]
+        bad = self.degenerate[lo:hi, None] | ~np.isfinite(gap)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            normalized = np.where(bad, np.nan, (p - base) / gap)
+        return {"patched": p, "difference": p - base, "normalized": normalized}
+
+
+def pair_values(read_patched: Callable[[int, int], np.ndarray], n_cells: int, m_base: np.ndarray,
+                m_source: np.ndarray, min_gap: float, degenerate_share: float = 0.0) -> PairValues:
+    """A pair is degenerate when |gap| <= min_gap or |gap| < degenerate_share * median |gap| over the
     dataset (a pair whose clean and corrupt metrics nearly agree: its per-pair ratio explodes)."""
-    p = patched.double().numpy()
-    base = m_base.double().numpy()[:, None]
-    src = m_source.double().numpy()[:, None]
+    base = np.asarray(m_base, dtype=np.float64)
+    src = np.asarray(m_source, dtype=np.float64)
     gap = src - base
     finite = np.isfinite(gap)
     typical = float(np.median(np.abs(gap[finite]))) if finite.any() else 0.0
     degenerate = finite & ((np.abs(gap) <= min_gap) | (np.abs(gap) < degenerate_share * typical))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        normalized = np.where(degenerate | ~finite, np.nan, (p - base) / gap)
-    return {"patched": p, "difference": p - base, "normalized": normalized, "degenerate": degenerate[:, 0],
-            "base": base[:, 0], "source": src[:, 0], "typical_gap": typical}
+    return PairValues(read_patched, len(base), n_cells, base, src, degenerate, typical)
 
 
-def headline_stat(values: dict[str, np.ndarray], comparison: str, aggregate: str) -> Any:
+def headline_stat(values: PairValues, comparison: str, aggregate: str) -> SumsStat:
     """The weighted statistic behind the table's `value` (entoscope.stats): see the module docstring."""
-    if comparison == "absolute":
-        return mean_stat(values["patched"])
-    if comparison == "difference":
-        return mean_stat(values["difference"])
-    if aggregate == "mean_of_ratios":
-        return mean_stat(values["normalized"])  # degenerate pairs are NaN: left out
-    return ratio_stat(values["difference"], values["source"] - values["base"])
+    n, U = values.n, values.n_cells
+    if comparison in ("absolute", "difference"):
+        column = COMPARISON_COLUMN[comparison]
+        return streamed_mean(n, U, lambda lo, hi: values.block(lo, hi)[column])
+    if aggregate == "mean_of_ratios":  # degenerate pairs are NaN: left out
+        return streamed_mean(n, U, lambda lo, hi: values.block(lo, hi)["normalized"])
+    gap = values.source - values.base
+    return RatioStat.streamed(n, U, lambda lo, hi: (values.block(lo, hi)["difference"], gap[lo:hi]), shared_den=True)
 
 
-def site_table(values: dict[str, np.ndarray], sites: pd.DataFrame, comparison: str, aggregate: str,
+def site_table(values: PairValues, sites: pd.DataFrame, comparison: str, aggregate: str,
                stats: Stats, seed: int, extra: dict[str, Any]) -> tuple[pd.DataFrame, Summary]:
     """One row per unit: the headline `value` with its interval, p/q-values and influence, the other
     aggregates, and the counts. Also returns the headline's Summary."""
     summary = summarise(headline_stat(values, comparison, aggregate), stats, seed)
-    effect = summary if comparison != "absolute" else summarise(mean_stat(values["difference"]), stats, seed)
+    effect = summary if comparison != "absolute" else summarise(headline_stat(values, "difference", aggregate),
+                                                                 stats, seed)
     q = benjamini_hochberg(effect.p_value)
     table = sites.copy()
     for key, col in summary.columns("value").items():
@@ -81,43 +104,36 @@ def site_table(values: dict[str, np.ndarray], sites: pd.DataFrame, comparison: s
     table["value_q"] = q
     table["significant"] = np.where(np.isfinite(q), q <= stats.fdr, False)
     table["ci_level"] = stats.ci_level
-    keep = ~values["degenerate"]
-    chosen = values[COMPARISON_COLUMN[comparison]]
+    U, keep = values.n_cells, ~values.degenerate
+    chosen = COMPARISON_COLUMN[comparison]
+
+    def descriptive(lo: int, hi: int) -> np.ndarray:  # [rows, 4U]: the chosen spread, patched, difference, normalized
+        b = values.block(lo, hi)
+        spread = np.where(keep[lo:hi, None], b[chosen], np.nan) if comparison == "normalized" else b[chosen]
+        return np.concatenate([spread, b["patched"], b["difference"], b["normalized"]], axis=1)
+    m = column_moments(values.n, 4 * U, descriptive)
     with np.errstate(invalid="ignore", divide="ignore"):
-        table["value_std"] = _std(chosen[keep] if comparison == "normalized" else chosen)
-        table["patched_mean"] = values["patched"].mean(0)
-        table["difference_mean"] = values["difference"].mean(0)
-        table["normalized_mean"] = _mean(values["normalized"][keep])
-        gap_of_means = np.mean(values["source"]) - np.mean(values["base"]) if np.isfinite(values["source"]).all() \
+        table["value_std"] = m.std[:U]
+        table["patched_mean"] = m.mean[U:2 * U]
+        table["difference_mean"] = m.mean[2 * U:3 * U]
+        table["normalized_mean"] = m.mean[3 * U:]
+        gap_of_means = np.mean(values.source) - np.mean(values.base) if np.isfinite(values.source).all() \
             else np.nan
-        table["normalized_of_means"] = (values["patched"].mean(0) - values["base"].mean()) / gap_of_means \
+        table["normalized_of_means"] = (m.mean[U:2 * U] - values.base.mean()) / gap_of_means \
             if np.isfinite(gap_of_means) and gap_of_means != 0 else np.nan
-    table["base_mean"] = float(values["base"].mean())
-    table["source_mean"] = float(np.nanmean(values["source"])) if np.isfinite(values["source"]).any() else np.nan
-    table["n_prompts"] = len(values["base"])
-    table["n_degenerate"] = int(values["degenerate"].sum())
+    table["base_mean"] = float(values.base.mean())
+    table["source_mean"] = float(np.nanmean(values.source)) if np.isfinite(values.source).any() else np.nan
+    table["n_prompts"] = values.n
+    table["n_degenerate"] = int(values.degenerate.sum())
     for key, value in extra.items():
         table[key] = value
     return table, summary
 
 
-def _mean(x: np.ndarray) -> np.ndarray:
-    if x.shape[0] == 0:
-        return np.full(x.shape[1], np.nan)
-    with np.errstate(invalid="ignore"):
-        return np.nanmean(x, axis=0) if np.isnan(x).any() else x.mean(0)
-
-
-def _std(x: np.ndarray) -> np.ndarray:
-    if x.shape[0] == 0:
-        return np.full(x.shape[1], np.nan)
-    with np.errstate(invalid="ignore"):
-        return np.nanstd(x, axis=0) if np.isnan(x).any() else x.std(0)
-
-
 def prompt_table(values: dict[str, np.ndarray], sites: pd.DataFrame, examples: np.ndarray,
                  positions: np.ndarray, tokens: np.ndarray) -> pd.DataFrame:
-    """One row per (example, unit), examples in dataset order; positions/tokens [E, U] (NaN/'' if none)."""
+    """One row per (example, unit), examples in dataset order; values: {"patched", "difference",
+    "normalized"} [E, U] and {"base", "source", "degenerate"} [E]; positions/tokens [E, U] (NaN/'' if none)."""
     E, U = values["patched"].shape
     frame = pd.DataFrame({"example": np.repeat(examples, U)})
     for col in sites.columns:

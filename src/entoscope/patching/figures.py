@@ -10,6 +10,7 @@ import numpy as np
 from ..results.result import Result
 
 MAX_DRILL_SITES = 400
+MAX_DRILL_PROMPTS = 200  # rows of the per-prompt heatmap (the first prompts; the files have every one)
 TOP_FEATURE_SITES = 40  # feature sites shown (largest |value|): a dictionary has hundreds per position
 
 
@@ -104,7 +105,7 @@ def patching_figures(result: Result) -> list[tuple[str, Any]]:
         fig.update_layout(title=f"error bars: {int(round(100 * float(t['ci_level'].iloc[0])))}% bootstrap interval")
         fig.update_layout(xaxis_title="site", yaxis_title=what, height=360)
         figs.append((f"{what} by site", fig))
-    pp = result.per_prompt
+    pp = result.per_prompt_head(MAX_DRILL_PROMPTS)
     if pp is not None and len(pp) and t["site"].nunique() <= MAX_DRILL_SITES:
         column = result.extra.get("per_prompt_column", "difference")
         grid = pp.pivot_table(index="example", columns="site", values=column, aggfunc="first", sort=False)
@@ -112,7 +113,9 @@ def patching_figures(result: Result) -> list[tuple[str, Any]]:
         fig = go.Figure(go.Heatmap(z=grid.values, x=list(grid.columns), y=[f"#{i}" for i in grid.index],
                                    **_colour(grid.values), colorbar={"title": column}))
         fig.update_layout(xaxis_title="site", yaxis_title="prompt", height=160 + 14 * len(grid))
-        figs.append((f"per prompt: {column} (NaN: pair with equal clean and corrupt metric)", fig))
+        n = int(t["n_prompts"].iloc[0]) if "n_prompts" in t else len(grid)
+        which = "" if len(grid) >= n else f", the first {len(grid)} of {n} prompts"
+        figs.append((f"per prompt: {column} (NaN: pair with equal clean and corrupt metric{which})", fig))
     return figs
 
 

@@ -16,22 +16,25 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import numpy as np
+import pandas as pd
 import torch
 from pydantic import Field
 
 from ..data.examples import Dataset
 from ..data.tokenized import length_batches, pad_id, tokenize_data
 from ..errors import ConfigError, DataError, SiteError
+from ..executors.columns import PromptColumns
 from ..executors.shards import PerPrompt, batch_cap
 from ..metrics import ANSWER_LOGITS_ONLY, Metric, metric_where
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
 from ..models.partial import has_taps, prefix_note, prefix_reads, prefix_support, start_paths
 from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
+from ..results.lazy import LazyDict, LazyTable
 from ..results.result import Result
 from ..sites import Sites, resolve_positions
 from .attribution import attribution_chunk, ig_chunk
-from .compare import per_pair, prompt_table, site_table
+from .compare import pair_values, prompt_table, site_table
 from .exact import schedule, exact_chunk
 from .figures import degenerate_note, patching_figures
 from .references import Pairs, check_alignment, choose_partners, dataset_means, new_chunk, run_base, run_sources
@@ -344,9 +347,7 @@ class Patching(Operation):
                                     "m_source": m_source.numpy()})
 
     def summarise(self, prepared: Prepared, merged: dict[str, Any], *, quiet: bool = False) -> Result:
-        m = merged["main"]
-        return self._result(prepared.model, prepared.state, torch.from_numpy(m["patched"]),
-                            torch.from_numpy(m["m_base"]), torch.from_numpy(m["m_source"]))
+        return self._result(prepared.model, prepared.state, merged["main"])
 
     def _chunk_ticks(self, st: dict[str, Any], ci: int, groups: list) -> int:
         """Batched patched runs of one chunk (the progress bar's steps)."""
@@ -375,10 +376,12 @@ class Patching(Operation):
                 result = chunk.m_base.double().cpu()[:, None] + estimate
         return result.double().cpu(), chunk.m_base.double().cpu(), chunk.m_source.double().cpu()
 
-    def _result(self, model: ModelAdapter, st: dict[str, Any], patched: torch.Tensor, m_base: torch.Tensor,
-                m_source: torch.Tensor) -> Result:
+    def _result(self, model: ModelAdapter, st: dict[str, Any], columns: PromptColumns) -> Result:
+        """The table, its intervals and the per-prompt table, read from the merged columns block by block."""
         siteset, pairs = st["siteset"], st["pairs"]
-        values = per_pair(patched, m_base, m_source, self.min_gap, self.stats.degenerate_share)
+        m_base, m_source = columns["m_base"], columns["m_source"]
+        values = pair_values(lambda lo, hi: columns.read(lo, hi, ["patched"])["patched"], len(siteset), m_base,
+                             m_source, self.min_gap, self.stats.degenerate_share)
         sites = siteset.frame()
         extra_cols: dict[str, Any] = {"method": self.method}
         if siteset.kind.name in ("k", "v"):
@@ -388,18 +391,23 @@ class Patching(Operation):
         table, summary = site_table(values, sites, self.comparison, self.aggregate, self.stats, self.seed, extra_cols)
         per_prompt = None
         if self.per_prompt:
-            positions, tokens = _patched_tokens(model, siteset, pairs)
-            per_prompt = prompt_table(values, sites, np.arange(len(pairs.base)), positions, tokens)
-        n_deg = int(values["degenerate"].sum())
+            def rows(lo: int, hi: int) -> pd.DataFrame:
+                positions, tokens = _patched_tokens(model, siteset, pairs, lo, hi)
+                block = {**values.block(lo, hi), "base": values.base[lo:hi], "source": values.source[lo:hi],
+                         "degenerate": values.degenerate[lo:hi]}
+                return prompt_table(block, sites, np.arange(lo, hi), positions, tokens)
+            per_prompt = LazyTable(values.n, rows, rows_per_prompt=len(siteset))
+        n_deg = int(values.degenerate.sum())
         vocab = model.vocab_strings()
         label = f"{self.comparison} {self.metric.type}"
         title = (f"{self.method.replace('_', ' ')} patching ({self.direction}, patch {self.patch}) of "
                  f"{siteset.kind.name}: {label}" + degenerate_note(n_deg, len(pairs.base)))
-        extra = {"patched": patched, "m_base": m_base, "m_source": m_source, "n_degenerate": n_deg,
-                 "degenerate": values["degenerate"], "value_label": label,
-                 "per_prompt_column": {"absolute": "patched_metric"}.get(self.comparison, self.comparison),
-                 "first_tokens": [vocab[t] for t in pairs.base[0]], "path": st["setup"].path,
-                 "partners": pairs.partner, "summary": summary}
+        extra = LazyDict({"m_base": torch.from_numpy(m_base), "m_source": torch.from_numpy(m_source),
+                          "n_degenerate": n_deg, "degenerate": values.degenerate, "value_label": label,
+                          "per_prompt_column": {"absolute": "patched_metric"}.get(self.comparison, self.comparison),
+                          "first_tokens": [vocab[t] for t in pairs.base[0]], "path": st["setup"].path,
+                          "partners": pairs.partner, "summary": summary},
+                         {"patched": lambda: torch.from_numpy(columns["patched"])})
         return Result(self.name, table, per_prompt=per_prompt, figures=patching_figures, title=title, extra=extra,
                       takeaway=patching_takeaway)
 
@@ -450,14 +458,14 @@ def _backward_bytes(model: ModelAdapter, T: int) -> int:
     return s.n_layers * T * FLOAT * (s.d_model * 16 + s.d_mlp * 4 + s.n_heads * T * 4)
 
 
-def _patched_tokens(model: ModelAdapter, siteset: Any, pairs: Pairs) -> tuple[np.ndarray, np.ndarray]:
-    """[E, U] absolute position each unit patches in each base prompt, and the token there ('' if none)."""
+def _patched_tokens(model: ModelAdapter, siteset: Any, pairs: Pairs, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+    """[hi - lo, U] absolute position each unit patches in base prompts lo..hi-1, and the token there ('' if none)."""
     vocab = model.vocab_strings()
-    E, U = len(pairs.base), len(siteset)
+    E, U = hi - lo, len(siteset)
     unit_pos = np.array([np.nan if (p := (u.get("pos") if u.get("pos") is not None else u.get("query_pos"))) is None
                          else p for u in siteset.units], dtype=float)
-    lengths = torch.tensor([len(b) for b in pairs.base], dtype=torch.long)
-    roles = pairs.base_role_rows(list(range(E)))
+    lengths = torch.tensor([len(pairs.base[e]) for e in range(lo, hi)], dtype=torch.long)
+    roles = pairs.base_role_rows(list(range(lo, hi)))
     pos = np.full((E, U), np.nan)
     for u in np.flatnonzero(np.isfinite(unit_pos)):  # per unit, vectorised over examples (roles: each its own token)
         pos[:, u] = resolve_positions(torch.full((E,), int(unit_pos[u])), lengths, roles).numpy()
@@ -465,7 +473,7 @@ def _patched_tokens(model: ModelAdapter, siteset: Any, pairs: Pairs) -> tuple[np
     if np.isfinite(unit_pos).any():
         cols = np.isfinite(unit_pos)
         for e in range(E):  # one lookup per example, vectorised over units
-            ids = np.asarray(pairs.base[e])
+            ids = np.asarray(pairs.base[lo + e])
             tokens[e, cols] = [vocab[i] for i in ids[pos[e, cols].astype(int)]]
     return pos, tokens
 

@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 
 from .folder import writing_run
+from .lazy import LazyTable
 from .page import ensure_plotly_js, figure_div, table_html, write_page
 
 
@@ -19,7 +20,9 @@ class Result:
     """The outcome of one run.
 
     table:      tidy DataFrame, one row per site (and per prompt where the operation was asked to).
-    per_prompt: optional DataFrame of per-prompt values (for drill-down), or None.
+    per_prompt: optional DataFrame of per-prompt values (for drill-down), or None. An operation may
+                hand a LazyTable (results/lazy.py): its rows are made when first read, and `save`
+                writes them block by block without ever holding them all.
     manifest:   config, model identity, data, versions, seed and timings (set by Operation.run).
     extra:      named tensors or objects an operation keeps for Python users (not saved as tables).
     takeaway:   a sentence or two computed from the numbers: what the result shows (page lead, notebook).
@@ -34,7 +37,7 @@ class Result:
                  blank_note: str = "") -> None:
         self.operation = operation
         self.table = table
-        self.per_prompt = per_prompt
+        self.per_prompt = per_prompt  # type: ignore[assignment]
         self.manifest: dict[str, Any] = {}
         self.plan: Any = None
         self.js_relpath = "plotly.min.js"
@@ -46,6 +49,27 @@ class Result:
         self._takeaway = takeaway
         self.blank_note = blank_note
         self.shards_dir: Path | None = None  # a sharded run's shard folder (set by Operation.run)
+
+    @property
+    def per_prompt(self) -> pd.DataFrame | None:
+        if isinstance(self._per_prompt, LazyTable):
+            self._per_prompt = self._per_prompt.to_pandas()
+        return self._per_prompt
+
+    @per_prompt.setter
+    def per_prompt(self, value: pd.DataFrame | LazyTable | None) -> None:
+        self._per_prompt = value
+
+    def per_prompt_head(self, prompts: int) -> pd.DataFrame | None:
+        """The per-prompt rows of the first `prompts` prompts (what a page shows), made without the rest."""
+        pp = self._per_prompt
+        if pp is None:
+            return None
+        if isinstance(pp, LazyTable):
+            return pp.head(prompts)
+        if "example" not in pp:
+            return pp
+        return pp[pp["example"].isin(pd.unique(pp["example"])[:prompts])]
 
     def __repr__(self) -> str:
         return f"<Result {self.operation}: {len(self.table)} rows; columns {list(self.table.columns)}>"
@@ -98,8 +122,11 @@ class Result:
 
     def _write(self, out: Path, final: Path, assets_dir: str | Path | None) -> None:
         files = []
-        for name, frame in (("table", self.table), ("per_prompt", self.per_prompt)):
+        for name, frame in (("table", self.table), ("per_prompt", self._per_prompt)):
             if frame is None:
+                continue
+            if isinstance(frame, LazyTable):
+                files += frame.write(out, name, _parquet_safe)
                 continue
             frame.to_csv(out / f"{name}.csv", index=False)
             _parquet_safe(frame).to_parquet(out / f"{name}.parquet", index=False)
