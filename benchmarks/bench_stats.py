@@ -1,7 +1,7 @@
 """What the intervals cost: each operation run with `stats.n_boot=0` (no intervals) and with the
 default (1000 BCa resamples), in the same script, on the demo model and (lens, DLA, head scores) a
 GPT-2-small-sized random model. The interval time is the time spent in the statistics
-(`entoscope.stats.bootstrap._summarise`, timed around every call: value, leave-one-out, the 1000
+(`entoscope.stats.bootstrap._summarise` and `_summarise_sums`, timed around every call: value, leave-one-out, the 1000
 resamples, the interval, s.e. and p-values) during the default run; the ratio is interval time /
 the run without intervals. The wall-clock difference of the two runs is printed too, but on a shared
 machine it is within the noise. Each timing is the best of --repeats runs (model and data loaded once,
@@ -56,24 +56,32 @@ def gpt2_cases(es, n: int):
 
 
 class StatsTimer:
-    """Accumulates the time spent in entoscope.stats.bootstrap._summarise while installed."""
+    """Accumulates the time spent in entoscope.stats.bootstrap's two summaries (whole-matrix and block by
+    block) while installed."""
+
+    NAMES = ("_summarise", "_summarise_sums")
 
     def __enter__(self) -> StatsTimer:
         from entoscope.stats import bootstrap
 
-        self.module, self.inner, self.seconds = bootstrap, bootstrap._summarise, 0.0
+        self.module, self.seconds = bootstrap, 0.0
+        self.inner = {name: getattr(bootstrap, name) for name in self.NAMES}
 
-        def timed(*args, **kwargs):
-            t = time.perf_counter()
-            try:
-                return self.inner(*args, **kwargs)
-            finally:
-                self.seconds += time.perf_counter() - t
-        bootstrap._summarise = timed
+        def timing(inner):
+            def timed(*args, **kwargs):
+                t = time.perf_counter()
+                try:
+                    return inner(*args, **kwargs)
+                finally:
+                    self.seconds += time.perf_counter() - t
+            return timed
+        for name, inner in self.inner.items():
+            setattr(bootstrap, name, timing(inner))
         return self
 
     def __exit__(self, *exc) -> None:
-        self.module._summarise = self.inner
+        for name, inner in self.inner.items():
+            setattr(self.module, name, inner)
 
 
 def measure(model, name, make, data, repeats: int, Stats) -> tuple[str, float, float, float]:

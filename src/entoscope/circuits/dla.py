@@ -45,6 +45,7 @@ from torch import Tensor
 from ..data.examples import Dataset
 from ..data.tokenized import make_batches, pad_id, tokenize_data
 from ..errors import CheckFailedError, ConfigError, DataError
+from ..executors.columns import PromptColumns
 from ..executors.shards import PerPrompt
 from ..metrics import at_positions
 from ..metrics import logit as logit_metric
@@ -53,8 +54,10 @@ from ..models.adapter import ModelAdapter
 from ..models.names import ActName
 from ..models.weights import Norm
 from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
+from ..results.lazy import LazyDict, LazyTable
 from ..results.result import Result
-from ..stats import Stats, ci_text, error_arrays, interval_columns, mean_stat, summarise
+from ..stats import Stats, ci_text, error_arrays, interval_columns, streamed_mean, summarise
+from ..stats.moments import column_moments
 from .decompose import Component, component_dots, components, decomposition_reads
 from .scores_takeaway import dla_takeaway
 
@@ -175,17 +178,18 @@ class DirectLogitAttribution(Operation):
                          {k: torch.cat(v).to(torch.float64).numpy() for k, v in parts.items()})
 
     def summarise(self, prepared: Prepared, merged: dict[str, Any], *, quiet: bool = False) -> Result:
-        st, m = prepared.state, merged["main"]
+        st, columns = prepared.state, merged["main"]
         comps: list[Component] = st["components"]
-        contrib = torch.from_numpy(m["contrib"]).T  # [components, prompts]
-        ident = {k: torch.from_numpy(m[k]) for k in ("value", "constant", "sum")}
+        ident = {k: torch.from_numpy(columns[k]) for k in ("value", "constant", "sum")}
         identity = self._check(ident, st["tol"])
-        per_prompt = _per_prompt(comps, contrib)
-        table = summarise_dla(per_prompt, self.stats, self.seed)
+        frame = _component_frame(comps)
+        read = _contributions(columns)
+        table = dla_summary(columns.n, frame, read, self.stats, self.seed)
+        per_prompt = LazyTable(columns.n, lambda lo, hi: _per_prompt(frame, read(lo, hi), lo), rows_per_prompt=len(comps))
+        extra = LazyDict({"components": comps, "identity": identity, "metric": self.metric, "contribution_blocks": read},
+                         {"contributions": lambda: torch.from_numpy(columns["contrib"]).T})  # [components, prompts]
         return DLAResult(self.name, table, per_prompt=per_prompt, figures=self._figures,
-                         title=f"direct logit attribution ({self.metric})",
-                         extra={"contributions": contrib, "components": comps, "identity": identity,
-                                "metric": self.metric}, takeaway=dla_takeaway)
+                         title=f"direct logit attribution ({self.metric})", extra=extra, takeaway=dla_takeaway)
 
     def _attribute(self, model: ModelAdapter, acts: dict[ActName, Tensor], logits: Tensor, batch: Any,
                    split: list[int]) -> tuple[Tensor, Tensor, Tensor]:
@@ -245,12 +249,17 @@ def _component_frame(comps: list[Component]) -> pd.DataFrame:
     })
 
 
-def _per_prompt(comps: list[Component], contrib: Tensor) -> pd.DataFrame:
-    C, N = contrib.shape
-    base = _component_frame(comps)
-    frame = base.iloc[np.tile(np.arange(C), N)].reset_index(drop=True)
-    frame.insert(0, "example", np.repeat(np.arange(N), C))
-    frame["contribution"] = contrib.T.reshape(-1).numpy()
+def _contributions(columns: PromptColumns) -> Any:
+    """read(lo, hi) -> the contributions [rows, components] of prompts lo..hi-1."""
+    return lambda lo, hi: columns.read(lo, hi, ["contrib"])["contrib"]
+
+
+def _per_prompt(components: pd.DataFrame, contrib: np.ndarray, lo: int) -> pd.DataFrame:
+    """The per-prompt rows of prompts lo.. (one per prompt and component) from their contributions [rows, C]."""
+    N, C = contrib.shape
+    frame = components.iloc[np.tile(np.arange(C), N)].reset_index(drop=True)
+    frame.insert(0, "example", np.repeat(np.arange(lo, lo + N), C))
+    frame["contribution"] = np.asarray(contrib, dtype=np.float64).reshape(-1)
     return frame
 
 
@@ -258,18 +267,28 @@ COMPONENT_COLUMNS = ["component", "kind", "layer", "head", "neuron"]
 
 
 def summarise_dla(per_prompt: pd.DataFrame, stats: Stats, seed: int) -> pd.DataFrame:
-    """One row per component from the per-prompt table (example, component, ..., contribution):
-    mean, std (ddof 0) and mean |contribution| over prompts, with intervals, p/q-values, significance."""
+    """One row per component from the per-prompt table (example, component, ..., contribution): what
+    `dla_summary` computes from the arrays."""
     frame = per_prompt.drop_duplicates("component")[COMPONENT_COLUMNS].reset_index(drop=True)
     grid = per_prompt.pivot(index="example", columns="component", values="contribution")
     values = grid.reindex(columns=frame["component"]).to_numpy(dtype=np.float64)  # [n_prompts, components]
-    mean = summarise(mean_stat(values), stats, seed)
+    return dla_summary(len(values), frame, lambda lo, hi: values[lo:hi], stats, seed)
+
+
+def dla_summary(n: int, components: pd.DataFrame, read: Any, stats: Stats, seed: int) -> pd.DataFrame:
+    """One row per component from the contributions read in blocks (read(lo, hi) -> [rows, components]):
+    mean, std (ddof 0) and mean |contribution| over prompts, with intervals, p/q-values, significance."""
+    frame = components.copy()
+    C = len(frame)
+    mean = summarise(streamed_mean(n, C, read), stats, seed)
     frame["mean"] = mean.value
     for key, col in interval_columns(mean, "mean", stats, test=True).items():
         frame[key] = col
-    frame["std"] = values.std(0)
-    frame["mean_abs"] = np.abs(values).mean(0)  # descriptive (no interval: the test is on `mean`)
-    frame["n_prompts"] = values.shape[0]
+    m = column_moments(n, 2 * C, lambda lo, hi: np.concatenate([(v := np.asarray(read(lo, hi), np.float64)),
+                                                                 np.abs(v)], axis=1))
+    frame["std"] = m.std[:C]
+    frame["mean_abs"] = m.mean[C:]  # descriptive (no interval: the test is on `mean`)
+    frame["n_prompts"] = n
     frame["ci_level"] = stats.ci_level
     return frame
 

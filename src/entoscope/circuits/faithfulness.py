@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from ..errors import CheckFailedError
-from ..stats import FunctionStat, RatioStat, Stats, Summary, ratio_stat, summarise
+from ..stats import RatioStat, Stats, SumsStat, Summary, ratio_stat, summarise
 from .edge_patching import EdgePatcher
 from .graph import Circuit, ComponentGraph
 
@@ -99,20 +99,25 @@ def faithfulness_summary(circuit_metrics: Tensor, full: Tensor, empty: Tensor, s
     return summarise(faithfulness_stat(circuit_metrics, full, empty), stats, seed)
 
 
-def _areas(fractions: Sequence[float], M: np.ndarray, full: np.ndarray, empty: np.ndarray) -> FunctionStat:
-    """CPR and CMD under prompt weights: the curve of weighted ratios of means, then the trapezoids."""
+def _areas(fractions: Sequence[float], M: np.ndarray, full: np.ndarray, empty: np.ndarray) -> SumsStat:
+    """CPR and CMD under prompt weights: the curve of weighted ratios of means, then the trapezoids.
+
+    A function of weighted sums of [full, empty, M (one column per fraction), 1], so it is summarised
+    block by block like a mean."""
     xs = np.asarray(fractions, dtype=float)
     dx = np.diff(xs)
+    F = M.shape[1]
+    X = np.column_stack([full, empty, M, np.ones(len(full))])
 
-    def fn(W: np.ndarray, cols: slice) -> np.ndarray:
-        tot = W.sum(1, keepdims=True)
-        mf, me = (W @ full)[:, None] / tot, (W @ empty)[:, None] / tot
+    def g(S: np.ndarray, cols: slice = slice(None)) -> np.ndarray:
+        tot = S[:, -1:]
         with np.errstate(invalid="ignore", divide="ignore"):
-            f = ((W @ M) / tot - me) / (mf - me)  # [K, F]
+            mf, me = S[:, :1] / tot, S[:, 1:2] / tot
+            f = (S[:, 2:2 + F] / tot - me) / (mf - me)  # [K, F]
         cpr_ = (dx * (f[:, 1:] + f[:, :-1]) / 2).sum(1)
         cmd_ = (dx * (np.abs(1 - f[:, 1:]) + np.abs(1 - f[:, :-1])) / 2).sum(1)
         return np.stack([cpr_, cmd_], 1)[:, cols]
-    return FunctionStat(fn, M.shape[0], 2)
+    return SumsStat(len(full), 2, X.shape[1], lambda lo, hi: X[lo:hi], g)
 
 
 def curve_circuits(graph: ComponentGraph, scores: Tensor, fractions: Sequence[float] = MIB_FRACTIONS,

@@ -37,8 +37,10 @@ from ..executors.shards import PerPrompt
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
 from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
+from ..results.lazy import LazyTable
 from ..results.result import Result
-from ..stats import Stats, ci_text, interval_columns, mean_stat, summarise
+from ..stats import Stats, ci_text, interval_columns, streamed_mean, summarise
+from ..stats.moments import column_moments
 from .scores_takeaway import head_scores_takeaway
 
 HeadKind = Literal["previous_token", "duplicate_token", "induction"]
@@ -155,10 +157,11 @@ class HeadScores(Operation):
         return PerPrompt(examples, {k: v.transpose(0, 1).numpy() for k, v in per_prompt.items()})  # [n, 2, L, H]
 
     def summarise(self, prepared: Prepared, merged: dict[str, Any], *, quiet: bool = False) -> Result:
-        s, n = prepared.model.structure, prepared.state["n"]
-        per_prompt = {k: torch.from_numpy(merged["main"][k]).transpose(0, 1) for k in self.kinds}  # [2, n, L, H]
+        s, columns = prepared.model.structure, merged["main"]
+        n = columns.n
         for kind in self.kinds:
-            scored = int(per_prompt[kind][0, :, 0, 0].isfinite().sum())  # prompts with a target position
+            scored = sum(int(np.isfinite(columns.read(lo, min(n, lo + 4096), [kind])[kind][:, 0, 0, 0]).sum())
+                         for lo in range(0, n, 4096))  # prompts with a target position
             if scored == 0:
                 raise DataError(f"no prompt has a {kind} target (a position whose token repeats an earlier one)",
                                 code="no_targets", remedy="use prompts with repeats (task: repeated_tokens or "
@@ -166,50 +169,83 @@ class HeadScores(Operation):
             if scored < n:
                 warn(f"{kind}: {n - scored} of {n} prompts have no target position and are left out "
                      f"of `score` (score_tl counts them as 0, as TransformerLens does)", code="prompts_without_targets")
-        frame = head_score_frame(per_prompt, s.n_layers, s.n_heads)
-        table = summarise_head_scores(frame, self.stats, self.seed)
-        return Result(self.name, table, per_prompt=frame, figures=_figures, title="attention head scores",
+        kinds = list(self.kinds)
+        table = head_score_summary(n, kinds, s.n_layers, s.n_heads, lambda lo, hi: columns.read(lo, hi, kinds),
+                                   self.stats, self.seed)
+        per_prompt = LazyTable(len(kinds) * n, lambda lo, hi: _frame_rows(columns, kinds, s.n_layers, s.n_heads, lo, hi),
+                               rows_per_prompt=s.n_layers * s.n_heads)
+        return Result(self.name, table, per_prompt=per_prompt, figures=_figures, title="attention head scores",
                       takeaway=head_scores_takeaway)
 
 
-def head_score_frame(per_prompt: dict[str, Tensor], n_layers: int, n_heads: int) -> pd.DataFrame:
+def _frame_rows(columns: Any, kinds: list[str], n_layers: int, n_heads: int, lo: int, hi: int) -> pd.DataFrame:
+    """Rows lo..hi-1 of the per-prompt table, which runs kind by kind, then prompt by prompt."""
+    n, frames = columns.n, []
+    for k, kind in enumerate(kinds):
+        a, b = max(lo, k * n) - k * n, min(hi, (k + 1) * n) - k * n
+        if a < b:
+            v = torch.from_numpy(columns.read(a, b, [kind])[kind]).transpose(0, 1)  # [2, rows, L, H]
+            frames.append(head_score_frame({kind: v}, n_layers, n_heads, first=a))
+    return pd.concat(frames, ignore_index=True) if frames else head_score_frame({}, n_layers, n_heads)
+
+
+def head_score_frame(per_prompt: dict[str, Tensor], n_layers: int, n_heads: int, first: int = 0) -> pd.DataFrame:
     """The per-prompt table: one row per (kind, example, layer, head) with `score` (NaN: no target
-    position in that prompt) and `score_tl`. per_prompt[kind]: [2, n, layers, heads]."""
-    frames = []
+    position in that prompt) and `score_tl`. per_prompt[kind]: [2, n, layers, heads] of examples first.."""
+    frames = [pd.DataFrame(columns=["kind", "example", "layer", "head", "site", "score", "score_tl"])]
     for kind, v in per_prompt.items():
         n = v.shape[1]
-        ex, L, h = np.meshgrid(np.arange(n), np.arange(n_layers), np.arange(n_heads), indexing="ij")
+        ex, L, h = np.meshgrid(np.arange(first, first + n), np.arange(n_layers), np.arange(n_heads), indexing="ij")
         frames.append(pd.DataFrame({"kind": kind, "example": ex.reshape(-1), "layer": L.reshape(-1),
                                     "head": h.reshape(-1), "site": [f"{a}.{b}" for a, b in zip(L.reshape(-1),
                                                                                                  h.reshape(-1))],
                                     "score": v[0].reshape(-1).numpy(), "score_tl": v[1].reshape(-1).numpy()}))
-    return pd.concat(frames, ignore_index=True)
+    return pd.concat(frames[1:], ignore_index=True) if len(frames) > 1 else frames[0]
 
 
 def summarise_head_scores(per_prompt: pd.DataFrame, stats: Stats, seed: int) -> pd.DataFrame:
-    """One row per (kind, layer, head) from the per-prompt table: `score` (mean over the prompts with a
-    target position), `score_tl` (mean over all prompts), each with its bootstrap interval over prompts
-    (one resampling of the prompts for every kind, head and column)."""
-    tables, blocks = [], []
+    """One row per (kind, layer, head) from the per-prompt table: what `head_score_summary` computes from
+    the arrays."""
+    kinds = list(dict.fromkeys(per_prompt["kind"]))
+    n_layers, n_heads = int(per_prompt["layer"].max()) + 1, int(per_prompt["head"].max()) + 1
+    arrays = {}
     for kind, sub in per_prompt.groupby("kind", sort=False):
-        heads = sub.drop_duplicates(["layer", "head"])[["layer", "head", "site"]].reset_index(drop=True)
-        tables.append(heads.assign(kind=kind)[["kind", "layer", "head", "site"]])
-        for col in ("score", "score_tl"):
-            grid = sub.pivot(index="example", columns="site", values=col).reindex(columns=heads["site"])
-            blocks.append(grid.to_numpy(dtype=np.float64))
-    summary = summarise(mean_stat(np.concatenate(blocks, axis=1)), stats, seed)
-    start = 0
-    for i, table in enumerate(tables):
+        grids = [sub.pivot_table(index="example", columns=["layer", "head"], values=col, dropna=False, sort=True)
+                 .to_numpy(dtype=np.float64).reshape(-1, n_layers, n_heads) for col in ("score", "score_tl")]
+        arrays[kind] = np.stack(grids, 1)  # [n, 2, L, H]
+    n = len(next(iter(arrays.values())))
+    return head_score_summary(n, kinds, n_layers, n_heads, lambda lo, hi: {k: v[lo:hi] for k, v in arrays.items()},
+                              stats, seed)
+
+
+def head_score_summary(n: int, kinds: list[str], n_layers: int, n_heads: int, read: Any, stats: Stats,
+                       seed: int) -> pd.DataFrame:
+    """One row per (kind, layer, head) from the per-prompt scores read in blocks (read(lo, hi) -> {kind:
+    [rows, 2, L, H]}): `score` (mean over the prompts with a target position), `score_tl` (mean over all
+    prompts), each with its bootstrap interval over prompts (one resampling of the prompts for every
+    kind, head and column)."""
+    LH = n_layers * n_heads
+    L, H = np.meshgrid(np.arange(n_layers), np.arange(n_heads), indexing="ij")
+
+    def stacked(lo: int, hi: int) -> np.ndarray:  # per kind: score then score_tl, each [rows, L x H]
+        block = read(lo, hi)
+        return np.concatenate([np.asarray(block[k], np.float64).reshape(hi - lo, 2 * LH) for k in kinds], axis=1)
+    width = 2 * LH * len(kinds)
+    summary = summarise(streamed_mean(n, width, stacked), stats, seed)
+    counts = column_moments(n, width, stacked).count
+    tables = []
+    for i, kind in enumerate(kinds):
+        table = pd.DataFrame({"kind": kind, "layer": L.reshape(-1), "head": H.reshape(-1),
+                              "site": [f"{a}.{b}" for a, b in zip(L.reshape(-1), H.reshape(-1))]})
         for j, col in enumerate(("score", "score_tl")):
-            values = blocks[2 * i + j]
-            part = slice(start, start + values.shape[1])
-            start += values.shape[1]
+            part = slice((2 * i + j) * LH, (2 * i + j + 1) * LH)
             table[col] = summary.value[part]
             for key, value in interval_columns(summary, col, stats).items():
                 table[key] = value[part]
             if col == "score":
-                table["n_prompts"] = np.isfinite(values).sum(0)
+                table["n_prompts"] = counts[part].astype(int)
         table["ci_level"] = stats.ci_level
+        tables.append(table)
     return pd.concat(tables, ignore_index=True)
 
 

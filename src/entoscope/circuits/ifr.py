@@ -42,6 +42,7 @@ edges).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -55,6 +56,8 @@ from torch import Tensor
 from ..data.examples import Dataset
 from ..data.tokenized import make_batches, pad_id, tokenize_data
 from ..executors.shards import PerPrompt
+from ..results.lazy import LazyTable
+from ..stats.moments import column_moments
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
 from ..models.structure import Structure
@@ -440,13 +443,10 @@ class InformationFlowRoutes(Operation):
                                     "comp_last": comp_last.numpy(), "graph": np.asarray(graphs, dtype=object)})
 
     def summarise(self, prepared: Prepared, merged: dict[str, Any], *, quiet: bool = False) -> Result:
-        import networkx as nx
-
-        m = merged["main"]
-        graphs = [nx.node_link_graph(json.loads(text), edges="edges") for text in m["graph"]]
-        per_prompt = _edge_frame(graphs)
-        comp_sum, comp_edges, comp_last = (torch.from_numpy(m[k]) for k in ("comp_sum", "comp_edges", "comp_last"))
-        table = _component_table(prepared.model.structure, self.granularity, comp_sum, comp_edges, comp_last)
+        columns = merged["main"]
+        graphs = RouteGraphs(columns)
+        table = _component_table(prepared.model.structure, self.granularity, columns)
+        per_prompt = LazyTable(columns.n, lambda lo, hi: _edge_frame(graphs[lo:hi]), rows_per_prompt=64)
         return RoutesResult(self.name, table, per_prompt=per_prompt, figures=self._figures,
                             title=f"information flow routes (tau {self.tau:g})", extra={"graphs": graphs},
                             takeaway=routes_takeaway)
@@ -517,8 +517,9 @@ def _component_stats(imp: FlowImportances, routes: Routes, last: Tensor, idx: Te
     comp_last[idx, :, -1] = mlp_last
 
 
-def _component_table(s: Structure, granularity: str, comp_sum: Tensor, comp_edges: Tensor,
-                     comp_last: Tensor) -> pd.DataFrame:
+def _component_table(s: Structure, granularity: str, columns: Any) -> pd.DataFrame:
+    """Per component: the share of prompts whose route uses it, and its mean edges and importances, read
+    block by block from the per-prompt component sums [n, layers, heads + 1]."""
     heads = s.n_heads if granularity == "head" else 1
     rows = []
     for L in range(s.n_layers):
@@ -529,15 +530,46 @@ def _component_table(s: Structure, granularity: str, comp_sum: Tensor, comp_edge
     frame = pd.DataFrame({"component": [r[1] for r in rows], "kind": [r[0] for r in rows],
                           "layer": pd.array([r[2] for r in rows], dtype="Int64"),
                           "head": pd.array([r[3] for r in rows], dtype="Int64")})
-    layer = torch.tensor([r[2] for r in rows])
-    col = torch.tensor([r[4] for r in rows])
-    edges = comp_edges[:, layer, col]  # [N, rows]
-    frame["in_route"] = (edges > 0).float().mean(0).numpy()
-    frame["edges_mean"] = edges.mean(0).numpy()
-    frame["importance_mean"] = comp_sum[:, layer, col].mean(0).numpy()
-    frame["last_position_importance_mean"] = comp_last[:, layer, col].mean(0).numpy()
-    frame["n_prompts"] = comp_sum.shape[0]
+    layer = np.array([r[2] for r in rows])
+    col = np.array([r[4] for r in rows])
+
+    def values(lo: int, hi: int) -> np.ndarray:  # [rows, 4 x components]
+        b = columns.read(lo, hi, ["comp_sum", "comp_edges", "comp_last"])
+        edges = b["comp_edges"][:, layer, col]
+        return np.concatenate([(edges > 0), edges, b["comp_sum"][:, layer, col], b["comp_last"][:, layer, col]],
+                              axis=1).astype(np.float64)
+    R = len(rows)
+    means = column_moments(columns.n, 4 * R, values).mean
+    frame["in_route"] = means[:R]
+    frame["edges_mean"] = means[R:2 * R]
+    frame["importance_mean"] = means[2 * R:3 * R]
+    frame["last_position_importance_mean"] = means[3 * R:]
+    frame["n_prompts"] = columns.n
     return frame
+
+
+class RouteGraphs(Sequence):
+    """Every prompt's route graph (networkx), parsed from the merged per-prompt JSON when asked for."""
+
+    def __init__(self, columns: Any) -> None:
+        self.columns = columns
+
+    def __len__(self) -> int:
+        return self.columns.n
+
+    def __getitem__(self, i: Any) -> Any:
+        import networkx as nx
+
+        if isinstance(i, slice):
+            lo, hi, _ = i.indices(len(self))
+            texts = self.columns.read(lo, hi, ["graph"])["graph"] if hi > lo else []
+            return [nx.node_link_graph(json.loads(t), edges="edges") for t in texts]
+        i = range(len(self))[i]
+        return self[i:i + 1][0]
+
+    def __iter__(self) -> Any:
+        for lo in range(0, len(self), 256):
+            yield from self[lo:lo + 256]
 
 
 def _edge_frame(graphs: list[Any]) -> pd.DataFrame:

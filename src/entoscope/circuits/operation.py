@@ -23,6 +23,7 @@ from torch import Tensor
 from ..data.examples import Dataset
 from ..data.tokenized import Batch, make_batches, pad_id, tokenize_data
 from ..errors import ConfigError
+from ..executors.columns import PromptColumns
 from ..executors.shards import PerPrompt
 from ..metrics import Metric
 from ..models.adapter import ModelAdapter
@@ -30,7 +31,7 @@ from ..models.split_inputs import check_split, refuse_unsplittable
 from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
 from ..results.page import figure_div, write_page
 from ..results.result import Result
-from ..stats import benjamini_hochberg, mean_stat, summarise
+from ..stats import benjamini_hochberg, streamed_mean, summarise
 from .acdc import acdc
 from .eap import Rule, edge_scores_per_prompt
 from .edge_patching import EdgePatcher
@@ -189,7 +190,7 @@ class Circuits(Operation):
     def before_phase(self, prepared: Prepared, phase: str, merged: dict[str, Any]) -> Any:
         if phase != "faithfulness":
             return None
-        choice = self._choose(prepared, merged["scores"]["scores"])
+        choice = self._choose(prepared, merged["scores"])
         return {"kept": torch.stack(choice["circuits"])}
 
     def execute_shard(self, prepared: Prepared, phase: str, batches: list[int], *, quiet: bool = False) -> PerPrompt:
@@ -225,43 +226,57 @@ class Circuits(Operation):
         metrics = {"full": patcher.full, "empty": patcher.empty, "circuit": patcher.per_prompt(outcome.circuit.kept)}
         return self._result(prepared, outcome.circuit, summary, metrics, decisions=outcome.decisions)
 
-    def _choose(self, prepared: Prepared, edge_scores: Any) -> dict[str, Any]:
-        """The driver's global step: per-prompt scores [E, n_edges] -> the circuit, stability, and the list of
+    def _edge_summary(self, prepared: Prepared, columns: PromptColumns) -> Any:
+        """Every edge's mean score over prompts with its interval (entoscope.stats), read block by block."""
+        st = prepared.state
+        if st.get("edge_summary", (None,))[0] is not columns:
+            stat = streamed_mean(columns.n, st["graph"].n_edges, _scores_reader(columns), skip_nan=False)
+            st["edge_summary"] = (columns, summarise(stat, self.stats, self.seed))
+        return st["edge_summary"][1]
+
+    def _choose(self, prepared: Prepared, columns: PromptColumns) -> dict[str, Any]:
+        """The driver's global step: the merged per-prompt edge scores -> the circuit, stability, and the list of
         circuits whose faithfulness is measured (curve fractions, then the chosen one, then the stable one)."""
         st = prepared.state
-        if "choice" in st and st["choice"]["from"] is edge_scores:
+        if "choice" in st and st["choice"]["from"] is columns:
             return st["choice"]
         graph: ComponentGraph = st["graph"]
-        order = graph.mask.T.nonzero()
-        per_prompt_scores = torch.zeros(len(edge_scores), graph.n_senders, graph.n_receivers,
-                                        dtype=torch.from_numpy(edge_scores[:0]).dtype)
-        per_prompt_scores[:, order[:, 1], order[:, 0]] = torch.from_numpy(edge_scores)
-        scores = per_prompt_scores.mean(0)
+        order = graph.mask.T.nonzero()  # (receiver, sender) pairs in edges() order
+        dtype = torch.from_numpy(columns.read(0, min(1, columns.n), ["scores"])["scores"]).dtype
+        scores = torch.zeros(graph.n_senders, graph.n_receivers, dtype=dtype)
+        scores[order[:, 1], order[:, 0]] = torch.from_numpy(self._edge_summary(prepared, columns).value).to(dtype)
         circuit = Circuit(graph, scores, self._select(graph, scores))
         stability = None
         if self.stability:
-            stability = circuit_stability(per_prompt_scores, lambda sc: self._select(graph, sc), circuit.kept,
-                                          self.stability, self.stability_share, self.seed, graph.mask)
+            stability = circuit_stability(columns.n, _scores_reader(columns), order[:, 1] * graph.n_receivers + order[:, 0],
+                                          (graph.n_senders, graph.n_receivers), lambda sc: self._select(graph, sc),
+                                          circuit.kept, self.stability, self.stability_share, self.seed, graph.mask)
         curve = curve_circuits(graph, circuit.scores, self.faithfulness, self.absolute) if self.faithfulness else []
         circuits = curve + [circuit.kept] + ([stability.stable] if stability is not None else [])
-        st["choice"] = {"from": edge_scores, "per_prompt_scores": per_prompt_scores, "circuit": circuit,
-                        "stability": stability, "circuits": circuits, "n_curve": len(curve)}
+        st["choice"] = {"from": columns, "circuit": circuit, "stability": stability, "circuits": circuits,
+                        "n_curve": len(curve)}
         return st["choice"]
 
     def summarise(self, prepared: Prepared, merged: dict[str, Any], *, quiet: bool = False) -> Result:
         graph: ComponentGraph = prepared.state["graph"]
-        choice = self._choose(prepared, merged["scores"]["scores"])
-        circuit, stability, per_prompt_scores = choice["circuit"], choice["stability"], choice["per_prompt_scores"]
+        columns = merged["scores"]
+        choice = self._choose(prepared, columns)
+        circuit, stability = choice["circuit"], choice["stability"]
         summary: dict[str, Any] = {"method": self.method, "metric": self.metric.type, "n_edges_total": graph.n_edges}
-        extra_cols = self._edge_intervals(graph, per_prompt_scores)
-        node_values = (per_prompt_scores * circuit.kept).sum(-1).double().numpy()  # [E, senders]
-        ns = summarise(mean_stat(node_values), self.stats, self.seed)
+        extra_cols = self._edge_intervals(self._edge_summary(prepared, columns))
+        order = graph.mask.T.nonzero()  # (receiver, sender) pairs in edges() order
+        kept_edges = circuit.kept[order[:, 1], order[:, 0]].double().numpy()
+        to_sender = np.zeros((graph.n_edges, graph.n_senders))  # a kept edge's score counts for its sender
+        to_sender[np.arange(graph.n_edges), order[:, 1].numpy()] = kept_edges
+        read = _scores_reader(columns)
+        ns = summarise(streamed_mean(columns.n, graph.n_senders, lambda lo, hi: read(lo, hi) @ to_sender,
+                                     skip_nan=False), self.stats, self.seed)
         node_stats = {n: (float(ns.value[i]), float(ns.ci_low[i]), float(ns.ci_high[i]))
                       for i, n in enumerate(graph.senders)}
         metrics = None
         curve = None
         if "faithfulness" in merged:
-            f = merged["faithfulness"]
+            f = merged["faithfulness"]  # a few metrics per prompt: read whole
             full, empty, values = (torch.from_numpy(f[k]) for k in ("full", "empty", "circuits"))
             k = choice["n_curve"]
             if self.faithfulness:
@@ -273,7 +288,6 @@ class Circuits(Operation):
             if stability is not None:
                 metrics["stable"] = values[:, k + 1].contiguous()
         if stability is not None:
-            order = graph.mask.T.nonzero()  # (receiver, sender) pairs in edges() order
             extra_cols["inclusion"] = stability.inclusion[order[:, 1], order[:, 0]].numpy()
             extra_cols["in_stable_circuit"] = stability.stable[order[:, 1], order[:, 0]].numpy()
             summary.update({"stability_resamples": stability.resamples, "stability_share": stability.share,
@@ -324,11 +338,8 @@ class Circuits(Operation):
         assert patcher is not None
         return exact_scores_per_prompt(patcher, quiet=quiet)
 
-    def _edge_intervals(self, graph: ComponentGraph, per_prompt: Tensor) -> dict[str, Any]:
-        """Bootstrap interval, p and BH q-value of each edge's mean score, in edges() order."""
-        order = graph.mask.T.nonzero()  # (receiver, sender)
-        values = per_prompt[:, order[:, 1], order[:, 0]].double().numpy()  # [E, n_edges]
-        s = summarise(mean_stat(values), self.stats, self.seed)
+    def _edge_intervals(self, s: Any) -> dict[str, Any]:
+        """Bootstrap interval, p and BH q-value of each edge's mean score (a Summary in edges() order)."""
         cols = {k: v for k, v in s.columns("score").items() if k != "score"}
         q = benjamini_hochberg(s.p_value)
         cols.update({"score_q": q, "significant": np.where(np.isfinite(q), q <= self.stats.fdr, False),
@@ -341,6 +352,11 @@ class Circuits(Operation):
             return above(graph, scores, self.threshold, self.absolute)
         n = self.n_edges if self.n_edges is not None else max(1, round(0.05 * graph.n_edges))
         return top_n(graph, scores, n, self.absolute)
+
+
+def _scores_reader(columns: PromptColumns) -> Any:
+    """read(lo, hi) -> the per-prompt edge scores [rows, n_edges] of prompts lo..hi-1 (edges() order)."""
+    return lambda lo, hi: columns.read(lo, hi, ["scores"])["scores"]
 
 
 def exact_scores(patcher: EdgePatcher, quiet: bool = False) -> Tensor:

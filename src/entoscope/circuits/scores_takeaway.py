@@ -12,7 +12,7 @@ from ..stats import value_with_ci
 def dla_takeaway(result: Any, top: int = 3) -> str:
     """The components writing most directly to the metric, with intervals, and the share of the model's mean
     metric they carry together (a ratio of means over prompts, with its bootstrap interval)."""
-    from ..stats import Stats, ratio_stat, summarise
+    from ..stats import RatioStat, Stats, summarise
 
     t = result.table
     if not len(t) or "mean" not in t:
@@ -21,13 +21,14 @@ def dla_takeaway(result: Any, top: int = 3) -> str:
     cells = "; ".join(f"{r['component']} {value_with_ci(r, 'mean', '+.2f')}" for _, r in strongest.iterrows())
     n = int(t["n_prompts"].iloc[0])
     text = f"The components writing most directly to the {result.extra.get('metric', 'metric')}: {cells}"
-    pp, identity = result.per_prompt, result.extra.get("identity")
-    if pp is not None and identity is not None and len(identity) == n:
-        grid = pp.pivot_table(index="example", columns="component", values="contribution", aggfunc="first")
-        num = grid[list(strongest["component"])].sum(axis=1).to_numpy(dtype=float)[:, None]
-        den = identity.sort_values("example")["value"].to_numpy(dtype=float)[:, None]
-        if np.all(np.isfinite(num)) and abs(den.mean()) > 1e-9:
-            s = summarise(ratio_stat(num, den), Stats(), seed=0)
+    read, identity = result.extra.get("contribution_blocks"), result.extra.get("identity")
+    if read is not None and identity is not None and len(identity) == n:
+        top = strongest.index.to_numpy()  # table rows follow the components' order
+        value = identity.sort_values("example")["value"].to_numpy(dtype=float)
+        stat = RatioStat.streamed(n, 1, lambda lo, hi: (np.asarray(read(lo, hi), float)[:, top].sum(1, keepdims=True),
+                                                        value[lo:hi]), shared_den=True)
+        s = summarise(stat, Stats(), seed=0)
+        if np.isfinite(s.value[0]) and abs(value.mean()) > 1e-9:
             text += (f". Together they carry {s.value[0]:.0%} [{s.ci_low[0]:.0%}, {s.ci_high[0]:.0%}] of the model's "
                      "mean value (ratio of means)")
     return text + f" (95% intervals over {n} prompts)."

@@ -1,7 +1,7 @@
 """Would this circuit survive another sample of prompts? Circuit stability by bootstrap.
 
 EAP / EAP-IG / exact edge scores are per prompt, so a resample of the prompts is a weighted mean of
-those scores; no gradient is recomputed. For B resamples (multinomial weights, seeded) the circuit
+those scores, accumulated block by block over the prompts; no gradient is recomputed. For B resamples (multinomial weights, seeded) the circuit
 is chosen again with the same rule (top n or threshold), and we report:
 
   inclusion[e]  the share of resamples whose circuit holds edge e
@@ -18,10 +18,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from ..stats import resample_weights
+from ..stats import Resampler
+from ..stats.sums import block_rows
 
 
 @dataclass
@@ -35,17 +37,24 @@ class Stability:
     sizes: Tensor  # [B] edges in each resampled circuit
 
 
-def circuit_stability(per_prompt: Tensor, select: Callable[[Tensor], Tensor], full_kept: Tensor, resamples: int,
-                      share: float, seed: int, mask: Tensor) -> Stability:
-    """per_prompt [E, S, R] edge scores; select(scores [S, R]) -> kept [S, R]; full_kept: the circuit on all prompts."""
-    E = per_prompt.shape[0]
-    W = torch.as_tensor(resample_weights(E, resamples, seed), dtype=per_prompt.dtype)
-    flat = per_prompt.reshape(E, -1)
+def circuit_stability(n: int, read: Callable[[int, int], np.ndarray], cells: Tensor, shape: tuple[int, int],
+                      select: Callable[[Tensor], Tensor], full_kept: Tensor, resamples: int, share: float, seed: int,
+                      mask: Tensor) -> Stability:
+    """Per-prompt edge scores read in blocks (read(lo, hi) -> [rows, n_edges]; column j is the edge at flat
+    position cells[j] of the [n_senders, n_receivers] grid `shape`); select(scores [S, R]) -> kept [S, R];
+    full_kept: the circuit on all prompts. Memory: resamples x edges, whatever the number of prompts."""
+    resampler = Resampler(n, resamples, seed)
+    means = np.zeros((resamples, len(cells)))
+    for lo in range(0, n, block_rows(len(cells))):  # each resample's mean score of every edge
+        hi = min(n, lo + block_rows(len(cells)))
+        means += resampler.block(lo, hi) @ np.asarray(read(lo, hi), dtype=np.float64)
+    means /= n
     edges = mask.flatten().nonzero()[:, 0]
     kept = torch.zeros(resamples, len(edges), dtype=torch.float32)
     for b in range(resamples):  # each resample's circuit, chosen as on the whole dataset
-        scores = (W[b] @ flat / E).view(per_prompt.shape[1:])
-        kept[b] = select(scores).flatten()[edges].float()
+        scores = torch.zeros(shape[0] * shape[1], dtype=torch.float32)
+        scores[cells] = torch.from_numpy(means[b]).float()
+        kept[b] = select(scores.view(shape)).flatten()[edges].float()
     inclusion = torch.zeros(mask.numel())
     inclusion[edges] = kept.mean(0)
     inter = kept @ kept.T  # [B, B]

@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-BLOCK_ROWS = 1 << 18  # table rows made at once (prompts x rows per prompt)
+BLOCK_ROWS = 1 << 16  # table rows made at once (prompts x rows per prompt)
 
 
 class LazyTable:

@@ -190,7 +190,7 @@ def _summarise(stat: StatFn, stats: Stats, seed: int, keep_boot: bool) -> Summar
         return _no_interval(value, influence, influential, stats)
     boot = stat(resample_weights(n, stats.n_boot, seed))
     accel = acceleration(jack) if n >= 3 else None
-    return _finish(boot, value, accel, influence, influential, stats, n, keep_boot)
+    return _finish(lambda cols: boot[:, cols], value, accel, influence, influential, stats, n, keep_boot)
 
 
 def _summarise_sums(stat: SumsStat, stats: Stats, seed: int, keep_boot: bool) -> Summary:
@@ -232,9 +232,7 @@ def _summarise_sums(stat: SumsStat, stats: Stats, seed: int, keep_boot: bool) ->
                 accel = d3 / (6 * d2 ** 1.5)
     if not n_boot:
         return _no_interval(value, influence, influential, stats)
-    boot = stat.g(boot_sums)
-    del boot_sums
-    return _finish(boot, value, accel, influence, influential, stats, n, keep_boot)
+    return _finish(lambda cols: stat.g(boot_sums, cols), value, accel, influence, influential, stats, n, keep_boot)
 
 
 def _no_interval(value: np.ndarray, influence: np.ndarray, influential: np.ndarray, stats: Stats) -> Summary:
@@ -243,15 +241,19 @@ def _no_interval(value: np.ndarray, influence: np.ndarray, influential: np.ndarr
                    stats.ci_level, stats.ci_method, 0)
 
 
-def _finish(boot: np.ndarray, value: np.ndarray, accel: np.ndarray | None, influence: np.ndarray,
+def _finish(boot: Callable[[slice], np.ndarray], value: np.ndarray, accel: np.ndarray | None, influence: np.ndarray,
             influential: np.ndarray, stats: Stats, n: int, keep_boot: bool) -> Summary:
-    """Intervals, standard errors and p-values from the bootstrap values [n_boot, U]."""
+    """Intervals, standard errors and p-values from the bootstrap values, boot(cols) -> [n_boot, cells in cols]
+    (made a slice of cells at a time: CELLS_PER_CHUNK values)."""
     U = value.shape[0]
     low, high, se = (np.full(U, np.nan) for _ in range(3))
+    kept = np.empty((stats.n_boot, U)) if keep_boot else None
     step = max(1, CELLS_PER_CHUNK // max(1, stats.n_boot))
     for c0 in range(0, U, step):
         cols = slice(c0, min(U, c0 + step))
-        b = boot[:, cols]
+        b = boot(cols)
+        if kept is not None:
+            kept[:, cols] = b
         low[cols], high[cols] = _interval(b, value[cols], None if accel is None else accel[cols], stats.ci_level,
                                           stats.ci_method, n)
         with np.errstate(invalid="ignore"):
@@ -264,7 +266,7 @@ def _finish(boot: np.ndarray, value: np.ndarray, accel: np.ndarray | None, influ
         p = np.where(se > 0, 2 * (1 - _ndtr(z)), np.where(value == 0, 1.0, 0.0))
     p = np.where(np.isfinite(value) & np.isfinite(se), p, np.nan)
     return Summary(value, low, high, se, p, influence, influential, stats.ci_level, stats.ci_method,
-                   stats.n_boot, boot if keep_boot else None)
+                   stats.n_boot, kept)
 
 
 def fragile(summary: Summary, share: float) -> np.ndarray:

@@ -18,7 +18,7 @@ import numpy as np
 
 from .resample import WEIGHT_CHUNK
 
-BLOCK_FLOATS = 1 << 22  # per-prompt values read at once: 32 MiB of float64
+BLOCK_FLOATS = 1 << 20  # per-prompt values read at once: 8 MiB of float64
 
 
 def block_rows(width: int) -> int:
