@@ -148,8 +148,8 @@ def main() -> None:
         if args.only in (None, "patching"):
             t = time.perf_counter()
             paths, shards = write_shards(folder / "patching", args.n, 180, "float64", True)
-            print(f"\n== patching: {args.n:,} pairs x 180 sites ({args.n * 180 * 8 / 2**20:.0f} MiB of patched metrics, "
-                  f"{len(shards)} shards written in {time.perf_counter() - t:.0f} s)", flush=True)
+            print(f"\n== patching: {args.n:,} pairs x 180 sites ({args.n * 180 * 8 / 2**20:.0f} MiB of patched "
+                  f"metrics, {len(shards)} shards written in {time.perf_counter() - t:.0f} s)", flush=True)
             res = {held: measured(patching_job, paths, shards, args.n, 180, held, folder / f"run-{held}", args.csv)
                    for held in (True, False)}
             (th, mh), (ts, ms) = res[True], res[False]

@@ -44,7 +44,8 @@ def test_resampling_counts_over_several_chunks_are_multinomial():
     np.testing.assert_allclose(totals.mean(0), sizes, rtol=0.02)
     # any block of prompts is the same slice of the whole matrix, asked in any order
     r = Resampler(n, B, seed=7)
-    np.testing.assert_array_equal(r.block(WEIGHT_CHUNK + 5, 2 * WEIGHT_CHUNK + 17), W[:, WEIGHT_CHUNK + 5:2 * WEIGHT_CHUNK + 17])
+    lo, hi = WEIGHT_CHUNK + 5, 2 * WEIGHT_CHUNK + 17
+    np.testing.assert_array_equal(r.block(lo, hi), W[:, lo:hi])
     np.testing.assert_array_equal(r.block(0, 10), W[:, :10])
 
 

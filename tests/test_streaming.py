@@ -130,3 +130,22 @@ def test_summarising_stored_shards_allocates_a_small_share_that_does_not_grow_wi
             assert held_peak > whole  # the measure sees a whole per-prompt array when there is one
             assert peaks[n] < whole / 4, (peaks[n], whole)
     assert peaks[32768] < 1.25 * peaks[8192], peaks  # 4x the prompts, not 4x the memory
+
+
+def test_a_big_in_process_run_streams_its_shards_through_a_temporary_folder(monkeypatch, tmp_path):
+    from entoscope.executors import driver
+
+    made = []
+    monkeypatch.setattr(driver, "IN_MEMORY_PROMPTS", 10)  # 24 prompts count as a big run here
+    monkeypatch.setattr(driver, "StoredColumns", lambda *a: made.append(StoredColumns(*a)) or made[-1])
+    monkeypatch.setattr(driver.tempfile, "tempdir", str(tmp_path))  # where the temporary shard folder goes
+    make, data = OPERATIONS["patching"]
+    model = es.load_model("demo")
+    plan = make().plan(model, data)
+    assert any("temporary shard folder" in note for note in plan.notes)
+    streamed = make().run(model, data, quiet=True)
+    assert len(made) == 1 and made[0].n == 24  # merged from the shard files
+    assert not list(tmp_path.glob("entoscope-shards-*"))  # and the folder removed after the merge
+    monkeypatch.setattr(driver, "IN_MEMORY_PROMPTS", 4096)
+    _same_tables(streamed.table, make().run(model, data, quiet=True).table)
+    assert len(made) == 1  # the small run kept its one shard in memory

@@ -114,7 +114,8 @@ class Operation(ConfigModel):
     def plan(self, model: Any, data: Any = None, *, executor: Any = None) -> Plan:
         """Validate everything and say what a run would cost (and, on Ray, how it splits); runs no model."""
         from .executors.config import as_executor
-        from .executors.driver import check_executor, shards_of
+        from .executors.driver import check_executor, shards_of, streams_in_process
+        from .executors.shards import IN_MEMORY_PROMPTS
 
         executor = as_executor(executor)
         with recording_warnings() as warned:
@@ -123,6 +124,9 @@ class Operation(ConfigModel):
             plan = prepared.plan
             if not self.not_sharded_reason():
                 plan.global_step = self.global_step(prepared)
+                if executor.type == "in_process" and streams_in_process(plan.examples):
+                    plan.notes.append(f"more than {IN_MEMORY_PROMPTS} prompts: each batch's per-prompt values are "
+                                      "written to a temporary shard folder and merged from there (docs/scale.md)")
             if executor.type == "ray":
                 shards = shards_of(self, prepared, executor)
                 biggest = sorted((len(s.examples) for s in shards), reverse=True)

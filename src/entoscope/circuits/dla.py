@@ -185,8 +185,10 @@ class DirectLogitAttribution(Operation):
         frame = _component_frame(comps)
         read = _contributions(columns)
         table = dla_summary(columns.n, frame, read, self.stats, self.seed)
-        per_prompt = LazyTable(columns.n, lambda lo, hi: _per_prompt(frame, read(lo, hi), lo), rows_per_prompt=len(comps))
-        extra = LazyDict({"components": comps, "identity": identity, "metric": self.metric, "contribution_blocks": read},
+        per_prompt = LazyTable(columns.n, lambda lo, hi: _per_prompt(frame, read(lo, hi), lo),
+                               rows_per_prompt=len(comps))
+        extra = LazyDict({"components": comps, "identity": identity, "metric": self.metric,
+                          "contribution_blocks": read},
                          {"contributions": lambda: torch.from_numpy(columns["contrib"]).T})  # [components, prompts]
         return DLAResult(self.name, table, per_prompt=per_prompt, figures=self._figures,
                          title=f"direct logit attribution ({self.metric})", extra=extra, takeaway=dla_takeaway)

@@ -172,7 +172,8 @@ class HeadScores(Operation):
         kinds = list(self.kinds)
         table = head_score_summary(n, kinds, s.n_layers, s.n_heads, lambda lo, hi: columns.read(lo, hi, kinds),
                                    self.stats, self.seed)
-        per_prompt = LazyTable(len(kinds) * n, lambda lo, hi: _frame_rows(columns, kinds, s.n_layers, s.n_heads, lo, hi),
+        per_prompt = LazyTable(len(kinds) * n,
+                               lambda lo, hi: _frame_rows(columns, kinds, s.n_layers, s.n_heads, lo, hi),
                                rows_per_prompt=s.n_layers * s.n_heads)
         return Result(self.name, table, per_prompt=per_prompt, figures=_figures, title="attention head scores",
                       takeaway=head_scores_takeaway)

@@ -248,7 +248,8 @@ class Circuits(Operation):
         circuit = Circuit(graph, scores, self._select(graph, scores))
         stability = None
         if self.stability:
-            stability = circuit_stability(columns.n, _scores_reader(columns), order[:, 1] * graph.n_receivers + order[:, 0],
+            cells = order[:, 1] * graph.n_receivers + order[:, 0]
+            stability = circuit_stability(columns.n, _scores_reader(columns), cells,
                                           (graph.n_senders, graph.n_receivers), lambda sc: self._select(graph, sc),
                                           circuit.kept, self.stability, self.stability_share, self.seed, graph.mask)
         curve = curve_circuits(graph, circuit.scores, self.faithfulness, self.absolute) if self.faithfulness else []

@@ -1,8 +1,9 @@
 """Would this circuit survive another sample of prompts? Circuit stability by bootstrap.
 
 EAP / EAP-IG / exact edge scores are per prompt, so a resample of the prompts is a weighted mean of
-those scores, accumulated block by block over the prompts; no gradient is recomputed. For B resamples (multinomial weights, seeded) the circuit
-is chosen again with the same rule (top n or threshold), and we report:
+those scores, accumulated block by block over the prompts; no gradient is recomputed. For B
+resamples (multinomial weights, seeded) the circuit is chosen again with the same rule (top n or
+threshold), and we report:
 
   inclusion[e]  the share of resamples whose circuit holds edge e
   jaccard       the mean pairwise Jaccard index |C_i & C_j| / |C_i | C_j| of the B circuits

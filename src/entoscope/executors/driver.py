@@ -24,7 +24,7 @@ from typing import Any
 from ..errors import ConfigError, recorded_warnings, warn
 from .config import InProcess, Ray
 from .columns import PromptColumns, StoredColumns, merge
-from .shards import PerPrompt, Shard, digest, plan_shards
+from .shards import IN_MEMORY_PROMPTS, PerPrompt, Shard, digest, plan_shards
 from .spec import ModelSpec
 from .store import ShardStore
 
@@ -34,6 +34,13 @@ def shards_of(op: Any, prepared: Any, executor: InProcess | Ray, *, stored: bool
     plan on any executor, so a run started on Ray may resume here and the other way round)."""
     batches = op.shard_batches(prepared)
     return plan_shards(batches, getattr(executor, "shard_size", None), one=isinstance(executor, InProcess) and not stored)
+
+
+def streams_in_process(n_examples: int) -> bool:
+    """An in-process run of more than IN_MEMORY_PROMPTS prompts writes its shards (one batch each) to a
+    temporary folder and merges them from there, as a Ray run does, so its per-prompt values are never
+    all in memory; smaller runs keep their one shard."""
+    return n_examples > IN_MEMORY_PROMPTS
 
 
 def check_executor(op: Any, model: Any, executor: InProcess | Ray) -> ModelSpec | None:
@@ -50,13 +57,14 @@ def check_executor(op: Any, model: Any, executor: InProcess | Ray) -> ModelSpec 
 def run_sharded(op: Any, prepared: Any, executor: InProcess | Ray, spec: ModelSpec | None, *, quiet: bool,
                 shards_dir: str | Path | None, resume: bool) -> tuple[Any, dict[str, Any]]:
     """Run every phase over its shards and summarise; returns (Result, what the manifest records)."""
-    shards = shards_of(op, prepared, executor, stored=shards_dir is not None)
-    phases = op.phases(prepared)
     n = len(prepared.data) if prepared.data is not None else 0
     here = isinstance(executor, InProcess)
+    stored = shards_dir is not None or not here or streams_in_process(n)
+    shards = shards_of(op, prepared, executor, stored=stored)
+    phases = op.phases(prepared)
     fingerprint = None if here and shards_dir is None else _fingerprint(prepared.model)
     plan_digest = digest(op.shard_batches(prepared))
-    temporary = shards_dir is None and not here
+    temporary = stored and shards_dir is None
     folder = Path(tempfile.mkdtemp(prefix="entoscope-shards-")) if temporary else shards_dir
     store = None
     if folder is not None:  # what the shards belong to: a resumed run must be this very run
@@ -121,7 +129,8 @@ def _run_here(op: Any, prepared: Any, phase: str, shards: list[Shard], store: Sh
     for s in shards:
         if store is not None and store.has(phase, s):
             continue
-        part = op.execute_shard(prepared, phase, list(s.batches), quiet=quiet)
+        # with several shards the shards' bar shows the progress, not one bar per shard
+        part = op.execute_shard(prepared, phase, list(s.batches), quiet=quiet or len(shards) > 1)
         if store is not None:
             store.write(phase, s, part)
         else:

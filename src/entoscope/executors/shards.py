@@ -21,6 +21,7 @@ from ..errors import CheckFailedError
 
 TARGET_BATCHES = 16  # a sharded operation cuts a dataset into at least this many batches when it can ...
 MIN_BATCH = 8  # ... of at least this many prompts (memory and an explicit batch_size come first)
+IN_MEMORY_PROMPTS = 4096  # a bigger in-process run streams its shards through a temporary folder (driver.py)
 
 
 def batch_cap(size: int, n_examples: int) -> int:
