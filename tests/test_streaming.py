@@ -72,6 +72,9 @@ def test_a_run_streamed_from_its_shard_files_equals_the_run_held_in_memory(name,
     _same_tables(pd.read_parquet(tmp_path / "streamed" / "per_prompt.parquet"), held.per_prompt)
     if name == "circuits":
         assert streamed.summary == held.summary
+    if name == "patching":  # read from the shards' buckets on first use
+        assert "patched" in streamed.extra and set(streamed.extra) == set(held.extra)
+        np.testing.assert_array_equal(streamed.extra["patched"].numpy(), held.extra["patched"].numpy())
 
 
 N_SITES = 200

@@ -61,11 +61,13 @@ class LazyTable:
 
 
 class LazyDict(dict):
-    """A dict some of whose values are made on first access (then kept) by a function of no arguments."""
+    """A dict some of whose values are made on first access (then kept) by a function of no arguments.
+
+    Keys, `in` and len() count the lazy values without making them; values() and items() make them."""
 
     def __init__(self, values: dict[str, Any], lazy: dict[str, Callable[[], Any]]) -> None:
         super().__init__(values)
-        self._lazy = dict(lazy)
+        self._lazy = {k: v for k, v in lazy.items() if k not in values}
 
     def __missing__(self, key: str) -> Any:
         if key in self._lazy:
@@ -77,8 +79,20 @@ class LazyDict(dict):
     def __contains__(self, key: object) -> bool:
         return super().__contains__(key) or key in self._lazy
 
+    def __iter__(self) -> Iterator[str]:
+        yield from list(super().keys()) + list(self._lazy)
+
+    def __len__(self) -> int:
+        return super().__len__() + len(self._lazy)
+
     def get(self, key: str, default: Any = None) -> Any:
         return self[key] if key in self else default
 
     def keys(self) -> Any:  # type: ignore[override]
-        return list(super().keys()) + [k for k in self._lazy if not super().__contains__(k)]
+        return list(self)
+
+    def values(self) -> Any:  # type: ignore[override]
+        return [self[k] for k in list(self)]
+
+    def items(self) -> Any:  # type: ignore[override]
+        return [(k, self[k]) for k in list(self)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,14 @@ class Result:
     @per_prompt.setter
     def per_prompt(self, value: pd.DataFrame | LazyTable | None) -> None:
         self._per_prompt = value
+
+    def per_prompt_blocks(self) -> Iterator[pd.DataFrame]:
+        """The per-prompt table in blocks of whole prompts, in prompt order, never built whole."""
+        pp = self._per_prompt
+        if isinstance(pp, LazyTable):
+            yield from pp.blocks()
+        elif pp is not None:
+            yield pp
 
     def per_prompt_head(self, prompts: int) -> pd.DataFrame | None:
         """The per-prompt rows of the first `prompts` prompts (what a page shows), made without the rest."""
