@@ -217,12 +217,13 @@ class LensTrainingData(Operation):
 
     def summarise(self, prepared: Prepared, merged: dict[str, Any], *, quiet: bool = False) -> Result:
         m = merged["main"]
+        all_states, all_logits = m["states"], m["logits"]  # the training data, read once (a global step)
         out = []
         for b in prepared.state["batches"]:
             T = b.tokens.shape[1]
             mask = torch.arange(T)[None, :] < b.lengths[:, None]
-            states = torch.from_numpy(m["states"][b.index][:, :, :T]).transpose(0, 1)  # [n_layers, B, T, d_model]
-            logits = torch.from_numpy(m["logits"][b.index][:, :T])
+            states = torch.from_numpy(all_states[b.index][:, :, :T]).transpose(0, 1)  # [n_layers, B, T, d_model]
+            logits = torch.from_numpy(all_logits[b.index][:, :T])
             dev, dtype = prepared.model.device, next(prepared.model.tl.parameters()).dtype
             out.append((states[:, mask].to(dev, dtype), logits[mask].to(dev, dtype).log_softmax(-1)))  # [L, N, d], [N, V]
         return Result(self.name, pd.DataFrame(), extra={"batches": out})
