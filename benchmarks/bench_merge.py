@@ -79,7 +79,7 @@ def patching_job(paths, shards, n: int, width: int, held: bool, out: Path, csv: 
     sites = pd.DataFrame({"site": [f"resid_pre.{i // 15}@{i % 15}" for i in range(width)],
                           "layer": np.arange(width) // 15, "position": np.arange(width) % 15})
     table, _ = site_table(values, sites, "normalized", "ratio_of_means", Stats(), 0, {})
-    positions = np.tile(sites["position"].to_numpy(float), (1, 1))
+    positions = sites["position"].to_numpy(float)[None]  # [1, sites]: the same positions in every prompt
 
     def rows(lo: int, hi: int) -> pd.DataFrame:
         block = {**values.block(lo, hi), "base": values.base[lo:hi], "source": values.source[lo:hi],

@@ -159,9 +159,11 @@ class HeadScores(Operation):
     def summarise(self, prepared: Prepared, merged: dict[str, Any], *, quiet: bool = False) -> Result:
         s, columns = prepared.model.structure, merged["main"]
         n = columns.n
+        kinds = list(self.kinds)
+        table = head_score_summary(n, kinds, s.n_layers, s.n_heads, lambda lo, hi: columns.read(lo, hi, kinds),
+                                   self.stats, self.seed)
         for kind in self.kinds:
-            scored = sum(int(np.isfinite(columns.read(lo, min(n, lo + 4096), [kind])[kind][:, 0, 0, 0]).sum())
-                         for lo in range(0, n, 4096))  # prompts with a target position
+            scored = int(table.loc[table["kind"] == kind, "n_prompts"].iloc[0])  # prompts with a target position
             if scored == 0:
                 raise DataError(f"no prompt has a {kind} target (a position whose token repeats an earlier one)",
                                 code="no_targets", remedy="use prompts with repeats (task: repeated_tokens or "
@@ -169,9 +171,6 @@ class HeadScores(Operation):
             if scored < n:
                 warn(f"{kind}: {n - scored} of {n} prompts have no target position and are left out "
                      f"of `score` (score_tl counts them as 0, as TransformerLens does)", code="prompts_without_targets")
-        kinds = list(self.kinds)
-        table = head_score_summary(n, kinds, s.n_layers, s.n_heads, lambda lo, hi: columns.read(lo, hi, kinds),
-                                   self.stats, self.seed)
         per_prompt = LazyTable(len(kinds) * n,
                                lambda lo, hi: _frame_rows(columns, kinds, s.n_layers, s.n_heads, lo, hi),
                                rows_per_prompt=s.n_layers * s.n_heads)

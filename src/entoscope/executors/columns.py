@@ -100,11 +100,9 @@ class StoredColumns(PromptColumns):
         self.paths, self.n = list(paths), n
         examples = [pq.read_table(p, columns=["example"]).column("example").to_numpy() for p in self.paths]
         check_cover(examples, n)
-        sums_files = [p.with_suffix(".sums.parquet") for p in self.paths]
-        from .store import from_arrow
+        from .store import read_sums
 
-        self.sums = add_sums([{k: v[0] for k, v in from_arrow(pq.read_table(f)).arrays.items()} if f.exists() else None
-                              for f in sums_files])
+        self.sums = add_sums([read_sums(p) for p in self.paths])
         first = pq.read_table(self.paths[0]) if self.paths else None
         self._keys = [c for c in first.column_names if c != "example"] if first is not None else []
         row_bytes = max(1, first.nbytes // max(1, first.num_rows)) if first is not None else 1

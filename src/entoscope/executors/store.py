@@ -92,13 +92,21 @@ class ShardStore:
         if sorted(part.examples.tolist()) != sorted(shard.examples):
             raise SaveError(f"{target} holds other prompts than its shard", code="resume_mismatch",
                             remedy="start again with --overwrite")
-        if target.with_suffix(".sums.parquet").exists():
-            sums = from_arrow(pq.read_table(target.with_suffix(".sums.parquet")))
-            part.sums = {k: v[0] for k, v in sums.arrays.items()}
+        part.sums = read_sums(target)
         return part
 
     def remove(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def read_sums(target: Path) -> dict[str, np.ndarray] | None:
+    """The sums a shard file's companion (.sums.parquet) holds, or None."""
+    import pyarrow.parquet as pq
+
+    path = target.with_suffix(".sums.parquet")
+    if not path.exists():
+        return None
+    return {k: v[0] for k, v in from_arrow(pq.read_table(path)).arrays.items()}
 
 
 def _write(table: Any, target: Path) -> None:
