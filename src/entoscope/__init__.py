@@ -23,9 +23,10 @@ from .probing import Probing
 from .registry import register
 from .results import Result
 from .sites import Sites
+from .steering import Direction, Steering
 
 __version__ = "0.1.0.dev0"
-__all__ = ["ActName", "CachedModel", "Circuits", "Dataset", "DataSpec", "DecoderLens", "DirectLogitAttribution", "EntoscopeError", "Example", "FeatureDLA", "FeatureGraph", "HeadScores",
+__all__ = ["ActName", "CachedModel", "Circuits", "Dataset", "DataSpec", "DecoderLens", "Direction", "DirectLogitAttribution", "EntoscopeError", "Example", "FeatureDLA", "FeatureGraph", "HeadScores",
            "InProcess", "InformationFlowRoutes", "Intervention", "Lens",
-           "Metric", "ModelAdapter", "Operation", "ParameterLens", "Patching", "Plan", "Probing", "Ray", "Result", "Sites", "TunedLens", "adapt",
+           "Metric", "ModelAdapter", "Operation", "ParameterLens", "Patching", "Plan", "Probing", "Ray", "Result", "Sites", "Steering", "TunedLens", "adapt",
            "errors", "load_data", "load_model", "register", "tasks"]

@@ -32,7 +32,7 @@ from .errors import ConfigError, EntoscopeError, EntoscopeWarning
 from .registry import lookup, names
 
 CLI_NAMES = {"lens": "lens", "parameter-lens": "parameter_lens", "head-scores": "head_scores", "patch": "patching", "probe": "probing",
-             "circuit": "circuits", "dla": "dla", "ifr": "ifr"}
+             "circuit": "circuits", "dla": "dla", "ifr": "ifr", "steer": "steering"}
 
 SAVED: list[str] = []  # folders this process has saved (named when Ctrl-C interrupts it)
 

@@ -1,0 +1,477 @@
+"""The steering operation: push on a direction at a site, and measure what it does, with intervals and side effects.
+
+Life (docs/steering.md): `prepare` resolves and checks the direction (its width against the sites it is
+written at, finite and non-zero, coefficients that would overflow), the position rule against every
+prompt, and the prompts of the run (rows.py: the task, held-out text, the built-in tasks' prompts, the
+direction's own prompts), and plans; no model runs. Sharded phases (docs/scale.md):
+
+    direction   (a mean difference made by the run) each direction prompt's vector at the site
+    -> driver   the direction from the merged vectors (or the one the config gives), its random baseline
+    steer       each prompt unsteered and under every (direction or random, coefficient) condition:
+                metric, KL and loss per prompt (runs.py); continuations of the first prompts (generate.py)
+    summarise   the table with bootstrap intervals over prompts (summary.py), figures, takeaway
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from pydantic import Field
+
+from ..config_model import ConfigModel
+from ..data import tasks as builtin_tasks
+from ..data.examples import Dataset
+from ..data.loading import DataSpec, load_data
+from ..data.tokenized import TokenizedData, length_batches, pad, pad_answers, pad_id, tokenize_data
+from ..errors import ConfigError, DataError, warn
+from ..executors.shards import PerPrompt
+from ..metrics import Metric, metric_where
+from ..models.adapter import ModelAdapter
+from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
+from ..results.lazy import LazyTable
+from ..results.result import Result
+from .collect import READ_AT, difference
+from .direction import Direction
+from .figures import steering_figures
+from .generate import continue_batch, decoded
+from .interventions import MODES, PositionRule, is_identity
+from .rows import DIRECTION_SETS, SCORE, TASK, TEXT, RowSet, combine, split, tagged, without
+from .runs import BatchRows, SteerSetup, steer_batch
+from .sites import site_notes, steerable, written_sites
+from .sources import collect_sides, prompt_digest
+from .spec import DirectionSpec
+from .summary import prompt_rows, steering_table
+from .takeaway import steering_takeaway
+
+FLOAT = 4
+# each built-in task's score (as entoscope info reports it, evaluate.py): the metric read on its prompts
+TASK_SCORES = {"ioi": "logit_diff", "facts": "top1", "greater_than": "prob_diff", "induction": "top1"}
+DEFAULT_COEFFICIENTS = {"add": [0.25, 0.5, 1.0, 2.0], "set": [0.0, 0.5, 1.0, 2.0], "project_out": [1.0]}
+
+
+class SideEffects(ConfigModel):
+    """What steering does to prompts the direction was not made from.
+
+    tasks: built-in tasks whose score's change is measured (ioi: logit difference, facts and induction: top-1
+           accuracy, greater_than: probability difference), n prompts each, seeded by seed.
+    text:  more held-out text (a data spec): KL and loss change only.
+    KL(steered || unsteered) and the loss change are averaged over every held-out prompt (tasks and text)."""
+
+    tasks: list[str] = Field(default_factory=lambda: list(TASK_SCORES))
+    n: int = Field(default=32, ge=1, le=100_000)
+    seed: int = 1729
+    text: DataSpec | None = None
+
+
+class Continuations(ConfigModel):
+    """Continuations of the first `prompts` task prompts, `tokens` new tokens each, steered and unsteered.
+    sample: false is greedy; true draws from softmax(logits / temperature), seeded."""
+
+    prompts: int = Field(default=3, ge=1, le=64)
+    tokens: int = Field(default=12, ge=1, le=256)
+    sample: bool = False
+    temperature: float = Field(default=1.0, gt=0)
+
+
+@register_operation
+class Steering(Operation):
+    """Steering: add a direction at a site (or clamp or project it out), with a dose-response and its side effects.
+
+    direction:     where the vector comes from (DirectionSpec: mean_difference of pairs or two prompt sets, probe,
+                   feature, file, vector; an es.Direction in Python).
+    at:            where it is written (default: its own site); a list of sites, or "residual" (every point the
+                   residual stream is read: Arditi et al. 2024).
+    mode:          add (x + c v), set (the component along v set to c |v|), project_out (x - c (x.v^) v^).
+    coefficients:  the dose-response (default by mode: add [0.25, 0.5, 1, 2], set [0, 0.5, 1, 2], project_out [1]).
+    normalize:     use the unit vector (coefficients then in activation units).
+    positions:     all, last, last:K, generated, or a list of token indices and roles ([-1, S2, END]).
+    metric:        the task metric read at each prompt's last token (logit_diff, prob, prob_diff, top1, ...).
+    side_effects:  held-out prompts (built-in tasks, text): KL, loss change, task scores; null: none.
+    continuations: steered and unsteered continuations of the first prompts; null: none.
+    A random direction of the same norm at the same sites (seeded by seed) is the baseline of every number.
+    """
+
+    name = "steering"
+    direction: DirectionSpec
+    at: str | list[str] | None = None
+    mode: Literal["add", "set", "project_out"] = "add"
+    coefficients: list[float] | None = None
+    normalize: bool = False
+    positions: str | list[int | str] = "all"
+    metric: Metric = Field(default_factory=Metric)
+    answer_scoring: Literal["single", "first_token"] = "single"
+    side_effects: SideEffects | None = Field(default_factory=SideEffects)
+    continuations: Continuations | None = None
+    per_prompt: bool = True
+
+    # ------------------------------------------------------------------ prepare: every check, and the plan
+    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared:
+        assert data is not None
+        coefficients = self._coefficients()
+        rule = PositionRule.parse(self.positions)
+        spec = self.direction
+        direction = None if spec.made_by_run else spec.resolve(model)
+        site = direction.site if direction is not None else spec.site_name()
+        head = direction.head if direction is not None else spec.head
+        act, width = steerable(model, site, head)
+        if direction is not None and direction.width != width:
+            raise DataError(f"the direction has width {direction.width}, and {act} holds vectors of width {width}",
+                            code="direction_width", remedy=f"give a vector of width {width} (the site's last axis)")
+        sites = written_sites(model, self.at, str(act), head, width)
+        if direction is not None:
+            check_coefficients(direction.norm, coefficients, self.mode, self.normalize, model, where="")
+        notes: list[str] = []
+        combined = data if tagged(data) else self._combine(model, data, direction, notes)
+        sets, parts = split(combined)
+        tds = {name: self._tokenize(model, name, ds) for name, ds in parts.items()}
+        metrics = {name: self._metric_of(name) for name in parts}
+        for s in sets:
+            if s.steered:
+                rule.resolve(s.name, tds[s.name].roles, tds[s.name].lengths)
+            elif spec.read_at not in READ_AT:
+                rule_check = PositionRule("codes", given=[spec.read_at])
+                rule_check.resolve(s.name, tds[s.name].roles, tds[s.name].lengths)
+                if tds[s.name].counterfactuals is not None:
+                    rule_check.resolve(s.name, tds[s.name].cf_roles, [len(c) for c in tds[s.name].counterfactuals])
+        self._check_metric(model, tds[TASK])
+        T = max(max(td.lengths) for td in tds.values())
+        per_example = _bytes_per_example(model, T)
+        size = self.choose_batch_size(per_example, len(combined))
+        batches, batch_set = [], []
+        for s in sets:
+            td = tds[s.name]
+            lengths = [max(len(p), len(c)) for p, c in zip(td.prompts, td.counterfactuals)] \
+                if td.counterfactuals is not None and not s.steered else td.lengths
+            for idx in length_batches(lengths, size):
+                batches.append([s.lo + i for i in idx])
+                batch_set.append(s.name)
+        rows = self._rows_per_forward(model, T)
+        setup = SteerSetup(model, sites, head, self.mode, coefficients, rule, rows, self.normalize)
+        plan = self._plan(model, sets, tds, setup, batches, batch_set, per_example, rows, notes)
+        state = {"sets": sets, "tds": tds, "metrics": metrics, "batches": batches, "batch_set": batch_set,
+                 "setup": setup, "direction": direction, "pad": pad_id(model), "act": act, "width": width}
+        return Prepared(model, combined, plan, state)
+
+    def _coefficients(self) -> list[float]:
+        coefficients = list(self.coefficients) if self.coefficients is not None else DEFAULT_COEFFICIENTS[self.mode]
+        if not coefficients:
+            raise ConfigError("coefficients is empty: there is no dose to give", code="steering_coefficients",
+                              remedy="give one or more coefficients, e.g. [0.5, 1, 2]")
+        if len(set(coefficients)) != len(coefficients):
+            raise ConfigError(f"coefficients {coefficients} repeat a value", code="steering_coefficients",
+                              remedy="list each coefficient once")
+        return [float(c) for c in coefficients]
+
+    def _combine(self, model: ModelAdapter, data: Dataset, direction: Direction | None, notes: list[str]) -> Dataset:
+        """The run's rows (rows.py): the task, held-out sets, the direction's own prompts."""
+        spec = self.direction
+        own: list[tuple[str, Dataset]] = []
+        if spec.made_by_run:
+            assert spec.data is not None
+            first = load_data(spec.data, tokenizer=model.tokenizer)
+            if spec.negative is None:
+                own.append(("direction=", first))
+            else:
+                own += [("direction+", first), ("direction-", load_data(spec.negative, tokenizer=model.tokenizer))]
+            digests = {prompt_digest(p) for _, ds in own for e in ds
+                       for p in (e.prompt, e.counterfactual) if p is not None}
+        else:
+            assert direction is not None
+            digests = set(direction.provenance.get("prompt_digests", []))
+        held: list[tuple[str, Dataset]] = []
+        if self.side_effects is not None:
+            se = self.side_effects
+            if se.text is not None:
+                held.append((TEXT, load_data(se.text, tokenizer=model.tokenizer)))
+            for name in se.tasks:
+                builtin_tasks.check(name, {"n": se.n, "seed": se.seed})
+                try:
+                    held.append((SCORE + name, builtin_tasks.get(name, n=se.n, seed=se.seed, tokenizer=model.tokenizer)))
+                except builtin_tasks.TaskVocabularyError as err:
+                    warn(f"side effects: task {name!r} is left out: {err}", code="task_vocabulary")
+        kept = []
+        for name, ds in held:
+            ds, dropped = without(ds, digests, prompt_digest)
+            if dropped:
+                notes.append(f"{dropped} held-out prompt(s) of {name} are prompts the direction was made from and are "
+                             "left out")
+            if len(ds):
+                kept.append((name, ds))
+        overlap = sum(prompt_digest(e.prompt) in digests for e in data)
+        if overlap:
+            warn(f"{overlap} of the {len(data)} task prompts are prompts the direction was made from: the effect there "
+                 "is measured in-sample", code="steering_in_sample")
+        if spec.made_by_run and spec.negative is None and not own[0][1].has_counterfactuals:
+            raise DataError("a mean difference of pairs needs a counterfactual for every prompt of direction.data",
+                            code="data_no_counterfactuals",
+                            remedy="use a task with counterfactuals (ioi, greater_than, ...), or give direction.negative")
+        return combine(data, kept + own)
+
+    def _tokenize(self, model: ModelAdapter, name: str, ds: Dataset) -> TokenizedData:
+        answers = name == TASK or name.startswith(SCORE)
+        if name == TASK and not ds.has_answers:
+            raise DataError(f"steering measures its effect on the task metric, and {ds.name!r} has no answers",
+                            code="data_no_answers", remedy="use data with answers (a built-in task, or answers in "
+                            "each record)")
+        return tokenize_data(model, ds, prepend_bos=self.prepend_bos, pairs=name == "direction=", answers=answers,
+                             answer_scoring=self.answer_scoring if name == TASK else "single")
+
+    def _metric_of(self, name: str) -> Any:
+        if name == TASK:
+            return self.metric.function()
+        if name.startswith(SCORE):
+            return Metric(type=TASK_SCORES[name[len(SCORE):]]).function()
+        return None
+
+    def _check_metric(self, model: ModelAdapter, td: TokenizedData) -> None:
+        from ..patching.operation import _probe_metric
+
+        _probe_metric(self.metric.function(), model, td)
+
+    def _rows_per_forward(self, model: ModelAdapter, T: int) -> int:
+        if self.batch_size is not None:
+            return self.batch_size
+        budget = int(self.memory_budget_mb * 2**20 / 2)
+        return max(1, min(1024, budget // max(1, _bytes_per_example(model, T))))
+
+    def _plan(self, model: ModelAdapter, sets: list[RowSet], tds: dict[str, TokenizedData], setup: SteerSetup,
+              batches: list[list[int]], batch_set: list[str], per_example: int, rows: int, notes: list[str]) -> Plan:
+        steered = len(setup.steered_conditions())
+        n_steer = sum(s.n for s in sets if s.steered)
+        n_dir = sum(s.n * (2 if s.name == "direction=" else 1) for s in sets if not s.steered)
+        cont = self.continuations
+        generated = 0 if cont is None else min(cont.prompts, tds[TASK].__len__()) * setup.n_conditions * cont.tokens
+        forward = n_steer * (1 + steered) + n_dir + generated
+        sizes = [len(b) for b in batches]
+        sizes += [rows] * max(0, -(-n_steer * steered // rows))
+        notes = list(notes) + site_notes(model, setup.sites, setup.head)
+        notes.append(f"direction: {self.direction.describe()}; written at {', '.join(map(str, setup.sites))} "
+                     f"({self.mode}, positions {self.positions}); baseline: a random direction of the same norm "
+                     f"(seed {self.seed})")
+        identity = [c for c in setup.coefficients if is_identity(self.mode, c)]
+        if identity:
+            notes.append(f"coefficient {identity[0]:g} changes nothing under {self.mode}: it is the unsteered run")
+        if not setup.rule.steers_prompt:
+            notes.append("positions: generated steers only the continuations; the metrics read at the prompt are the "
+                         "unsteered ones")
+        held = [s for s in sets if s.held_out]
+        notes.append(f"rows: {sets[0].n} task prompts, {sum(s.n for s in held)} held-out prompts "
+                     f"({', '.join(f'{s.name} {s.n}' for s in held) or 'none'})")
+        peak = model_bytes(model) + max(sizes) * per_example
+        files = ["table.csv", "table.parquet"] + (["per_prompt.csv", "per_prompt.parquet"] if self.per_prompt else []) \
+            + ["direction.safetensors", "index.html", "manifest.json"]
+        return Plan(self.name, rows=2 * len(setup.coefficients), forward_passes=forward, backward_passes=0,
+                    batch_sizes=sizes, peak_memory_bytes=int(peak), notes=notes, examples=sum(sizes[:len(batches)]), files=files)
+
+    # ------------------------------------------------------------------ sharded phases (docs/scale.md)
+    sharded = True
+
+    def shard_batches(self, prepared: Prepared) -> list[list[int]]:
+        return prepared.state["batches"]
+
+    def phases(self, prepared: Prepared) -> tuple[str, ...]:
+        return ("direction", "steer") if self.direction.made_by_run else ("steer",)
+
+    def global_step(self, prepared: Prepared) -> str:
+        made = "the mean difference of the direction prompts' vectors" if self.direction.made_by_run else "the direction"
+        return f"{made} and its random baseline (same norm, seed {self.seed})"
+
+    def before_phase(self, prepared: Prepared, phase: str, merged: dict[str, Any]) -> Any:
+        """Before steering: the direction (made here from the merged vectors, or the config's) and its random
+        baseline, checked against the coefficients; they reach every shard as the phase's context."""
+        if phase != "steer":
+            return None
+        st = prepared.state
+        direction = st["direction"] if st["direction"] is not None else self._made(prepared, merged["direction"])
+        check_coefficients(direction.norm, st["setup"].coefficients, self.mode, self.normalize, prepared.model,
+                           where=" (the direction the run made)")
+        random = direction.random_like(self.seed)
+        return {"vector": direction.vector.numpy(), "random": random.vector.numpy(),
+                "provenance": direction.provenance}
+
+    def _made(self, prepared: Prepared, columns: Any) -> Direction:
+        st, spec = prepared.state, self.direction
+        sets = {s.name: s for s in st["sets"]}
+        if "direction=" in sets:
+            s = sets["direction="]
+            block = columns.read(s.lo, s.hi, ["act", "act_cf"])
+            pos, neg, paired = block["act"], block["act_cf"], True
+        else:
+            pos = columns.read(sets["direction+"].lo, sets["direction+"].hi, ["act"])["act"]
+            neg = columns.read(sets["direction-"].lo, sets["direction-"].hi, ["act"])["act"]
+            paired = False
+        vector, info = difference(pos, neg, paired=paired, pca=spec.pca)
+        provenance = {"source": "pca" if spec.pca else "mean_difference", "site": str(st["act"]),
+                      "read_at": spec.read_at, "pairs": paired,
+                      "data": spec.data.model_dump(exclude_defaults=True) if spec.data else None,
+                      "negative": spec.negative.model_dump(exclude_defaults=True) if spec.negative else None, **info}
+        return Direction(str(st["act"]), torch.from_numpy(vector), spec.head, provenance)
+
+    def execute_shard(self, prepared: Prepared, phase: str, batches: list[int], *, quiet: bool = False) -> PerPrompt:
+        st = prepared.state
+        examples = [i for bi in batches for i in st["batches"][bi]]
+        n = len(examples)
+        if phase == "direction":
+            arrays = {"act": np.full((n, st["width"]), np.nan, np.float32),
+                      "act_cf": np.full((n, st["width"]), np.nan, np.float32)}
+            row = 0
+            for bi in batches:
+                idx, name = st["batches"][bi], st["batch_set"][bi]
+                if name in DIRECTION_SETS:
+                    self._direction_batch(prepared, name, idx, arrays, row)
+                row += len(idx)
+            return PerPrompt(examples, arrays)
+        setup: SteerSetup = st["setup"]
+        context = st["contexts"][phase]
+        setup.vectors = torch.stack([torch.from_numpy(context["vector"]), torch.from_numpy(context["random"])])
+        C = setup.n_conditions
+        arrays = {k: np.full((n, C), np.nan) for k in ("metric", "kl", "loss")}
+        cont = self.continuations
+        if cont is not None:
+            arrays["continuation"] = np.full((n, C, cont.tokens), -1, dtype=np.int64)
+        todo = [bi for bi in batches if st["batch_set"][bi] not in DIRECTION_SETS]
+        steps = sum(-(-len(st["batches"][bi]) * len(setup.steered_conditions()) // setup.rows) for bi in todo)
+        bar = iter(progress(range(steps), total=steps, desc="steering", quiet=quiet))
+        row = 0
+        for bi in batches:
+            idx, name = st["batches"][bi], st["batch_set"][bi]
+            if name not in DIRECTION_SETS:
+                batch = self._batch_rows(prepared, name, idx, bi)
+                out = steer_batch(setup, batch, lambda: next(bar, None))
+                for k, v in out.items():
+                    arrays[k][row:row + len(idx)] = v
+                if cont is not None and name == TASK:
+                    self._continue(prepared, setup, batch, idx, arrays["continuation"], row)
+            row += len(idx)
+        return PerPrompt(examples, arrays)
+
+    def _direction_batch(self, prepared: Prepared, name: str, idx: list[int], arrays: dict[str, np.ndarray],
+                         row: int) -> None:
+        st = prepared.state
+        s = next(x for x in st["sets"] if x.name == name)
+        local = [i - s.lo for i in idx]
+        pos, neg = collect_sides(prepared.model, st["tds"][name], local, st["act"], st["setup"].head,
+                                 self.direction.read_at, pairs=name == "direction=", batch_size=len(local))
+        arrays["act"][row:row + len(idx)] = pos
+        if neg is not None:
+            arrays["act_cf"][row:row + len(idx)] = neg
+
+    def _batch_rows(self, prepared: Prepared, name: str, idx: list[int], bi: int) -> BatchRows:
+        st = prepared.state
+        s = next(x for x in st["sets"] if x.name == name)
+        td = st["tds"][name]
+        local = [i - s.lo for i in idx]
+        tokens, lengths = pad([td.prompts[i] for i in local], st["pad"])
+        answers = wrong = None
+        if td.answers is not None:
+            answers = pad_answers([td.answers[i] for i in local])
+            wrong = pad_answers([td.wrong_answers[i] for i in local])
+        roles = None if td.roles is None else td.roles.subset(local)
+        where = f"{name} prompts {local[0]}..{local[-1]} (batch {bi + 1} of {len(st['batches'])})"
+        return BatchRows(name, tokens, lengths, roles, answers, wrong, st["metrics"][name], where)
+
+    def _continue(self, prepared: Prepared, setup: SteerSetup, batch: BatchRows, idx: list[int], out: np.ndarray,
+                  row: int) -> None:
+        cont = self.continuations
+        assert cont is not None
+        chosen = [r for r, i in enumerate(idx) if i < cont.prompts]
+        if not chosen:
+            return
+        tokens = continue_batch(setup, batch, chosen, [idx[r] for r in chosen], cont.tokens, cont.sample,
+                                cont.temperature, self.seed, prepared.state["pad"])
+        out[[row + r for r in chosen]] = tokens
+
+    # ------------------------------------------------------------------ summarise
+    def summarise(self, prepared: Prepared, merged: dict[str, Any], *, quiet: bool = False) -> Result:
+        st = prepared.state
+        setup: SteerSetup = st["setup"]
+        context = st["contexts"]["steer"]
+        columns = merged["steer"]
+        direction = Direction(str(st["act"]), torch.from_numpy(context["vector"]), setup.head, context["provenance"])
+        random = Direction(str(st["act"]), torch.from_numpy(context["random"]), setup.head,
+                           {"source": "random", "seed": self.seed})
+        info = {"mode": self.mode, "site": ", ".join(map(str, setup.sites)), "metric": self.metric.type}
+        with metric_where("summary"):
+            table = steering_table(columns, st["sets"], setup.coefficients, info, self.stats, self.seed)
+        per_prompt = None
+        if self.per_prompt:
+            per_prompt = LazyTable(len(prepared.data), lambda lo, hi: prompt_rows(columns, st["sets"], setup.coefficients,
+                                                                                   lo, hi),
+                                   rows_per_prompt=2 * len(setup.coefficients))
+        extra: dict[str, Any] = {"direction": direction, "random": random, "sets": st["sets"], "written_at": setup.sites,
+                                 "direction_text": f"{direction.describe()} ({self.mode})"}
+        if self.continuations is not None:
+            extra["continuations"] = self._continuation_frame(prepared, columns, setup)
+        title = f"steering {', '.join(map(str, setup.sites))} ({self.mode}): {self.metric.type}"
+        return SteeringResult(self.name, table, per_prompt=per_prompt, figures=steering_figures, title=title,
+                              extra=extra, takeaway=steering_takeaway,
+                              blank_note="minus_random is blank on the random rows (they are the baseline)")
+
+    def _continuation_frame(self, prepared: Prepared, columns: Any, setup: SteerSetup) -> Any:
+        import pandas as pd
+
+        cont = self.continuations
+        assert cont is not None
+        st = prepared.state
+        n = min(cont.prompts, st["sets"][0].n)
+        ids = columns.read(0, n, ["continuation"])["continuation"]
+        vocab = prepared.model.vocab_strings()
+        stop = getattr(prepared.model.tokenizer, "eos_token_id", None)
+        prompts = st["tds"][TASK].prompts
+        rows = []
+        for i in range(n):
+            text = "".join(vocab[t] for t in prompts[i][1 if self.prepend_bos else 0:])
+            row = {"prompt": text, "unsteered": decoded(vocab, ids[i, 0], stop)}
+            for j in range(1, setup.n_conditions):
+                which, c = setup.condition(j)
+                row[f"{'random' if which else 'direction'} c={c:g}"] = decoded(vocab, ids[i, j], stop)
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    def run(self, model: Any, data: Any = None, **kwargs: Any) -> Any:
+        """Operation.run, with the direction's provenance recorded in the manifest."""
+        result = super().run(model, data, **kwargs)
+        result.manifest["direction"] = {"site": result.extra["direction"].site, "head": result.extra["direction"].head,
+                                        "norm": result.extra["direction"].norm,
+                                        "provenance": result.extra["direction"].provenance,
+                                        "written_at": [str(s) for s in result.extra.get("written_at", [])]}
+        return result
+
+
+class SteeringResult(Result):
+    """A Result that also saves the direction and its random baseline (direction.safetensors) and the
+    continuations (continuations.csv)."""
+
+    def save_extra(self, folder: Path, files: list[str]) -> None:
+        path = self.extra["direction"].save(folder, random=self.extra["random"])
+        files.append(path.name)
+        frame = self.extra.get("continuations")
+        if frame is not None:
+            frame.to_csv(folder / "continuations.csv", index=False)
+            files.append("continuations.csv")
+
+
+def check_coefficients(norm: float, coefficients: list[float], mode: str, normalize: bool, model: ModelAdapter,
+                       where: str) -> None:
+    """Refuse, before any run, a coefficient whose write alone would overflow the model's dtype: |c| |v| at least
+    sqrt(the dtype's largest number), where the square in the next norm is inf."""
+    dtype = next(model.tl.parameters()).dtype
+    limit = float(torch.finfo(dtype).max) ** 0.5 if dtype.is_floating_point else float("inf")
+    scale = 1.0 if normalize else norm
+    for c in coefficients:
+        if mode != "project_out" and abs(c) * scale >= limit:
+            raise ConfigError(f"coefficient {c:g}{where} writes a vector of norm {abs(c) * scale:.3g}: the next norm's "
+                              f"square overflows {str(dtype).removeprefix('torch.')} (limit about {limit:.3g})",
+                              code="steering_coefficient_overflow",
+                              remedy="use smaller coefficients (the direction's norm is "
+                              f"{norm:.4g}; normalize: true makes coefficients activation units)")
+
+
+def _bytes_per_example(model: ModelAdapter, T: int) -> int:
+    """Bytes one prompt (or one steered row) holds in a forward: activations and three copies of its logits."""
+    s = model.structure
+    per_token = FLOAT * (s.d_model * 12 + s.d_mlp * 3 + s.n_heads * T * 3)
+    return T * per_token + 3 * T * s.d_vocab * FLOAT
