@@ -23,7 +23,7 @@ from . import sections as _sections  # noqa: F401  (registers the sections)
 from .glossary import terms_html
 from .section import Section
 
-SECTION_ORDER = ["lens", "head_scores", "dla", "patching", "probing", "circuits", "ifr", "features"]
+SECTION_ORDER = ["lens", "head_scores", "dla", "patching", "probing", "circuits", "ifr", "features", "steering"]
 TASK_MEANING = {
     "ioi": "indirect object identification: 'When Mary and John went to the store, John gave a drink to' -> Mary",
     "facts": "a country's capital: 'The capital of France is' -> Paris",

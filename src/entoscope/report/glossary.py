@@ -60,6 +60,16 @@ TERMS: dict[str, str] = {
     "explain the model with no error.",
     "completeness score": "the influence-weighted share of each node's incoming attribution that comes from "
     "non-error nodes (Ameisen et al. 2025).",
+    "steering effect": "the mean over prompts of (metric steered - metric unsteered) when c times the direction is "
+    "added at a site (activation addition, Turner et al. 2023; CAA, Panickssery et al. 2023); c is the coefficient.",
+    "random baseline": "the same steering with a seeded random direction of the same norm at the same site: what "
+    "pushing on any direction that hard does. The direction beats it where the interval of (direction - random) "
+    "excludes 0 on the effect's side (docs/steering.md).",
+    "KL(steered || unsteered)": "sum over the vocabulary of p_steered (log p_steered - log p_unsteered), in nats, "
+    "averaged over a held-out prompt's positions: how much steering changes the next-token distribution on text "
+    "the direction was not made from.",
+    "loss change": "the held-out prompts' next-token cross-entropy steered minus unsteered, in nats (AxBench, Wu et al. "
+    "2025, scores fluency apart from the concept).",
 }
 
 

@@ -101,7 +101,8 @@ class Direction:
 
     def describe(self) -> str:
         where = self.site + (f" head {self.head}" if self.head is not None else "")
-        return f"{self.provenance.get('source', 'vector')} direction at {where} (norm {self.norm:.4g})"
+        source = str(self.provenance.get("source", "given")).replace("_", "-")
+        return f"the {source} direction at {where} (norm {self.norm:.3g})"
 
     # ------------------------------------------------------------------ config form
     def as_spec(self) -> dict[str, Any]:

@@ -65,14 +65,18 @@ def side_effects_vs_effect(result: Any) -> Any:
     for which in ("direction", "random"):
         sub = t[t["direction"] == which]
         fig.add_trace(go.Scatter(
-            x=sub["kl"], y=sub["effect"], mode="markers+text", text=[f"c={c:g}" for c in sub["coefficient"]],
-            textposition="top center", marker={"color": COLOURS[which], "size": 9},
+            x=sub["kl"], y=sub["effect"], mode="markers+text" if which == "direction" else "markers",
+            text=[f"c={c:g}" for c in sub["coefficient"]], textposition="middle right", marker={"color": COLOURS[which], "size": 9},
             name=f"{NAMES[which]} (bars: {_level(t)})", error_x=error_arrays(sub, "kl"),
             error_y=error_arrays(sub, "effect"),
             hovertemplate="KL %{x:.4g} nats<br>effect %{y:.4g}<extra>%{text}</extra>"))
     fig.update_layout(title="effect on the task against the side effect on held-out prompts",
                       xaxis_title="KL(steered || unsteered) on held-out prompts, nats per position",
                       yaxis_title=f"change in {t['metric'].iloc[0]}")
+    kl = t["kl"].to_numpy(float)
+    if np.isfinite(kl).all() and (kl > 0).all() and kl.max() > 20 * kl.min():
+        fig.update_xaxes(type="log", title_text="KL(steered || unsteered) on held-out prompts, nats per position "
+                         "(log scale)")
     return fig
 
 
@@ -112,11 +116,15 @@ def task_scores(result: Any) -> Any:
 
 
 def continuations_table(frame: pd.DataFrame) -> Any:
+    """One line per prompt and condition (the wide table is continuations.csv)."""
     import plotly.graph_objects as go
 
-    fig = go.Figure(go.Table(header={"values": list(frame.columns), "align": "left"},
-                             cells={"values": [frame[c].astype(str).tolist() for c in frame.columns], "align": "left"}))
-    fig.update_layout(title="continuations, steered and unsteered side by side", height=120 + 60 * len(frame))
+    conditions = [c for c in frame.columns if c != "prompt"]
+    long = pd.DataFrame([{"prompt": row["prompt"] if j == 0 else "", "steering": c, "continuation": row[c]}
+                         for _, row in frame.iterrows() for j, c in enumerate(conditions)])
+    fig = go.Figure(go.Table(columnwidth=[3, 1, 2], header={"values": list(long.columns), "align": "left"},
+                             cells={"values": [long[c].astype(str).tolist() for c in long.columns], "align": "left"}))
+    fig.update_layout(title="continuations, unsteered and steered side by side", height=140 + 28 * len(long))
     return fig
 
 

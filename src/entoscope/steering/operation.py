@@ -113,6 +113,10 @@ class Steering(Operation):
         coefficients = self._coefficients()
         rule = PositionRule.parse(self.positions)
         spec = self.direction
+        if spec.pca and spec.negative is not None:
+            raise DataError("the principal component is taken of paired differences, and direction.negative makes "
+                            "two prompt sets, not pairs", code="direction_pca_needs_pairs",
+                            remedy="drop negative (pairs: each prompt minus its counterfactual), or pca: false")
         direction = None if spec.made_by_run else spec.resolve(model)
         site = direction.site if direction is not None else spec.site_name()
         head = direction.head if direction is not None else spec.head
@@ -402,7 +406,7 @@ class Steering(Operation):
                                                                                    lo, hi),
                                    rows_per_prompt=2 * len(setup.coefficients))
         extra: dict[str, Any] = {"direction": direction, "random": random, "sets": st["sets"], "written_at": setup.sites,
-                                 "direction_text": f"{direction.describe()} ({self.mode})"}
+                                 "direction_text": f"{direction.describe()}, mode {self.mode}"}
         if self.continuations is not None:
             extra["continuations"] = self._continuation_frame(prepared, columns, setup)
         title = f"steering {', '.join(map(str, setup.sites))} ({self.mode}): {self.metric.type}"

@@ -140,8 +140,9 @@ def _run_rows(setup: SteerSetup, tokens: Tensor, mask: Tensor, cond: Tensor) -> 
                 bad.append(setup.name_of(j))
         raise CheckFailedError(f"steering at {bad[0] if bad else 'these coefficients'} makes the run's activations NaN "
                                f"or inf ({err.message})", code="steering_non_finite",
-                               remedy="use smaller coefficients (or normalize: true with coefficients in activation "
-                               "units); a float16 model overflows sooner than float32") from None
+                               remedy="choose other coefficients (smaller ones under add; under set, a target the "
+                               "site can hold: a norm's scale of 0 divides by 0); a float16 model overflows sooner "
+                               "than float32") from None
 
 
 def _log_softmax(logits: Tensor) -> Tensor:

@@ -1,3 +1,3 @@
 """One module per report section; importing this package registers them all."""
 
-from . import circuits, dla, features, head_scores, ifr, lens, patching, probing  # noqa: F401
+from . import circuits, dla, features, head_scores, ifr, lens, patching, probing, steering  # noqa: F401

@@ -1,0 +1,53 @@
+"""The report's steering section: a contrastive (CAA) direction of greater-than's start year, pushed on.
+
+The direction is the mean, over greater-than prompts, of the residual stream entering layer 2 at the last
+token minus the same on each prompt's counterfactual (its start year ending in "01"; Panickssery et al.
+2023 make directions from such pairs). It is added with coefficients of both signs at every position of
+other greater-than prompts, and the probability difference (P(later years) - P(earlier ones)) is watched,
+against a random direction of the same norm; side effects are read on the built-in tasks' prompts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ...registry import register
+from ...results.page import table_html
+from ..section import Section, result_html, run_saved
+
+COLUMNS = ["direction", "coefficient", "effect", "effect_ci_low", "effect_ci_high", "minus_random",
+           "minus_random_ci_low", "minus_random_ci_high", "beats_random", "kl", "kl_ci_low", "kl_ci_high",
+           "loss_change", "loss_change_ci_low", "loss_change_ci_high", "n_prompts", "n_held_out"]
+COEFFICIENTS = [-1.0, -0.5, -0.25, -0.1, 0.1, 0.25, 0.5]
+
+
+def steering_config(quick: bool) -> dict[str, Any]:
+    return {"direction": {"source": "mean_difference", "site": "resid_pre.2",
+                          "data": {"task": "greater_than", "n": 64 if quick else 256, "seed": 100}},
+            "coefficients": COEFFICIENTS, "metric": "prob_diff",
+            "side_effects": {"n": 16 if quick else 64, "seed": 1729},
+            "continuations": {"prompts": 3, "tokens": 8}}
+
+
+@register("report_section", "steering")
+def steering_section(model: Any, folder: Path, quick: bool) -> Section:
+    """Steer greater-than prompts along the start-year direction; the Result is saved in `folder`."""
+    from ...steering import Steering
+
+    data = {"task": "greater_than", "n": 32 if quick else 128, "seed": 7}
+    result = run_saved(Steering(**steering_config(quick)), model, data, folder, folder.parent)
+    what = ("<p>The direction: the residual stream entering layer 2 at the last token of greater-than prompts minus "
+            "the same on their counterfactuals (start year ending in 01), averaged over "
+            f"{result.extra['direction'].provenance.get('n_positive', '?')} pairs (CAA); added at every position of "
+            "other greater-than prompts with coefficients of both signs. Below: the effect on the probability "
+            "difference against the random direction of the same norm, and its side effects.</p>")
+    body = what + result_html(result, figures=2, lead=False, columns=COLUMNS, max_rows=len(COEFFICIENTS) * 2)
+    frame = result.extra.get("continuations")
+    if frame is not None:
+        body += ('<p class="figtitle">continuations (greedy, 8 tokens), unsteered and steered</p>'
+                 + table_html(frame[["prompt", "unsteered"] + [c for c in frame.columns if c.startswith("direction")]]))
+    return Section("steering: a contrastive direction of greater-than's start year", result.takeaway,
+                   body,
+                   terms=("steering effect", "random baseline", "KL(steered || unsteered)", "loss change",
+                          "probability difference", "95% interval"))
