@@ -138,7 +138,8 @@ class Direction:
             target = target / FILE
         if not target.is_file():
             raise DataError(f"no saved direction at {path}", code="direction_file_missing",
-                            remedy=f"give a file written by Direction.save, or a steering run's folder (it holds {FILE})")
+                            remedy="give a file written by Direction.save, or a steering run's folder "
+                            f"(it holds {FILE})")
         with safe_open(str(target), framework="pt") as f:
             meta = json.loads((f.metadata() or {}).get("entoscope", "{}"))
             if meta.get("format") != FORMAT or which not in f.keys():

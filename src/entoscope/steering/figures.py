@@ -66,7 +66,8 @@ def side_effects_vs_effect(result: Any) -> Any:
         sub = t[t["direction"] == which]
         fig.add_trace(go.Scatter(
             x=sub["kl"], y=sub["effect"], mode="markers+text" if which == "direction" else "markers",
-            text=[f"c={c:g}" for c in sub["coefficient"]], textposition="middle right", marker={"color": COLOURS[which], "size": 9},
+            text=[f"c={c:g}" for c in sub["coefficient"]], textposition="middle right",
+            marker={"color": COLOURS[which], "size": 9},
             name=f"{NAMES[which]} (bars: {_level(t)})", error_x=error_arrays(sub, "kl"),
             error_y=error_arrays(sub, "effect"),
             hovertemplate="KL %{x:.4g} nats<br>effect %{y:.4g}<extra>%{text}</extra>"))

@@ -33,7 +33,6 @@ from torch import Tensor
 from ..errors import ConfigError, SiteError
 from ..sites import resolve_positions, role_ref
 
-MODES = ("add", "set", "project_out")
 
 
 @dataclass
@@ -48,7 +47,8 @@ class PositionRule:
         if isinstance(positions, list):
             if not positions:
                 raise ConfigError("positions is an empty list: nothing would be steered", code="steering_positions",
-                                  remedy="give positions (all, last, last:K, generated, or a list of indices and roles)")
+                                  remedy="give positions (all, last, last:K, generated, or a list of indices "
+                                  "and roles)")
             return cls("codes", given=list(positions))
         text = positions.strip()
         if text in ("all", "generated", "last"):

@@ -37,7 +37,7 @@ from .collect import READ_AT, difference
 from .direction import Direction
 from .figures import steering_figures
 from .generate import continue_batch, decoded
-from .interventions import MODES, PositionRule, is_identity
+from .interventions import PositionRule, is_identity
 from .rows import DIRECTION_SETS, SCORE, TASK, TEXT, RowSet, combine, split, tagged, without
 from .runs import BatchRows, SteerSetup, steer_batch
 from .sites import site_notes, steerable, written_sites
@@ -193,7 +193,8 @@ class Steering(Operation):
             for name in se.tasks:
                 builtin_tasks.check(name, {"n": se.n, "seed": se.seed})
                 try:
-                    held.append((SCORE + name, builtin_tasks.get(name, n=se.n, seed=se.seed, tokenizer=model.tokenizer)))
+                    prompts = builtin_tasks.get(name, n=se.n, seed=se.seed, tokenizer=model.tokenizer)
+                    held.append((SCORE + name, prompts))
                 except builtin_tasks.TaskVocabularyError as err:
                     warn(f"side effects: task {name!r} is left out: {err}", code="task_vocabulary")
         kept = []
@@ -211,7 +212,8 @@ class Steering(Operation):
         if spec.made_by_run and spec.negative is None and not own[0][1].has_counterfactuals:
             raise DataError("a mean difference of pairs needs a counterfactual for every prompt of direction.data",
                             code="data_no_counterfactuals",
-                            remedy="use a task with counterfactuals (ioi, greater_than, ...), or give direction.negative")
+                            remedy="use a task with counterfactuals (ioi, greater_than, ...), or give "
+                            "direction.negative")
         return combine(data, kept + own)
 
     def _tokenize(self, model: ModelAdapter, name: str, ds: Dataset) -> TokenizedData:
@@ -268,7 +270,8 @@ class Steering(Operation):
         files = ["table.csv", "table.parquet"] + (["per_prompt.csv", "per_prompt.parquet"] if self.per_prompt else []) \
             + ["direction.safetensors", "index.html", "manifest.json"]
         return Plan(self.name, rows=2 * len(setup.coefficients), forward_passes=forward, backward_passes=0,
-                    batch_sizes=sizes, peak_memory_bytes=int(peak), notes=notes, examples=sum(sizes[:len(batches)]), files=files)
+                    batch_sizes=sizes, peak_memory_bytes=int(peak), notes=notes, examples=sum(sizes[:len(batches)]),
+                    files=files)
 
     # ------------------------------------------------------------------ sharded phases (docs/scale.md)
     sharded = True
@@ -280,7 +283,8 @@ class Steering(Operation):
         return ("direction", "steer") if self.direction.made_by_run else ("steer",)
 
     def global_step(self, prepared: Prepared) -> str:
-        made = "the mean difference of the direction prompts' vectors" if self.direction.made_by_run else "the direction"
+        made = "the mean difference of the direction prompts' vectors" if self.direction.made_by_run \
+            else "the direction"
         return f"{made} and its random baseline (same norm, seed {self.seed})"
 
     def before_phase(self, prepared: Prepared, phase: str, merged: dict[str, Any]) -> Any:
@@ -402,10 +406,11 @@ class Steering(Operation):
             table = steering_table(columns, st["sets"], setup.coefficients, info, self.stats, self.seed)
         per_prompt = None
         if self.per_prompt:
-            per_prompt = LazyTable(len(prepared.data), lambda lo, hi: prompt_rows(columns, st["sets"], setup.coefficients,
-                                                                                   lo, hi),
-                                   rows_per_prompt=2 * len(setup.coefficients))
-        extra: dict[str, Any] = {"direction": direction, "random": random, "sets": st["sets"], "written_at": setup.sites,
+            def rows(lo: int, hi: int) -> Any:
+                return prompt_rows(columns, st["sets"], setup.coefficients, lo, hi)
+            per_prompt = LazyTable(len(prepared.data), rows, rows_per_prompt=2 * len(setup.coefficients))
+        extra: dict[str, Any] = {"direction": direction, "random": random, "sets": st["sets"],
+                                 "written_at": setup.sites,
                                  "direction_text": f"{direction.describe()}, mode {self.mode}"}
         if self.continuations is not None:
             extra["continuations"] = self._continuation_frame(prepared, columns, setup)

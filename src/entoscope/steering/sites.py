@@ -38,7 +38,8 @@ def steerable(model: ModelAdapter, site: str | ActName, head: int | None) -> tup
     sizes = model.axis_sizes(act)
     if len(axes) == 3:
         if head is None:
-            raise SiteError(f"{act} has one vector per {axes[1].replace('_', ' ')}: say which one", code="steering_head",
+            raise SiteError(f"{act} has one vector per {axes[1].replace('_', ' ')}: say which one",
+                            code="steering_head",
                             remedy=f"give head: H (0..{sizes[axes[1]] - 1})")
         if not 0 <= head < sizes[axes[1]]:
             raise SiteError(f"{act}: {axes[1]} {head} is out of range", code="site_out_of_range",
@@ -92,7 +93,8 @@ def site_notes(model: ModelAdapter, sites: list[ActName], head: int | None) -> l
     kinds = {a.kind for a in sites}
     if kinds & {"k", "v"} and s.group_size > 1 and head is not None:
         first = head * s.group_size
-        notes.append(f"grouped-query attention: kv head {head} is read by query heads {first}..{first + s.group_size - 1}"
+        notes.append(f"grouped-query attention: kv head {head} is read by query heads "
+                     f"{first}..{first + s.group_size - 1}"
                      " (its whole group)")
     if s.parallel and kinds & {"attn_out", "mlp_out"}:
         notes.append("parallel blocks: attention and MLP both read resid_pre.L, so a write to attn_out.L / mlp_out.L "

@@ -34,7 +34,8 @@ def prompt_digest(prompt: Any) -> str:
 
 def collect_sides(model: ModelAdapter, td: Any, index: list[int], site: Any, head: int | None, read_at: str,
                   *, pairs: bool, batch_size: int) -> tuple[np.ndarray, np.ndarray | None]:
-    """Vectors of prompts `index` of `td` ([n, width] float32; and their counterfactuals' when pairs), in `index` order."""
+    """Vectors of prompts `index` of `td` ([n, width] float32; and their counterfactuals' when pairs), in `index`
+    order."""
     from ..data.tokenized import pad, pad_id
 
     pid = pad_id(model)
@@ -134,7 +135,8 @@ def from_probe(probing: Any, site: str | None = None, *, class_index: int | None
     provenance = {"source": "probe", "site": act, "probe_site": site, "task": fit.task, "classes": classes,
                   "class_index": k, "points_to": (classes[1] if len(classes) == 2 else classes[k] if classes else
                                                   "an increasing target"),
-                  "test_score": {c: float(row[c]) for c in table.columns if c.startswith("test_") and c.count("_") == 1}}
+                  "test_score": {c: float(row[c]) for c in table.columns
+                                 if c.startswith("test_") and c.count("_") == 1}}
     return Direction(act, dirs[k].detach().float().cpu(), head, provenance)
 
 
@@ -160,4 +162,5 @@ def from_file(path: Any, site: str, *, key: str | None = None, row: int | None =
               head: int | None = None) -> Direction:
     """A vector read from .npy / .safetensors (checked: vectorfile.py), at `site`."""
     vector = read_vector(path, key=key, row=row)
-    return Direction(site, torch.from_numpy(vector), head, {"source": "file", "path": str(path), "key": key, "row": row})
+    provenance = {"source": "file", "path": str(path), "key": key, "row": row}
+    return Direction(site, torch.from_numpy(vector), head, provenance)

@@ -105,7 +105,8 @@ def beats_random(table: pd.DataFrame) -> np.ndarray:
 
 
 def smallest_effective(table: pd.DataFrame) -> Any:
-    """The direction row of smallest |coefficient| whose effect interval excludes 0 (ties: the first listed), or None."""
+    """The direction row of smallest |coefficient| whose effect interval excludes 0 (ties: the first listed), or
+    None."""
     rows = table[(table["direction"] == "direction") & table["excludes_0"].astype(bool)]
     if not len(rows):
         return None
@@ -126,7 +127,8 @@ def prompt_rows(columns: PromptColumns, sets: list[RowSet], coefficients: list[f
         m, kl, loss = (block[k][a - lo:b - lo] for k in ("metric", "kl", "loss"))
         n = b - a
         frames.append(pd.DataFrame({
-            "set": s.name, "example": np.repeat(np.arange(a - s.lo, b - s.lo), 2 * K), "row": np.repeat(np.arange(a, b), 2 * K),
+            "set": s.name, "example": np.repeat(np.arange(a - s.lo, b - s.lo), 2 * K),
+            "row": np.repeat(np.arange(a, b), 2 * K),
             "direction": np.tile(["direction"] * K + ["random"] * K, n),
             "coefficient": np.tile(list(coefficients) * 2, n),
             "metric": m[:, 1:].reshape(-1), "metric_unsteered": np.repeat(m[:, 0], 2 * K),

@@ -27,7 +27,8 @@ def steering_takeaway(result: Any) -> str:
         best = t[t["direction"] == "direction"]
         biggest = best.iloc[int(best["effect"].abs().to_numpy().argmax())]
         return (f"Steering with {what}: no coefficient moves the {metric} by an amount whose {level}% interval "
-                f"excludes 0 (largest: c = {biggest['coefficient']:g}, effect {value_with_ci(biggest, 'effect', '+.3g')}; "
+                f"excludes 0 (largest: c = {biggest['coefficient']:g}, effect "
+                f"{value_with_ci(biggest, 'effect', '+.3g')}; "
                 f"{base}; {n} prompts).")
     c = float(row["coefficient"])
     random = t[(t["direction"] == "random") & (t["coefficient"] == c)].iloc[0]
