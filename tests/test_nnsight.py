@@ -211,7 +211,7 @@ def assert_same_table(tb, tn, what):
 # ratio of means over resamples that hit those is ill-conditioned (its interval moves with float32 noise)
 # percentile intervals: BCa's bias correction counts resamples below the value, and on 4 prompts many
 # resamples tie with it, so float32 noise moves that count (and the interval) by whole steps
-PCT = {"ci_method": "percentile"}
+PCT = {"ci_method": "expanded_percentile"}
 OPERATIONS = {
     "lens": lambda: es.Lens(sites=es.Sites(activation="resid_post", over=["layer", "position"])),
     "patching_exact": lambda: es.Patching(comparison="difference", stats=PCT, method="exact", sites=es.Sites(activation="resid_pre",
