@@ -196,3 +196,16 @@ def test_every_table_with_a_p_agrees_with_its_interval_on_every_row(demo):
         else:  # lens, head scores, probing test nothing against 0: no p column at all
             assert not any(c.endswith(("_p", "_q")) for c in t.columns), what
     assert {"dla", "dla neurons", "circuits edges", "patching mlp_out, absolute"} <= set(tested), tested
+
+
+def test_a_page_reads_a_bound_p_as_less_than_its_floor():
+    from entoscope.results.page import table_html
+
+    x = np.column_stack([np.full(12, 1.0) + np.linspace(0, 0.1, 12), np.linspace(-1, 1.2, 12)])
+    s = summarise(mean_stat(x), Stats(n_boot=300, ci_method="percentile"), seed=0)
+    assert list(s.p_bound) == [True, False]
+    import pandas as pd
+
+    page = table_html(pd.DataFrame({"value": s.value, "value_p": s.p_value, "value_p_bound": s.p_bound}))
+    assert f"&lt; {2 / 301:.2g}" in page and "value_p_bound" not in page
+    assert f">{s.p_value[1]:.2g}<" in page

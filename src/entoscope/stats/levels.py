@@ -73,11 +73,18 @@ def expanded_alpha(level: float, n: int) -> float:
 def _unexpand(zt: np.ndarray, n: int) -> np.ndarray:
     """The nominal tail quantile z <= 0 with sqrt(n / (n-1)) t_{n-1}(z) = zt, by bisection (the map is
     increasing and below the identity for z <= 0, so z lies in [zt, 0])."""
+    v = float(n - 1)
     c = np.sqrt(n / (n - 1))
+    # t_quantile's polynomial by powers of z (odd): z (k1 + z^2 (k3 + z^2 (k5 + z^2 k7)))
+    k1 = 1 + 1 / (4 * v) + 3 / (96 * v**2) - 15 / (384 * v**3)
+    k3 = 1 / (4 * v) + 16 / (96 * v**2) + 17 / (384 * v**3)
+    k5 = 5 / (96 * v**2) + 19 / (384 * v**3)
+    k7 = 3 / (384 * v**3)
     lo, hi = zt.copy(), np.zeros_like(zt)
-    for _ in range(64):
+    for _ in range(60):
         mid = 0.5 * (lo + hi)
-        below = c * t_quantile(mid, n - 1) < zt
+        m2 = mid * mid
+        below = c * mid * (k1 + m2 * (k3 + m2 * (k5 + m2 * k7))) < zt
         lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
     return 0.5 * (lo + hi)
 
