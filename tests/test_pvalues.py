@@ -11,6 +11,7 @@ interval excludes 0. Checked here against things the inversion does not compute:
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 from scipy import stats as sps
 
@@ -176,8 +177,8 @@ def _operations():
                                                    comparison="difference"), ioi),
         ("patching mlp_out, absolute", es.Patching(sites={"activation": "mlp_out", "over": ["layer"]},
                                                    comparison="absolute"), ioi),
-        ("patching attribution", es.Patching(method="attribution", sites={"activation": "z", "over": ["layer", "head"]}),
-         ioi),
+        ("patching attribution", es.Patching(method="attribution",
+                                             sites={"activation": "z", "over": ["layer", "head"]}), ioi),
         ("dla", es.DirectLogitAttribution(metric="logit_diff"), ioi),
         ("dla neurons", es.DirectLogitAttribution(metric="logit_diff", neurons=True), ioi),
         ("circuits edges", es.Circuits(method="eap", n_edges=10, faithfulness=[]), {"task": "induction", "n": 12}),
@@ -204,8 +205,6 @@ def test_a_page_reads_a_bound_p_as_less_than_its_floor():
     x = np.column_stack([np.full(12, 1.0) + np.linspace(0, 0.1, 12), np.linspace(-1, 1.2, 12)])
     s = summarise(mean_stat(x), Stats(n_boot=300, ci_method="percentile"), seed=0)
     assert list(s.p_bound) == [True, False]
-    import pandas as pd
-
     page = table_html(pd.DataFrame({"value": s.value, "value_p": s.p_value, "value_p_bound": s.p_bound}))
     assert f"&lt; {2 / 301:.2g}" in page and "value_p_bound" not in page
     assert f">{s.p_value[1]:.2g}<" in page

@@ -130,7 +130,8 @@ class Lens(Operation):
         per_prompt = LazyTable(n, lambda lo, hi: lens_rows(frame, columns.read(lo, hi), vocab, lo, self.top_k),
                                rows_per_prompt=len(sites))
         return Result(self.name, table, per_prompt=per_prompt, figures=_figures, title=f"{self.method} lens: {kind}",
-                      extra={"mean_probs": mean_probs, "prompt_lengths": (min(st["td"].lengths), max(st["td"].lengths))},
+                      extra={"mean_probs": mean_probs,
+                             "prompt_lengths": (min(st["td"].lengths), max(st["td"].lengths))},
                       takeaway=lens_takeaway)
 
     def _decode_batch(self, model: ModelAdapter, batch: Any, st: dict[str, Any], rows: list[dict[str, Any]],

@@ -25,7 +25,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from .config import Stats
-from .levels import bca_level, expanded_alpha, expands, inverted_p, ndtri, tail_alpha  # noqa: F401 (expanded_alpha: re-exported)
+from .levels import expanded_alpha  # noqa: F401 (re-exported: where it always was)
+from .levels import bca_level, expands, inverted_p, ndtri, tail_alpha
 from .resample import Resampler, resample_weights
 from .sums import SumsStat
 
