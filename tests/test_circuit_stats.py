@@ -23,7 +23,7 @@ def run():
     model = es.load_model("demo")
     data = es.tasks.induction(n=10, seed=3)
     op = es.Circuits(method="eap", n_edges=12, stability=40, faithfulness=[0.05, 0.2, 1.0],
-                     stats={"n_boot": 300, "ci_method": "percentile"}, seed=5)
+                     stats={"n_boot": 300, "ci_method": "expanded_percentile"}, seed=5)
     return model, data, op, op.run(model, data, quiet=True)
 
 

@@ -36,7 +36,7 @@ from entoscope.probing.predict import label_codes
 from entoscope.stats import Stats
 
 B = 2000  # resamples on both sides
-PCT = Stats(n_boot=B, ci_method="percentile")
+PCT = Stats(n_boot=B, ci_method="expanded_percentile")
 TOL = 0.15  # share of the interval width two independent bootstraps may differ by
 
 
@@ -133,8 +133,14 @@ def test_dla_intervals_p_and_q_match_brute_force(dla):
     low, high, sd = brute_interval(values, lambda v: v.mean(0))
     assert_close_intervals(t["mean_ci_low"].to_numpy(), t["mean_ci_high"].to_numpy(), low, high)
     np.testing.assert_allclose(t["mean_se"], sd, rtol=0.1)
-    # p: two-sided normal test with the bootstrap s.e.; q: BH over the rows; significant: q <= fdr
-    np.testing.assert_allclose(t["mean_p"], 2 * sps.norm.sf(np.abs(t["mean"]) / t["mean_se"]), rtol=1e-9, atol=1e-15)
+    # p: the inversion of the interval, so p < 1 - level exactly where the interval at that level (the same
+    # resamples) excludes 0; q: BH over the rows; significant: q <= fdr
+    p, bound = t["mean_p"].to_numpy(), t["mean_p_bound"].to_numpy()
+    for level in (0.8, 0.9, 0.95, 0.99):
+        at = summarise_dla(dla.per_prompt, Stats(n_boot=B, ci_method="expanded_percentile", ci_level=level), seed=5)
+        excludes = ((at["mean_ci_low"] > 0) | (at["mean_ci_high"] < 0)).to_numpy()
+        exact = ~bound | (1 - level > p[bound].max(initial=0))
+        np.testing.assert_array_equal((p < 1 - level)[exact], excludes[exact])
     np.testing.assert_allclose(t["mean_q"], bh(t["mean_p"].to_numpy()), rtol=1e-9)
     assert (t["significant"] == (t["mean_q"] <= 0.05)).all()
     assert_inside(t, "mean")

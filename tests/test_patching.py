@@ -438,7 +438,7 @@ def test_result_saves_a_page_and_the_yaml_examples_plan(tmp_path):
         model, es.tasks.ioi(n=2), quiet=True)
     title, fig = lp.figures()[0]
     last_token = adapt(model).vocab_strings()[adapt(model).tokenize(es.tasks.ioi(n=2)[0].counterfactual)[-1]]
-    assert "layer and position" in title and fig.data[0].x[-1] == f"-1: {last_token!r}"
+    assert "layer and position" in title and fig.data[0].x[-1] == f"END: {last_token!r}"
     entries = yaml.safe_load(open("examples/patching.yaml"))
     assert {"ioi_resid_pre", "greater_than_mlp"} <= set(entries)
     for name, entry in entries.items():

@@ -36,7 +36,7 @@ def test_report_headline_cells_are_not_carried_by_one_pair(demo, example):
 def test_intervals_and_influence_equal_brute_force_over_the_per_prompt_table(demo):
     data = es.tasks.ioi(n=12, seed=9)
     op = es.Patching(sites=es.Sites(activation="resid_pre", over=["layer", "position"], positions=["S2", "END"]),
-                     stats={"n_boot": 400, "ci_method": "percentile"}, seed=3)
+                     stats={"n_boot": 400, "ci_method": "expanded_percentile"}, seed=3)
     r = op.run(demo, data, quiet=True)
     pp = r.per_prompt
     for site, rows in pp.groupby("site", sort=False):

@@ -71,8 +71,10 @@ def test_positions_are_checked_against_every_prompt(gpt2):
     with pytest.raises(SiteError) as err:
         Sites(activation="resid_pre", over=["layer", "position"], positions=[7]).resolve(gpt2, [9, 7])
     assert "prompt 1" in str(err.value) and "7 tokens" in str(err.value)
+    # "all" on prompts of different lengths: the last 7 tokens of each, counted from its end
     s = Sites(activation="resid_pre", over=["position"], positions="all").resolve(gpt2, [9, 7])
-    assert {u.get("pos") for u in s.units} == set(range(7)) and "7" in s.note
+    assert {u.get("pos") for u in s.units} == set(range(-7, 0)) and "last 7" in s.note
+    assert list(s.frame()["position"]) == [f"END-{k}" for k in range(6, 0, -1)] + ["END"]
 
 
 def test_kv_sites_under_grouped_query_attention(llama):

@@ -28,6 +28,7 @@ def _assert_same(a, b, atol=1e-10):
     for key in ("value", "ci_low", "ci_high", "se", "p_value", "influence"):
         np.testing.assert_allclose(getattr(a, key), getattr(b, key), atol=atol, rtol=1e-9, err_msg=key)
     np.testing.assert_array_equal(a.influential, b.influential)
+    np.testing.assert_array_equal(a.p_bound, b.p_bound)
 
 
 def test_resampling_counts_over_several_chunks_are_multinomial():
@@ -55,7 +56,7 @@ def test_a_small_dataset_keeps_numpys_single_multinomial():
     np.testing.assert_array_equal(resample_weights(n, B, seed), rng.multinomial(n, np.full(n, 1 / n), size=B))
 
 
-@pytest.mark.parametrize("method", ["bca", "percentile"])
+@pytest.mark.parametrize("method", ["bca", "expanded_percentile", "percentile"])
 def test_block_summary_of_a_mean_over_several_chunks_equals_the_whole_matrix_path(method):
     rng = np.random.default_rng(0)
     n = WEIGHT_CHUNK + 1500

@@ -207,6 +207,8 @@ def _execute(op: Any, spec: Any, args: argparse.Namespace, out: str | None, reco
         result.warnings[:0] = warned
         result.manifest["warnings"] = result.warnings
     print(result.table.to_string(max_rows=30, max_cols=12))
+    if result.takeaway:  # what the table shows, in the words the page leads with
+        print(f"\ntakeaway: {result.takeaway}")
     if out:
         folder = result.save(out, overwrite=args.overwrite)
         SAVED.append(str(folder))

@@ -8,9 +8,11 @@ The codes are listed in docs/errors.md; a test keeps that list and this module i
 from __future__ import annotations
 
 import contextlib
+import sys
 import warnings
 from collections.abc import Iterator
 from contextvars import ContextVar
+from typing import Any
 
 
 class EntoscopeError(Exception):
@@ -108,28 +110,74 @@ class EntoscopeWarning(UserWarning):
         super().__init__(f"[{code}] {message}")
 
 
-_RECORDED: ContextVar[list[dict[str, str]] | None] = ContextVar("entoscope_warnings", default=None)
+Record = dict[str, Any]  # {"code", "message", "count"}: one warning of a run, said `count` times
+_RECORDED: ContextVar[list[Record] | None] = ContextVar("entoscope_warnings", default=None)
+_HELD: ContextVar[dict[str, int] | None] = ContextVar("entoscope_held_warnings", default=None)
+_SHOWN: set[tuple[str, str]] = set()  # (code, message) already shown in this process
 
 
-def warn(message: str, *, code: str) -> None:
-    """Warn loudly (an EntoscopeWarning) and record it in the manifest of the run in progress."""
-    log = _RECORDED.get()
-    if log is not None and not any(w["code"] == code and w["message"] == message for w in log):
-        log.append({"code": code, "message": message})
-    warnings.warn(EntoscopeWarning(message, code=code), stacklevel=2)
+def _action(text: str, module: str, lineno: int) -> str:
+    """What the warnings filters do with an EntoscopeWarning of this text from this place."""
+    for action, message, category, mod, line in warnings.filters:
+        if (message is None or message.match(text)) and issubclass(EntoscopeWarning, category) and \
+                (mod is None or mod.match(module)) and (line == 0 or line == lineno):
+            return action
+    return warnings.defaultaction
 
 
-def recorded_warnings() -> list[dict[str, str]]:
+def _show(message: str, code: str, depth: int) -> None:
+    """One line on stderr, `module:line: EntoscopeWarning: [code] message`, through the warnings filters
+    (so `-W error`, `pytest.warns` and `filterwarnings` work). Under the default action a message is shown
+    once per process, like Python's own "default" (whose memory a `catch_warnings` elsewhere would reset)."""
+    frame = sys._getframe(depth + 1)
+    module, lineno = frame.f_globals.get("__name__", "entoscope"), frame.f_lineno
+    if _action(f"[{code}] {message}", module, lineno) in ("default", "module", "once"):
+        if (code, message) in _SHOWN:
+            return
+        _SHOWN.add((code, message))
+    # the module name as the file: no source line printed under the message (one line per warning)
+    warnings.warn_explicit(EntoscopeWarning(message, code=code), EntoscopeWarning, module, lineno,
+                           module=module, registry={})
+
+
+def warn(message: str, *, code: str, count: int = 1) -> None:
+    """Warn (an EntoscopeWarning) and record it in the manifest of the run in progress.
+
+    Said once: inside a run the same warning again only counts (`count` in the record), and a second
+    warning of the same code is recorded but not shown; the run ends with one line saying how many more
+    of that code it recorded (all of them are in result.warnings, the manifest and the page). count: how
+    many times it was said (a worker's record raised again on the driver)."""
+    log, held = _RECORDED.get(), _HELD.get()
+    if log is not None and held is not None:
+        for w in log:
+            if w["code"] == code and w["message"] == message:
+                w["count"] += count
+                return
+        log.append({"code": code, "message": message, "count": count})
+        if code in held:
+            held[code] += 1
+            return
+        held[code] = 0
+    _show(message, code, depth=1)
+
+
+def recorded_warnings() -> list[Record]:
     """The warnings recorded so far by the run in progress ([] outside a run)."""
     return list(_RECORDED.get() or [])
 
 
 @contextlib.contextmanager
-def recording_warnings() -> Iterator[list[dict[str, str]]]:
+def recording_warnings() -> Iterator[list[Record]]:
     """Collect the `warn` calls made inside the block (Operation.run keeps them in the manifest)."""
-    log: list[dict[str, str]] = []
-    token = _RECORDED.set(log)
+    log: list[Record] = []
+    held: dict[str, int] = {}
+    token, held_token = _RECORDED.set(log), _HELD.set(held)
     try:
         yield log
     finally:
         _RECORDED.reset(token)
+        _HELD.reset(held_token)
+        for code, more in held.items():
+            if more:
+                _show(f"{more} more warning{'s' if more > 1 else ''} of this kind in this run (result.warnings and "
+                      "the manifest list them all)", code, depth=2)

@@ -135,7 +135,8 @@ class Operation(ConfigModel):
                 passes = plan.forward_passes + plan.backward_passes
                 plan.passes_per_worker = -(-passes * busiest // max(1, plan.examples or 1))
                 plan.memory_per_worker_bytes = plan.peak_memory_bytes
-        plan.notes += [f"warning [{w['code']}]: {w['message']}" for w in warned]
+        plan.notes += [f"warning [{w['code']}]: {w['message']}" + (f" ({w['count']} times)" if w["count"] > 1 else "")
+                       for w in warned]
         return plan
 
     def run(self, model: Any, data: Any = None, *, executor: Any = None, quiet: bool = False,

@@ -6,8 +6,12 @@ one row, or an explicit list of coordinates. `Sites.resolve(model, lengths)` che
 against the model and the data BEFORE any work and returns a `SiteSet` of units (one row each).
 
 Positions: a non-negative position is that token index in every prompt; a negative one counts
-from each prompt's own end (-1 = last token), which aligns prompts of different lengths. "all"
-positions means 0..(shortest prompt length - 1).
+from each prompt's own end (-1 = last token), which aligns prompts of different lengths; a role
+(data/roles.py: `S2`, `S2+1`, `END`, `END-2`) is each prompt's own token for it. "all" positions
+means every index 0..n-1 when the prompts all have n tokens, and the last (shortest length) tokens
+of every prompt, counted from each end, when their lengths differ. Labels (`position_text`): an
+index reads as itself (`3`), a position from the end as the END role with its offset (`END` = -1,
+`END-2` = -3), a role as its name: one spelling in tables, figures and takeaways.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import torch
 from pydantic import Field, field_validator
 
 from .config_model import ConfigModel
-from .data.roles import RoleTable
+from .data.roles import END, RoleTable
 from .errors import SiteError, warn
 from .models.adapter import ModelAdapter
 from .models.names import KINDS, ActName, Kind, parse_name
@@ -98,13 +102,14 @@ class SiteSet:
         """One row per unit: a column per grid axis (None for a group whose members differ) and a label."""
         rows = []
         bases = dict(self.bases)
-        by_role = any(is_role(v) for u in self.units for m in u.members for a, v in m if a in _POSITION_AXES)
+        by_role = any(is_role(v) or v < 0 for u in self.units for m in u.members for a, v in m
+                      if a in _POSITION_AXES)  # one column of labels, as readers write them
         for u in self.units:
             row: dict[str, Any] = {"site": u.label}
             for ax in self.over:
                 value = u.get(ax)
                 if by_role and ax in _POSITION_AXES and value is not None:
-                    value = position_text(value, self.role_names)  # one column of labels: "S2", "END", "-3"
+                    value = position_text(value, self.role_names)  # one column of labels: "S2", "END-2", "3"
                 row["position" if ax == "pos" else ax] = value
             if bases:
                 row["dictionary"] = bases.get(u.get("layer"), None)  # type: ignore[arg-type]
@@ -195,8 +200,9 @@ class Sites(ConfigModel):
             sizes["head"] = s.n_heads
         note = ""
         if lengths and len(set(lengths)) > 1 and any(ax in _POSITION_AXES for ax in self.over):
-            note = (f"prompts have {min(lengths)}..{max(lengths)} tokens: 'all' positions means 0..{min_len - 1}; "
-                    "negative positions count from each prompt's end")
+            note = (f"prompts have {min(lengths)}..{max(lengths)} tokens: 'all' positions means the last {min_len} "
+                    f"tokens of every prompt, counted from its end (END-{min_len - 1}..END); a non-negative "
+                    "position is a token index")
         if self.coords is not None or self.groups is not None:
             raw_groups = [[c] for c in self.coords] if self.coords is not None else self.groups
             units = [self._unit([self._coord(c, sizes, fixed_layer, kind, lengths, roles) for c in g], roles)
@@ -262,6 +268,8 @@ class Sites(ConfigModel):
         value = getattr(self, field)
         size = sizes[axis]
         if value == "all":
+            if axis in _POSITION_AXES and lengths and len(set(lengths)) > 1:
+                return list(range(-size, 0))  # prompts of different lengths: counted from each prompt's end
             return list(range(size))
         if axis in _POSITION_AXES and (isinstance(value, list) or isinstance(value, str) and ":" not in value):
             items = value if isinstance(value, list) else [value]
@@ -377,14 +385,14 @@ class Sites(ConfigModel):
 def _label(coord: Coord, role_names: tuple[str, ...] = ()) -> str:
     d = dict(coord)
     for ax in _POSITION_AXES:
-        if ax in d and is_role(d[ax]):
+        if ax in d and (is_role(d[ax]) or d[ax] < 0):
             d[ax] = position_text(d[ax], role_names)  # type: ignore[assignment]
     parts = []
     if "layer" in d and "head" in d:
         parts.append(f"{d.pop('layer')}.{d.pop('head')}")
     short = {"layer": "L", "pos": "p", "head": "h", "kv_head": "kv", "neuron": "n", "query_pos": "q",
              "key_pos": "k", "feature": "f"}
-    parts += [i if isinstance(i, str) else f"{short[a]}{i}"  # a role position reads as itself: "L1 S2"
+    parts += [i if isinstance(i, str) else f"{short[a]}{i}"  # a role or from-end position reads as itself: "L1 END-2"
               for a, i in sorted(d.items(), key=lambda x: list(short).index(x[0]))]
     return " ".join(parts) if parts else "all"
 
@@ -405,8 +413,11 @@ def decode_role(code: int) -> tuple[int, int]:
     return k // ROLE_STRIDE, k % ROLE_STRIDE - ROLE_STRIDE // 2
 
 
-def position_text(position: int, role_names: tuple[str, ...]) -> str:
-    """A position as a reader writes it: `3`, `-2`, `S2`, `S2+1`."""
+def position_text(position: int, role_names: tuple[str, ...] = ()) -> str:
+    """A position as a reader writes it: `3` (a token index), `END`, `END-1` (-1, -2: from each prompt's
+    end, the END role's spelling), `S2`, `S2+1` (roles)."""
+    if position < 0:
+        return END + (f"{position + 1:+d}" if position != -1 else "")
     if not is_role(position):
         return str(position)
     index, offset = decode_role(position)
@@ -473,23 +484,27 @@ def absolute_positions(position: int, lengths: torch.Tensor, roles: torch.Tensor
 
 
 def warn_mixed_roles(units: list[Unit], lengths: list[int], roles: RoleTable) -> None:
-    """Warn when one numeric position holds tokens of different roles in different prompts."""
+    """Warn, once for all of them, about the numeric positions that hold tokens of different roles in
+    different prompts (with the counts of the first few)."""
     if not roles.has_named_roles:
         return
-    numeric = sorted({v for u in units for m in u.members for a, v in m if a in _POSITION_AXES and not is_role(v)})
+    numeric = sorted({v for u in units for m in u.members for a, v in m if a in _POSITION_AXES and not is_role(v)},
+                     key=lambda p: (p < 0, p))
+    if not numeric:
+        return
     L = torch.tensor(lengths)
-    for p in numeric:
-        at = absolute_positions(p, L)
-        labels = []
-        for e in range(len(lengths)):
-            hit = [n for j, n in enumerate(roles.names) if int(roles.positions[e, j]) == int(at[e])]
-            labels.append(hit[0] if hit else None)
-        counts: dict[str | None, int] = {}
-        for lab in labels:
-            counts[lab] = counts.get(lab, 0) + 1
-        if len(counts) > 1:
-            what = ", ".join(f"{'role ' + k if k else 'no role'} in {v}" for k, v in
-                             sorted(counts.items(), key=lambda kv: -kv[1]))
-            warn(f"position {p} holds tokens of different roles across prompts ({what} of {len(lengths)}): "
-                 f"that column mixes different tokens. Name roles instead, e.g. positions: "
-                 f"[{', '.join(roles.names)}]", code="position_roles_differ")
+    at = torch.stack([absolute_positions(p, L) for p in numeric])  # [P, E] token index of each position
+    hit = roles.positions[None, :, :] == at[:, :, None]  # [P, E, R]
+    first = torch.where(hit.any(-1), hit.int().argmax(-1), -1)  # the role of each prompt's token, -1: none
+    mixed = []
+    for i, p in enumerate(numeric):
+        kinds, counts = first[i].unique(return_counts=True)
+        if len(kinds) > 1:
+            what = ", ".join(f"{'role ' + roles.names[int(k)] if k >= 0 else 'no role'} in {int(c)}"
+                             for k, c in sorted(zip(kinds.tolist(), counts.tolist()), key=lambda kc: -kc[1]))
+            mixed.append(f"{position_text(p)}: {what}")
+    if mixed:
+        shown = "; ".join(mixed[:3]) + ("; ..." if len(mixed) > 3 else "")
+        warn(f"{len(mixed)} of {len(numeric)} positions hold tokens of different roles across the {len(lengths)} "
+             f"prompts ({shown}): those columns mix different tokens. Name roles instead, e.g. positions: "
+             f"[{', '.join(roles.names)}]", code="position_roles_differ")

@@ -31,7 +31,7 @@ from ..models.split_inputs import check_split, refuse_unsplittable
 from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
 from ..results.page import figure_div, write_page
 from ..results.result import Result
-from ..stats import benjamini_hochberg, streamed_mean, summarise
+from ..stats import significance_columns, streamed_mean, summarise
 from .acdc import acdc
 from .eap import Rule, edge_scores_per_prompt
 from .edge_patching import EdgePatcher
@@ -342,9 +342,8 @@ class Circuits(Operation):
     def _edge_intervals(self, s: Any) -> dict[str, Any]:
         """Bootstrap interval, p and BH q-value of each edge's mean score (a Summary in edges() order)."""
         cols = {k: v for k, v in s.columns("score").items() if k != "score"}
-        q = benjamini_hochberg(s.p_value)
-        cols.update({"score_q": q, "significant": np.where(np.isfinite(q), q <= self.stats.fdr, False),
-                     "ci_level": self.stats.ci_level})
+        cols.update(significance_columns(s, "score", self.stats))
+        cols["ci_level"] = self.stats.ci_level
         return cols
 
     def _select(self, graph: ComponentGraph, scores: Tensor) -> Tensor:

@@ -150,7 +150,7 @@ def _rewarn(warned: list[dict[str, str]]) -> None:
     have = {(w["code"], w["message"]) for w in recorded_warnings()}
     for w in warned:
         if (w["code"], w["message"]) not in have:
-            warn(w["message"], code=w["code"])
+            warn(w["message"], code=w["code"], count=w.get("count", 1))
             have.add((w["code"], w["message"]))
 
 

@@ -26,7 +26,7 @@ from ..models.adapter import ModelAdapter
 from ..models.names import ActName
 from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
 from ..results.result import Result
-from ..sites import Sites, SiteSet, absolute_positions
+from ..sites import Sites, SiteSet, absolute_positions, position_text
 from ..results.lazy import LazyTable
 from ..stats import Stats, ci_text, error_arrays, interval_columns, streamed_mean, summarise
 from ..stats.moments import column_moments
@@ -130,7 +130,9 @@ class Lens(Operation):
         per_prompt = LazyTable(n, lambda lo, hi: lens_rows(frame, columns.read(lo, hi), vocab, lo, self.top_k),
                                rows_per_prompt=len(sites))
         return Result(self.name, table, per_prompt=per_prompt, figures=_figures, title=f"{self.method} lens: {kind}",
-                      extra={"mean_probs": mean_probs}, takeaway=lens_takeaway)
+                      extra={"mean_probs": mean_probs,
+                             "prompt_lengths": (min(st["td"].lengths), max(st["td"].lengths))},
+                      takeaway=lens_takeaway)
 
     def _decode_batch(self, model: ModelAdapter, batch: Any, st: dict[str, Any], rows: list[dict[str, Any]],
                       kind: str, prob_sum: Tensor) -> dict[str, Tensor]:
@@ -184,14 +186,15 @@ def _unit_chunk(n_rows: int, d_vocab: int, budget_floats: int = 2**24) -> int:
 
 
 def _rows(siteset: SiteSet) -> list[dict[str, Any]]:
-    """One row per (unit): its members and its table columns. Without a pos axis: position -1."""
+    """One row per (unit): its members and its table columns. Without a pos axis: each prompt's last
+    token (position -1, labelled END)."""
     rows = []
-    frame = siteset.frame().to_dict("records")  # role positions as their names ("S2", "END")
+    frame = siteset.frame().to_dict("records")  # roles and positions from the end as labels ("S2", "END-2")
     for i, u in enumerate(siteset.units):
         pos = u.get("pos")
         cols: dict[str, Any] = dict(frame[i])
         if "pos" not in siteset.over:
-            cols["position"] = -1
+            cols["position"] = position_text(-1)
         layer = u.get("layer")
         act = ActName(siteset.kind.name, layer) if siteset.kind.per_layer and layer is not None else None
         rows.append({"unit": u, "pos": -1 if pos is None else pos, "cols": cols, "act": act})

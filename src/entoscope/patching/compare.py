@@ -18,8 +18,10 @@ mean m_base) over ALL pairs, robust to a pair with a small gap; aggregate "mean_
 mean of the per-pair normalised values over the non-degenerate pairs instead (also always in
 `normalized_mean`). For "difference" / "absolute" it is the mean over pairs. Every headline carries its
 bootstrap interval over prompts (`value_ci_low`, `value_ci_high`, `ci_level`), its standard error,
-its p-value against no effect (`value_p`; for "absolute", of the difference) and Benjamini-Hochberg
-q-value over the table's cells (`value_q`, `significant` at `stats.fdr`), and the leave-one-out
+its p-value against no effect (`value_p`, the inversion of that interval; for "absolute", of the
+difference, whose interval is `difference_ci_low` / `difference_ci_high`; `value_p_bound` where p is
+the resampling's resolution) and Benjamini-Hochberg q-value over the table's cells (`value_q`,
+`significant` at `stats.fdr`), and the leave-one-out
 influence of its most influential prompt (`value_influence`, `value_influential_prompt`,
 `value_fragile`). docs/statistics.md has the details.
 """
@@ -33,7 +35,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..stats import RatioStat, Stats, SumsStat, Summary, benjamini_hochberg, fragile, streamed_mean, summarise
+from ..stats import RatioStat, Stats, SumsStat, Summary, fragile, significance_columns, streamed_mean, summarise
 from ..stats.moments import column_moments
 
 COMPARISON_COLUMN = {"absolute": "patched", "difference": "difference", "normalized": "normalized"}
@@ -96,13 +98,14 @@ def site_table(values: PairValues, sites: pd.DataFrame, comparison: str, aggrega
     summary = summarise(headline_stat(values, comparison, aggregate), stats, seed)
     effect = summary if comparison != "absolute" else summarise(headline_stat(values, "difference", aggregate),
                                                                  stats, seed)
-    q = benjamini_hochberg(effect.p_value)
     table = sites.copy()
     for key, col in summary.columns("value").items():
         table[key] = col
+    if comparison == "absolute":  # the test is of the difference from the base run: its p and its interval
+        table["difference_ci_low"], table["difference_ci_high"] = effect.ci_low, effect.ci_high
     table["value_fragile"] = fragile(summary, stats.influence_share)
-    table["value_q"] = q
-    table["significant"] = np.where(np.isfinite(q), q <= stats.fdr, False)
+    for key, col in significance_columns(effect, "value", stats).items():
+        table[key] = col
     table["ci_level"] = stats.ci_level
     U, keep = values.n_cells, ~values.degenerate
     chosen = COMPARISON_COLUMN[comparison]

@@ -3,6 +3,8 @@ the axis, or layer x head), and the per-prompt drill-down (prompts x sites)."""
 
 from __future__ import annotations
 
+import re
+
 from typing import Any
 
 import numpy as np
@@ -20,28 +22,39 @@ def _colour(values: np.ndarray) -> dict[str, Any]:
     return {"colorscale": "RdBu", "zmid": 0, "zmin": -bound or -1, "zmax": bound or 1}
 
 
+def _from_end(label: Any) -> int | None:
+    """The token index from the end (-1, -2, ...) of a label END, END-1, ...; None for anything else."""
+    m = re.fullmatch(r"END(?:-(\d+))?", str(label))
+    return None if m is None else -1 - int(m.group(1) or 0)
+
+
 def _position_labels(result: Result, positions: list[Any]) -> list[str]:
-    """Axis labels: a role position is its name (each prompt has its own token there); a numeric one
-    shows the first prompt's token."""
+    """Axis labels: a token index or a position from the end (END, END-1) shows the first prompt's token
+    there; a role is its name (each prompt has its own token there)."""
     tokens = result.extra.get("first_tokens") or []
     labels = []
     for p in positions:
-        try:
-            p = int(p)
-        except (TypeError, ValueError):
-            labels.append(str(p))
-            continue
-        tok = tokens[p] if tokens and -len(tokens) <= p < len(tokens) else ""
+        index = _from_end(p)
+        if index is None:
+            try:
+                index = int(p)
+            except (TypeError, ValueError):
+                labels.append(str(p))
+                continue
+        tok = tokens[index] if tokens and -len(tokens) <= index < len(tokens) else ""
         labels.append(f"{p}: {tok!r}" if tok else str(p))
     return labels
 
 
 def _position_title(positions: Any) -> str:
-    roles = [p for p in positions if not str(p).lstrip("-").isdigit()]
-    if len(roles) == len(positions):
+    shown = [p for p in positions if str(p).isdigit() or _from_end(p) is not None]
+    if not shown:
         return "position: the token of each role (IO, S1, ...) in each prompt"
-    return "position (numbers: the first prompt's base-run token; names: each prompt's token of that role)" \
-        if roles else "position: token of the first prompt's base run"
+    what = "END-k: k tokens before each prompt's last" if any(_from_end(p) is not None for p in shown) else \
+        "numbers: token indices"
+    if len(shown) < len(positions):
+        return f"position ({what}, with the first prompt's base-run token; names: each prompt's token of that role)"
+    return f"position ({what}; the first prompt's base-run token shown)"
 
 
 def _hover(t: Any, index: str, columns: str) -> Any:

@@ -82,7 +82,11 @@ def _cell(v: Any) -> str:
 
 def table_html(frame: pd.DataFrame, max_rows: int = 200, note: str = "") -> str:
     """The first rows of a table in a scrolling box. Columns with no value at all are named below it,
-    blank cells are explained (`note` says what a blank means for this table)."""
+    blank cells are explained (`note` says what a blank means for this table). p-values read as text,
+    "< 0.0095" where the resamples resolve no smaller one (stats.readable_p)."""
+    from ..stats.columns import readable_p
+
+    frame = readable_p(frame)
     empty = [c for c in frame.columns if frame[c].isna().all()]
     shown = frame.drop(columns=empty).head(max_rows)
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in shown.columns)

@@ -129,16 +129,25 @@ class Result:
         return final
 
     def _write(self, out: Path, final: Path, assets_dir: str | Path | None) -> None:
+        from .manifest import FORMAT_VERSION
+
         files = []
+        json_columns: dict[str, list[str]] = {}
         for name, frame in (("table", self.table), ("per_prompt", self._per_prompt)):
             if frame is None:
                 continue
+            encoded: set[str] = set()
+
+            def safe(f: pd.DataFrame, encoded: set[str] = encoded) -> pd.DataFrame:
+                return _parquet_safe(f, encoded)
             if isinstance(frame, LazyTable):
-                files += frame.write(out, name, _parquet_safe)
-                continue
-            frame.to_csv(out / f"{name}.csv", index=False)
-            _parquet_safe(frame).to_parquet(out / f"{name}.parquet", index=False)
-            files += [f"{name}.csv", f"{name}.parquet"]
+                files += frame.write(out, name, safe)
+            else:
+                frame.to_csv(out / f"{name}.csv", index=False)
+                safe(frame).to_parquet(out / f"{name}.parquet", index=False)
+                files += [f"{name}.csv", f"{name}.parquet"]
+            if encoded:
+                json_columns[name] = sorted(encoded)
         assets = Path(assets_dir) if assets_dir is not None else out
         ensure_plotly_js(assets)
         if assets_dir is None:
@@ -160,19 +169,34 @@ class Result:
         self.save_extra(out, files)
         shard_files = [f"shards/{f}" for f in self.manifest.get("executor", {}).get("shard_files", [])] \
             if self.shards_dir is not None and self.shards_dir.resolve() == (final / "shards").resolve() else []
-        manifest = {**self.manifest, "files": files + shard_files + ["manifest.json"]}
+        manifest = {"format_version": FORMAT_VERSION, "operation": self.operation, **self.manifest,
+                    "title": self.title, "takeaway": self.takeaway, "blank_note": self.blank_note,
+                    "json_columns": json_columns, "files": files + shard_files + ["manifest.json"]}
         (out / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str), encoding="utf-8")
 
     def save_extra(self, folder: Path, files: list[str]) -> None:
         """Hook for operations that save more (directions, translators, graphs); append file names."""
 
+    @classmethod
+    def load(cls, folder: str | Path) -> Result:
+        """A saved run folder (or a report's section folder) opened again: its table, per-prompt table (read
+        when first asked for), takeaway, title, warnings and manifest. Figures are not rebuilt: the folder's
+        index.html has them. A folder that is not a complete run is refused, naming the file
+        (`not_a_run`, `manifest_invalid`, `run_file_missing`: docs/errors.md)."""
+        from .saved import load_run
 
-def _parquet_safe(frame: pd.DataFrame) -> pd.DataFrame:
-    """Parquet needs one type per column: lists/dicts/mixed objects are written as JSON strings."""
+        return load_run(folder)
+
+
+def _parquet_safe(frame: pd.DataFrame, encoded: set[str] | None = None) -> pd.DataFrame:
+    """Parquet needs one type per column: lists/dicts/mixed objects are written as JSON strings (their
+    names added to `encoded`, which the manifest keeps so that `Result.load` decodes them)."""
     out = frame.copy()
     for col in out.columns:
         if out[col].dtype == object:
             kinds = {type(v) for v in out[col] if v is not None}
             if kinds and not kinds <= {str}:
-                out[col] = out[col].map(lambda v: v if isinstance(v, str) or v is None else json.dumps(v, default=str))
+                out[col] = out[col].map(lambda v: v if v is None else json.dumps(v, default=str))
+                if encoded is not None:
+                    encoded.add(str(col))
     return out

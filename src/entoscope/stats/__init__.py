@@ -11,10 +11,12 @@ summarised in memory that does not grow with it. See docs/statistics.md.
 from .bootstrap import FunctionStat, StatFn, Summary, fragile, leave_one_out, summarise
 from .resample import Resampler, resample_weights
 from .sums import RatioStat, SumsStat, mean_stat, ratio_stat, streamed_mean
-from .columns import ci_text, error_arrays, interval_columns, value_with_ci
+from .columns import (ci_text, error_arrays, interval_columns, p_text, readable_p, significance_columns,
+                      value_with_ci)
 from .config import Stats
 from .fdr import benjamini_hochberg
 
 __all__ = ["FunctionStat", "RatioStat", "Resampler", "StatFn", "Stats", "SumsStat", "Summary", "benjamini_hochberg",
-           "ci_text", "error_arrays", "fragile", "interval_columns", "leave_one_out", "mean_stat", "ratio_stat",
-           "resample_weights", "streamed_mean", "summarise", "value_with_ci"]
+           "ci_text", "error_arrays", "fragile", "interval_columns", "leave_one_out", "mean_stat", "p_text",
+           "ratio_stat", "readable_p", "resample_weights", "significance_columns", "streamed_mean", "summarise",
+           "value_with_ci"]

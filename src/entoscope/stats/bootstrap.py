@@ -6,13 +6,13 @@ aggregate). Resampling prompts with replacement is a row of multinomial counts (
 1993); leaving prompt i out is a row with w_i = 0. So one function gives the value, the bootstrap
 distribution and the jackknife values, and no model is ever re-run.
 
-Intervals: "percentile" (the alpha/2 and 1 - alpha/2 quantiles of the bootstrap values) or "bca"
-(bias-corrected and accelerated, Efron 1987: the quantiles are moved by the bias z0 = Phi^-1(share
-of bootstrap values below the estimate) and the acceleration a = sum d^3 / (6 (sum d^2)^1.5), d the
-jackknife deviations). p-values (effect vs 0) use the normal approximation with the bootstrap
-standard error, p = 2 (1 - Phi(|value| / se)), which has the resolution Benjamini-Hochberg needs.
-Both intervals use the small-sample expansion of the tail levels (Hesterberg 2015, `expanded_alpha`):
-without it a 95% bootstrap interval of a mean over 50 prompts covers only ~94%, over 20 ~92%.
+Intervals (`Stats.ci_method`): "bca" (bias-corrected and accelerated, Efron 1987: the quantiles are
+moved by the bias z0 = Phi^-1(share of bootstrap values below the estimate) and the acceleration
+a = sum d^3 / (6 (sum d^2)^1.5), d the jackknife deviations), "expanded_percentile" (the percentile
+interval), both at the small-sample-expanded tail levels (Hesterberg 2015; without the expansion a
+95% bootstrap interval of a mean over 50 prompts covers only ~94%, over 20 ~92%), or "percentile"
+(the plain alpha/2 and 1 - alpha/2 quantiles). The p-value against 0 inverts the same interval
+(stats/levels.py): p < 1 - L exactly when the level-L interval excludes 0.
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
-import torch
 
 from .config import Stats
+from .levels import expanded_alpha  # noqa: F401 (re-exported: where it always was)
+from .levels import bca_level, expands, inverted_p, ndtri, tail_alpha
 from .resample import Resampler, resample_weights
 from .sums import SumsStat
 
@@ -64,20 +65,18 @@ class Summary:
     method: str
     n_boot: int
     boot: np.ndarray | None = None  # [n_boot, U] when kept (circuit stability reuses them)
+    p_bound: np.ndarray | None = None  # True where p_value is the resampling's resolution (the true p is smaller)
 
     def columns(self, name: str = "value") -> dict[str, Any]:
-        """Table columns `<name>`, `<name>_ci_low`, `<name>_ci_high`, `<name>_se`, ..."""
+        """Table columns `<name>`, `<name>_ci_low`, `<name>_ci_high`, `<name>_se`, `<name>_p`,
+        `<name>_p_bound`, ..."""
         return {name: self.value, f"{name}_ci_low": self.ci_low, f"{name}_ci_high": self.ci_high,
-                f"{name}_se": self.se, f"{name}_p": self.p_value, f"{name}_influence": self.influence,
-                f"{name}_influential_prompt": self.influential}
+                f"{name}_se": self.se, f"{name}_p": self.p_value, f"{name}_p_bound": self.bound(),
+                f"{name}_influence": self.influence, f"{name}_influential_prompt": self.influential}
 
-
-def _ndtri(p: np.ndarray) -> np.ndarray:
-    return torch.special.ndtri(torch.as_tensor(p, dtype=torch.float64)).numpy()
-
-
-def _ndtr(x: np.ndarray) -> np.ndarray:
-    return torch.special.ndtr(torch.as_tensor(x, dtype=torch.float64)).numpy()
+    def bound(self) -> np.ndarray:
+        """Per cell: whether `p_value` is an upper bound (all False where there is no p)."""
+        return self.p_bound if self.p_bound is not None else np.zeros(self.value.shape, dtype=bool)
 
 
 def leave_one_out(stat: StatFn, cols: slice = slice(None), rows: int = 256) -> np.ndarray:
@@ -91,24 +90,6 @@ def leave_one_out(stat: StatFn, cols: slice = slice(None), rows: int = 256) -> n
     return np.concatenate(out) if out else np.empty((0, 0))
 
 
-def _t_quantile(z: float, dof: int) -> float:
-    """Student's t quantile from the normal one (Cornish-Fisher expansion; within 1e-3 for dof >= 5)."""
-    v = float(dof)
-    return (z + (z**3 + z) / (4 * v) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * v**2)
-            + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * v**3))
-
-
-def expanded_alpha(level: float, n: int) -> float:
-    """The tail probability whose normal quantile is sqrt(n / (n-1)) t_{n-1}: the percentile bootstrap's
-    small-sample expansion (Hesterberg 2015), which corrects the too-narrow bootstrap of a mean (its
-    variance is the plug-in s^2 (n-1)/n, and the t distribution's tails are heavier)."""
-    alpha = (1 - level) / 2
-    if n < 6:
-        return alpha
-    z = float(_ndtri(np.array(alpha)))
-    return float(_ndtr(np.array(np.sqrt(n / (n - 1)) * _t_quantile(z, n - 1))))
-
-
 def acceleration(jack: np.ndarray) -> np.ndarray:
     """BCa's acceleration a = sum d^3 / (6 (sum d^2)^1.5), d = mean(jack) - jack, from the jackknife values."""
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -117,33 +98,40 @@ def acceleration(jack: np.ndarray) -> np.ndarray:
 
 
 def _interval(boot: np.ndarray, value: np.ndarray, accel: np.ndarray | None, level: float, method: str, n: int
-              ) -> tuple[np.ndarray, np.ndarray]:
-    """The interval of each cell from its bootstrap values; accel: BCa's acceleration (None: percentile)."""
-    alpha = expanded_alpha(level, n)
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(low, high, p, p_bound) of each cell from its bootstrap values; accel: BCa's acceleration (None:
+    percentile). p is the test inversion of the same interval (stats/levels.py)."""
+    alpha = tail_alpha(level, n, method)
+    expanded = expands(method, n)
     finite = np.isfinite(boot)
     lo_q = np.full(value.shape, alpha)
     hi_q = np.full(value.shape, 1 - alpha)
+    z0 = np.zeros(value.shape)
+    a = np.zeros(value.shape)
     if method == "bca" and accel is not None:
         with np.errstate(invalid="ignore", divide="ignore"):
             share = (np.where(finite, boot < value, False).sum(0) + 0.5 * np.where(finite, boot == value, False).sum(0)
                      ) / finite.sum(0)
-            z0 = _ndtri(share)
-            za, zb = _ndtri(np.array(alpha)), _ndtri(np.array(1 - alpha))
-            adj_lo = _ndtr(z0 + (z0 + za) / (1 - accel * (z0 + za)))
-            adj_hi = _ndtr(z0 + (z0 + zb) / (1 - accel * (z0 + zb)))
-        ok = np.isfinite(adj_lo) & np.isfinite(adj_hi)  # degenerate distributions fall back to percentiles
-        lo_q = np.where(ok, adj_lo, lo_q)
-        hi_q = np.where(ok, adj_hi, hi_q)
-    low = np.full(value.shape, np.nan)
-    high = np.full(value.shape, np.nan)
+            bias = ndtri(share)
+        ok = np.isfinite(bias) & np.isfinite(accel)  # degenerate distributions fall back to percentiles
+        z0, a = np.where(ok, bias, 0.0), np.where(ok, accel, 0.0)
+        za, zb = ndtri(np.array(alpha)), ndtri(np.array(1 - alpha))
+        lo_q = np.where(ok, bca_level(z0, a, za), lo_q)
+        hi_q = np.where(ok, bca_level(z0, a, zb), hi_q)
+    low, high, p = (np.full(value.shape, np.nan) for _ in range(3))
+    bound = np.zeros(value.shape, dtype=bool)
     whole = finite.all(0)  # cells with every resample defined: one sort, quantiles by interpolation
     if whole.any():
-        low[whole], high[whole] = _quantiles(np.sort(boot[:, whole], 0), lo_q[whole], hi_q[whole])
+        s = np.sort(boot[:, whole], 0)
+        low[whole], high[whole] = _quantiles(s, lo_q[whole], hi_q[whole])
+        p[whole], bound[whole] = inverted_p(s, z0[whole], a[whole], n, expanded)
     for j in np.flatnonzero(~whole):  # cells undefined on some resamples: their own quantiles
         b = boot[finite[:, j], j]
         if b.size:
             low[j], high[j] = np.quantile(b, [lo_q[j], hi_q[j]])
-    return low, high
+            pj, bj = inverted_p(np.sort(b)[:, None], z0[j:j + 1], a[j:j + 1], n, expanded)
+            p[j], bound[j] = pj[0], bj[0]
+    return low, high, p, bound
 
 
 def _quantiles(sorted_boot: np.ndarray, lo_q: np.ndarray, hi_q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -238,7 +226,7 @@ def _summarise_sums(stat: SumsStat, stats: Stats, seed: int, keep_boot: bool) ->
 def _no_interval(value: np.ndarray, influence: np.ndarray, influential: np.ndarray, stats: Stats) -> Summary:
     nan = np.full(value.shape, np.nan)
     return Summary(value, nan.copy(), nan.copy(), nan.copy(), nan.copy(), influence, influential,
-                   stats.ci_level, stats.ci_method, 0)
+                   stats.ci_level, stats.ci_method, 0, p_bound=np.zeros(value.shape, dtype=bool))
 
 
 def _finish(boot: Callable[[slice], np.ndarray], value: np.ndarray, accel: np.ndarray | None, influence: np.ndarray,
@@ -246,7 +234,8 @@ def _finish(boot: Callable[[slice], np.ndarray], value: np.ndarray, accel: np.nd
     """Intervals, standard errors and p-values from the bootstrap values, boot(cols) -> [n_boot, cells in cols]
     (made a slice of cells at a time: CELLS_PER_CHUNK values)."""
     U = value.shape[0]
-    low, high, se = (np.full(U, np.nan) for _ in range(3))
+    low, high, se, p = (np.full(U, np.nan) for _ in range(4))
+    bound = np.zeros(U, dtype=bool)
     kept = np.empty((stats.n_boot, U)) if keep_boot else None
     step = max(1, CELLS_PER_CHUNK // max(1, stats.n_boot))
     for c0 in range(0, U, step):
@@ -254,19 +243,15 @@ def _finish(boot: Callable[[slice], np.ndarray], value: np.ndarray, accel: np.nd
         b = boot(cols)
         if kept is not None:
             kept[:, cols] = b
-        low[cols], high[cols] = _interval(b, value[cols], None if accel is None else accel[cols], stats.ci_level,
-                                          stats.ci_method, n)
+        low[cols], high[cols], p[cols], bound[cols] = _interval(
+            b, value[cols], None if accel is None else accel[cols], stats.ci_level, stats.ci_method, n)
         with np.errstate(invalid="ignore"):
             se[cols] = (b.std(0, ddof=1) if np.isfinite(b).all() else np.nanstd(b, 0, ddof=1)) \
                 if stats.n_boot > 1 else np.nan
     undefined = ~np.isfinite(value)  # no value: no interval either
-    low[undefined], high[undefined] = np.nan, np.nan
-    with np.errstate(invalid="ignore", divide="ignore"):
-        z = np.abs(value) / se
-        p = np.where(se > 0, 2 * (1 - _ndtr(z)), np.where(value == 0, 1.0, 0.0))
-    p = np.where(np.isfinite(value) & np.isfinite(se), p, np.nan)
+    low[undefined], high[undefined], p[undefined], bound[undefined] = np.nan, np.nan, np.nan, False
     return Summary(value, low, high, se, p, influence, influential, stats.ci_level, stats.ci_method,
-                   stats.n_boot, kept)
+                   stats.n_boot, kept, bound)
 
 
 def fragile(summary: Summary, share: float) -> np.ndarray:

@@ -1,7 +1,10 @@
 """Table columns and hover text from a Summary, in the naming every operation shares.
 
-`<name>_ci_low`, `<name>_ci_high` (and `_se`; with `test=True` also `_p`, `_q`: Benjamini-Hochberg
-over the table's cells, and `significant` at `stats.fdr`), plus one `ci_level` column.
+`<name>_ci_low`, `<name>_ci_high` (and `_se`; with `test=True` also `_p`: the inversion of the
+interval against 0, `_p_bound`: whether `_p` is the resampling's resolution rather than the value,
+`_q`: Benjamini-Hochberg over the table's cells, and `significant` = q <= `stats.fdr`), plus one
+`ci_level` column. `p_text` writes a p-value as a reader should read it ("p = 0.012", "p < 0.0095"),
+`readable_p` a table's p columns so (what pages show).
 """
 
 from __future__ import annotations
@@ -24,11 +27,36 @@ def interval_columns(summary: Summary, name: str, stats: Stats, *, test: bool = 
         cols[f"{name}_influence"] = summary.influence
         cols[f"{name}_influential_prompt"] = summary.influential
     if test:
-        q = benjamini_hochberg(summary.p_value)
-        cols[f"{name}_p"] = summary.p_value
-        cols[f"{name}_q"] = q
-        cols["significant"] = np.where(np.isfinite(q), q <= stats.fdr, False)
+        cols.update(significance_columns(summary, name, stats))
     return cols
+
+
+def significance_columns(summary: Summary, name: str, stats: Stats) -> dict[str, Any]:
+    """`<name>_p`, `<name>_p_bound`, `<name>_q` (Benjamini-Hochberg over the cells) and `significant`."""
+    q = benjamini_hochberg(summary.p_value)
+    return {f"{name}_p": summary.p_value, f"{name}_p_bound": summary.bound(), f"{name}_q": q,
+            "significant": np.where(np.isfinite(q), q <= stats.fdr, False)}
+
+
+def readable_p(frame: Any) -> Any:
+    """A copy of a table for reading: each `<name>_p` column as text ("0.012", "< 0.0095" where
+    `<name>_p_bound`), the `_p_bound` columns dropped (table.csv keeps both as numbers)."""
+    bounds = [c for c in frame.columns if c.endswith("_p_bound") and c[: -len("_bound")] in frame]
+    if not bounds:
+        return frame
+    out = frame.drop(columns=bounds)
+    for c in bounds:
+        p, b = frame[c[: -len("_bound")]], frame[c]
+        out[c[: -len("_bound")]] = [p_text(v, bool(k), name="") or np.nan for v, k in zip(p, b)]
+    return out
+
+
+def p_text(p: float, bound: bool = False, *, name: str = "p") -> str:
+    """'p = 0.012', 'p < 0.0095' where the p-value is the resampling's resolution (bound), '' for NaN."""
+    if p is None or not np.isfinite(p):
+        return ""
+    prefix = f"{name} " if name else ""
+    return f"{prefix}< {p:.2g}" if bound else (f"{prefix}= {p:.2g}" if name else f"{p:.2g}")
 
 
 def ci_text(row: Any, name: str) -> str:
