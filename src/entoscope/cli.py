@@ -225,7 +225,7 @@ def _shards_dir(op: Any, out: str | None, executor: Any, resume: bool, args: arg
     if not resume and getattr(executor, "type", "in_process") == "in_process":
         return None
     folder = Path(out) / SHARDS
-    if args.overwrite and not resume and (folder / "store.json").exists():
+    if args.overwrite and not resume and folder.is_dir():
         shutil.rmtree(folder)
     return folder
 

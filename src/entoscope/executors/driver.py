@@ -109,7 +109,8 @@ def run_sharded(op: Any, prepared: Any, executor: InProcess | Ray, spec: ModelSp
                 parts = _run_here(op, prepared, phase, shards, store, bar, quiet)
             # with a store every shard is on disk: the merge streams from there, one shard in memory at a time
             merged[phase] = merge(parts, n) if store is None else \
-                StoredColumns([store.path(phase, s) for s in shards], shards, n)
+                StoredColumns([store.path(phase, s) for s in shards], shards, n,
+                              [store.identity(phase, s) for s in shards])
             del parts
         bar.close()
         info["resumed_shards"] = resumed

@@ -47,10 +47,12 @@ SHARDS = "shards"
 
 
 def is_unfinished(folder: str | Path) -> bool:
-    """Whether `folder` holds only the shards of a sharded run that has not been saved yet."""
+    """Whether `folder` holds only the shards of a sharded run that has not been saved yet (its store.json,
+    or shard files whose store.json was lost: each shard names its run, so --resume can rebuild it)."""
     target = Path(folder)
-    return target.is_dir() and [p.name for p in target.iterdir()] == [SHARDS] and \
-        (target / SHARDS / "store.json").exists()
+    shards = target / SHARDS
+    return target.is_dir() and [p.name for p in target.iterdir()] == [SHARDS] and shards.is_dir() and \
+        ((shards / "store.json").exists() or any(shards.glob("*.parquet")))
 
 
 def check_out(folder: str | Path, *, overwrite: bool = False, resume: bool = False) -> Path:
