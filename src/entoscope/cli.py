@@ -196,6 +196,10 @@ def _execute(op: Any, spec: Any, args: argparse.Namespace, out: str | None, reco
                           code="resume_needs_folder", remedy="pass the same --out as the interrupted run")
     if out and not args.plan:
         check_out(out, overwrite=args.overwrite, resume=resume)  # before the model loads: nothing computed in vain
+    if getattr(executor, "type", None) == "ray" and not args.plan:
+        from .executors.ray_cluster import check_reachable
+
+        check_reachable(executor)  # a cluster that does not answer: refused before the model loads
     shards_dir = _shards_dir(op, out, executor, resume, args)
     model = model if model is not None else _load(args, source)
     data = records if records is not None else spec
