@@ -361,7 +361,10 @@ def test_missing_nnsight_is_refused_with_the_install_line(monkeypatch):
 
 
 def test_remote_is_passed_to_every_trace(monkeypatch):
-    """use_remote(model, ...) reaches model.trace(remote=...); "local" is nnsight's serialising dry run."""
+    """use_remote(model, ...) gives every trace entoscope's bounded remote backend (nnsight's RemoteBackend with
+    timeouts); "local" passes remote="local", nnsight's serialising dry run."""
+    from nnsight.intervention.backends.remote import RemoteBackend
+
     from entoscope.models.nnsight_backend import use_remote
 
     nn = from_hf(tiny_hf_model("gpt2", seed=5), tiny_tokenizer(), backend="nnsight", name="tiny-gpt2")
@@ -369,10 +372,15 @@ def test_remote_is_passed_to_every_trace(monkeypatch):
     real = type(nn).trace
 
     def spy(self, *args, **kwargs):
-        seen.append(kwargs.get("remote"))
+        seen.append(kwargs.pop("backend", None) or kwargs.get("remote"))
         return real(self, *args, **{**kwargs, "remote": False})
     monkeypatch.setattr(type(nn), "trace", spy)
-    use_remote(nn, True)
+    use_remote(nn, True, host="http://ndif.example:5001", timeout=7, model_key="k")
     adapt(nn).run(TOKENS, ["resid_post.0"])
-    assert seen and all(r is True for r in seen)
+    assert seen and all(isinstance(b, RemoteBackend) and b.host == "http://ndif.example:5001" and b.model_key == "k"
+                        for b in seen)
+    seen.clear()
+    use_remote(nn, "local")
+    adapt(nn).run(TOKENS, ["resid_post.0"])
+    assert seen and all(r == "local" for r in seen)
 

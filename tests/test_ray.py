@@ -188,6 +188,17 @@ def test_a_model_without_load_source_is_refused_with_the_remedy():
     assert err.value.code == "executor_unsupported"
 
 
+def test_a_worker_that_cannot_start_reports_its_own_cause(cluster, demo):
+    """A factory naming a module that does not exist: the worker's own ImportError, named, not worker_lost."""
+    data = es.tasks.ioi(n=8, seed=1)
+    op = es.Lens(sites=es.Sites(activation="resid_post", over=["layer"]))
+    with pytest.raises(ConfigError) as err:
+        op.run(demo, data, executor=es.Ray(workers=1, factory="entoscope_no_such_module:make"), quiet=True)
+    assert err.value.code == "factory_not_found" and "entoscope_no_such_module" in err.value.message
+    here, there = op.run(demo, data, quiet=True), op.run(demo, data, executor=RAY2, quiet=True)  # resources freed
+    _same(here.table, there.table)
+
+
 def test_a_store_of_another_run_is_refused(tmp_path):
     s = store.ShardStore(tmp_path / "shards", "run-a")
     assert s.files() == []

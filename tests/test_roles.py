@@ -127,3 +127,46 @@ def test_unknown_or_missing_roles_are_refused(demo):
         es.Lens(sites=es.Sites(activation="resid_post", over=["position"], positions=["END+1"])).plan(demo, mixed)
     assert err.value.code == "site_out_of_range"
     assert torch.is_tensor(tokenize_data(adapt(demo), mixed).roles.positions)
+
+
+@pytest.mark.parametrize("prompt, says", [
+    ("When [[IO:]] and John went", "marks no text"),
+    ("When [[IO: ]] and John went", "marks no text"),
+    ("When [[IO:Mary [[S1:John]] went]] to", "overlaps another marker"),
+    ("When [[IO:Mary and John went", "unclosed role marker"),
+    ("When [[IO:Mary]] and [[IO:John]] went", "marked twice"),
+])
+def test_markers_that_mark_nothing_overlap_or_repeat_are_refused_with_the_examples_index(tmp_path, prompt, says):
+    """Each loader names the example: inline prompts by index, files by line, a manifest's records by index."""
+    good = "When [[IO:Mary]] and [[S1:John]] went"
+    with pytest.raises(DataError) as err:
+        es.load_data([good, good, prompt])
+    assert err.value.code == "role_invalid" and err.value.message.startswith("prompt 2:") and says in err.value.message
+    (tmp_path / "d.jsonl").write_text("\n".join(json.dumps({"prompt": p}) for p in (good, prompt)) + "\n")
+    with pytest.raises(DataError) as err:
+        es.load_data({"path": str(tmp_path / "d.jsonl")})
+    assert err.value.code == "role_invalid" and f"d.jsonl:2" in err.value.message and says in err.value.message
+    records = [Example(good).to_record(), {"prompt": prompt}]
+    with pytest.raises(DataError) as err:
+        Dataset.from_records("m", records)
+    assert err.value.code == "role_invalid" and err.value.message.startswith("example 1:")
+
+
+def test_role_spans_that_overlap_or_end_in_one_token_are_refused(demo):
+    text = "When Mary and John went to the store"
+    for roles, says in (({"A": [5, 9], "B": [7, 12]}, "overlap"), ({"A": [5, 9], "B": [0, 7]}, "overlap")):
+        with pytest.raises(DataError) as err:
+            Example(text, meta={"roles": roles})
+        assert err.value.code == "role_invalid" and says in err.value.message
+    with pytest.raises(DataError) as err:  # a marker and a roles entry for one name
+        Example("When [[A:Mary]] went", meta={"roles": {"A": [0, 4]}})
+    assert err.value.code == "role_invalid" and "given twice" in err.value.message
+    # " Mary" is one token of the demo tokenizer: marking "Ma" and "ry" points both roles at it
+    split = Dataset("d", (Example(text), Example("When [[A:Ma]][[B:ry]] and John went to the store")))
+    assert adapt(demo).token_strs(adapt(demo).tokenize(" Mary", prepend_bos=False)) == [" Mary"]
+    with pytest.raises(DataError) as err:
+        tokenize_data(adapt(demo), split)
+    assert err.value.code == "role_invalid" and err.value.message.startswith("prompt 1:") and "token" in err.value.message
+    apart = Dataset("d", (Example("When [[A:Mary]] and [[B:John]] went"),))  # whole words: accepted
+    roles = tokenize_data(adapt(demo), apart).roles
+    assert roles.positions[0, roles.index("A")] < roles.positions[0, roles.index("B")]

@@ -196,6 +196,10 @@ def _execute(op: Any, spec: Any, args: argparse.Namespace, out: str | None, reco
                           code="resume_needs_folder", remedy="pass the same --out as the interrupted run")
     if out and not args.plan:
         check_out(out, overwrite=args.overwrite, resume=resume)  # before the model loads: nothing computed in vain
+    if getattr(executor, "type", None) == "ray" and not args.plan:
+        from .executors.ray_cluster import check_reachable
+
+        check_reachable(executor)  # a cluster that does not answer: refused before the model loads
     shards_dir = _shards_dir(op, out, executor, resume, args)
     model = model if model is not None else _load(args, source)
     data = records if records is not None else spec
@@ -227,7 +231,7 @@ def _shards_dir(op: Any, out: str | None, executor: Any, resume: bool, args: arg
     if not resume and getattr(executor, "type", "in_process") == "in_process":
         return None
     folder = Path(out) / SHARDS
-    if args.overwrite and not resume and (folder / "store.json").exists():
+    if args.overwrite and not resume and folder.is_dir():
         shutil.rmtree(folder)
     return folder
 
@@ -281,20 +285,21 @@ def _report(args: argparse.Namespace) -> int:
 def _train_lens(args: argparse.Namespace) -> int:
     from .data.loading import load_data
     from .lens import TunedLens
-    from .results.folder import check_writable
+    from .results.folder import TUNED_LENS, check_out, writing_run
 
     if args.steps < 1:
         raise ConfigError(f"--steps must be at least 1, got {args.steps}", code="bad_steps",
                           remedy="train for at least one step, e.g. --steps 300")
-    if not args.lr > 0:
-        raise ConfigError(f"--lr must be > 0, got {args.lr}", code="bad_lr", remedy="e.g. --lr 1e-3")
-    check_writable(args.out)
+    if not 0 < args.lr < float("inf"):
+        raise ConfigError(f"--lr must be a finite number > 0, got {args.lr}", code="bad_lr", remedy="e.g. --lr 1e-3")
+    check_out(args.out, overwrite=args.overwrite, output=TUNED_LENS)
     data_arg = _data_arg(args.data)
     model = _load(args)
     data = load_data(data_arg, tokenizer=getattr(model, "tokenizer", None))
     lens = TunedLens.for_model(model)
     losses = lens.fit(model, data, steps=args.steps, lr=args.lr, quiet=args.quiet, executor=_executor(args))
-    lens.save(args.out)
+    with writing_run(args.out, overwrite=args.overwrite, output=TUNED_LENS) as partial:
+        lens.save(partial)
     SAVED.append(args.out)
     print(f"trained {args.steps} steps: loss {losses[0]:.4f} -> {losses[-1]:.4f}; saved {args.out}")
     return 0
@@ -317,6 +322,7 @@ def _version() -> str:
 def _train_sae(args: argparse.Namespace) -> int:
     from .dictionaries import command
 
+    command.check_args(args)  # before the model loads
     return command.run(args, _load(args), _data_arg(args.data))
 
 
@@ -355,6 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--steps", type=int, default=300, metavar="N", help="optimiser steps (>= 1)")
     q.add_argument("--lr", type=float, default=1e-3, metavar="FLOAT", help="Adam learning rate")
     q.add_argument("--out", required=True, metavar="DIR", help="folder for the translators")
+    q.add_argument("--overwrite", action="store_true", help="replace a tuned lens already saved in --out")
     q.add_argument("--quiet", action="store_true")
     _executor_options(q)  # where the training data is collected (--resume has no effect here)
     q.set_defaults(handler=_train_lens)

@@ -57,10 +57,16 @@ def load_experiments(path: str | Path) -> dict[str, dict[str, Any]]:
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"no experiment file at {p}", code="config_file_missing", remedy="check the path")
+    if not p.is_file():
+        raise ConfigError(f"{p} is not a file", code="config_file_missing", remedy="give the experiment file's path")
     try:
-        raw = yaml.safe_load(p.read_text())
+        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
-        raise ConfigError(f"{p} is not valid YAML: {err}", code="config_not_yaml", remedy="fix the syntax") from None
+        raise ConfigError(f"{p} is not valid YAML: {' '.join(str(err).split())}", code="config_not_yaml",
+                          remedy="fix the syntax (a truncated file: copy it again)") from None
+    except (UnicodeDecodeError, OSError) as err:
+        raise ConfigError(f"{p} cannot be read as YAML text ({type(err).__name__}: {err})", code="config_not_yaml",
+                          remedy="give a YAML text file (UTF-8)") from None
     if not isinstance(raw, dict) or not all(isinstance(v, dict) for v in raw.values()):
         raise ConfigError(f"{p} must map entry names to configs", code="config_shape",
                           remedy="write `name: {operation: ..., ...}` entries at the top level")

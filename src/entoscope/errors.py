@@ -101,6 +101,12 @@ class SaveError(EntoscopeError, OSError):
     code = "save_failed"
 
 
+class RemoteRunError(EntoscopeError, ConnectionError):
+    """A remote run (nnsight / NDIF) that cannot be sent, is refused, or does not answer in time."""
+
+    code = "remote_failed"
+
+
 class EntoscopeWarning(UserWarning):
     """A recorded warning: the run went on, and the manifest says what was changed or doubtful."""
 

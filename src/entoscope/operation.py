@@ -27,7 +27,7 @@ from pydantic import Field
 from .config_model import ConfigModel
 from .data.examples import Dataset
 from .data.loading import load_data
-from .errors import ConfigError, recording_warnings
+from .errors import ConfigError, recording_warnings, warn
 from .models.adapter import ModelAdapter, adapt
 from .registry import register
 from .stats import Stats
@@ -106,7 +106,7 @@ class Operation(ConfigModel):
                                    "chosen from memory_budget_mb")
     memory_budget_mb: float = Field(default=2048, gt=0, description="memory the batches may take")
     prepend_bos: bool = Field(default=True, description="prepend the BOS token to text prompts")
-    seed: int = Field(default=0, description="seed of every random choice the operation makes")
+    seed: int = Field(default=0, ge=0, le=2**63 - 1, description="seed of every random choice the operation makes")
     stats: Stats = Field(default_factory=Stats, description="intervals and robust aggregation over prompts "
                          "(n_boot, ci_level, ci_method, degenerate_share, influence_share, fdr)")
 
@@ -186,6 +186,9 @@ class Operation(ConfigModel):
         return result
 
     def _prepare(self, model: Any, data: Any) -> Prepared:
+        rough = self.stats.rough_intervals()
+        if rough:
+            warn(rough, code="few_resamples")
         adapter = adapt(model)
         dataset = None
         if data is not None:

@@ -1,6 +1,8 @@
 """`entoscope run runs/x/manifest.json`: repeat a saved run, on the same model, and say how it compares.
 
-Refused before any work: a file that is not a manifest, a manifest of a newer format, a run whose
+Refused before any work: a file that is not a manifest (or one edited by hand so that what a re-run
+reads no longer holds: records without a prompt, a count that disagrees with them, a load source
+without a backend; `manifest_invalid`, naming the field), a manifest of a newer format, a run whose
 model has no load source (built in Python) unless `--model` names one, and a model whose weights
 differ from the recorded fingerprint unless `--allow-model-change` (then a recorded warning). The
 repeat is saved (into `--out`, or a new sibling folder `<run>-rerun-N`), and the new table is
@@ -18,7 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .errors import ConfigError, warn
+from .errors import ConfigError, DataError, warn
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
@@ -48,7 +50,43 @@ def read_manifest(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{file} was written in manifest format {version}; this entoscope reads up to format "
                           f"{FORMAT_VERSION}", code="manifest_too_new",
                           remedy="upgrade entoscope (pip install -U entoscope) to re-run it")
+    problem = manifest_problem(manifest)
+    if problem:
+        raise ConfigError(f"{file}: {problem}", code="manifest_invalid",
+                          remedy="give the manifest.json an entoscope run wrote, unedited (or repair that field)")
     return manifest
+
+
+def manifest_problem(manifest: dict[str, Any]) -> str:
+    """What is wrong with the parts of a manifest a re-run reads ('' if nothing): the operation and
+    config, the data's records, the model's load source and fingerprint."""
+    if not isinstance(manifest["operation"], str) or not isinstance(manifest["config"], dict):
+        return "operation must be a name and config a mapping"
+    data = manifest.get("data")
+    if data is not None:
+        if not isinstance(data, dict) or not isinstance(data.get("records"), list):
+            return "data has no list of records (data.records)"
+        if not isinstance(data.get("name"), str) or not isinstance(data.get("spec", {}), dict):
+            return "data.name must be text and data.spec a mapping"
+        bad = next((i for i, r in enumerate(data["records"]) if not isinstance(r, dict) or "prompt" not in r), None)
+        if bad is not None:
+            return f"data.records[{bad}] is not a record with a prompt"
+        n = data.get("n")
+        if n is not None and n != len(data["records"]):
+            return f"data.n is {n!r} but data.records holds {len(data['records'])} records"
+    model = manifest.get("model")
+    if model is not None and not isinstance(model, dict):
+        return "model must be a mapping"
+    model = model or {}
+    source, fingerprint = model.get("source"), model.get("fingerprint")
+    if fingerprint is not None and not isinstance(fingerprint, str):
+        return "model.fingerprint must be text"
+    if source is not None:
+        ok = isinstance(source, dict) and isinstance(source.get("name"), str) and \
+            source.get("backend") in ("bridge", "hooked", "nnsight") and isinstance(source.get("compat"), bool)
+        if not ok:
+            return "model.source must give the model's name, backend (bridge, hooked or nnsight) and compat"
+    return ""
 
 
 def _destination(run_folder: Path) -> Path:
@@ -71,7 +109,12 @@ def rerun_manifest(path: Path, args: argparse.Namespace, execute: Callable[..., 
     records = None
     if manifest.get("data"):
         d = manifest["data"]
-        records = Dataset.from_records(d["name"], d["records"], params=d.get("spec", {}))
+        try:
+            records = Dataset.from_records(d["name"], d["records"], params=d.get("spec", {}))
+        except (DataError, TypeError, ValueError) as err:
+            raise ConfigError(f"{path}: data.records: {getattr(err, 'message', err)}", code="manifest_invalid",
+                              remedy="give the manifest.json an entoscope run wrote, unedited (or repair that "
+                              "record)") from None
     recorded = manifest.get("model") or {}
     source = recorded.get("source")
     if source is None and not args.model_given:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import DataError
-from .roles import check_roles, strip_markers
+from .roles import check_roles, check_spans, strip_markers
 
 Text = str | tuple[int, ...]
 Token = str | int
@@ -76,7 +76,12 @@ class Example:
             roles = check_roles(meta.get(key), name)
             if isinstance(value, str) and "[[" in value:
                 value, marked = strip_markers(value)
+                twice = sorted(set(roles) & set(marked))
+                if twice:
+                    raise DataError(f"{name}: role {twice[0]} is given twice (in {key} and as a marker)",
+                                    code="role_invalid", remedy="give each role once: a marker or a roles entry")
                 roles = {**roles, **marked}
+            check_spans(roles, name)
             if roles:
                 meta[key] = roles
             object.__setattr__(self, name, value)
@@ -152,4 +157,11 @@ class Dataset(Sequence[Example]):
 
     @classmethod
     def from_records(cls, name: str, records: Sequence[Mapping[str, Any]], **kwargs: Any) -> Dataset:
-        return cls(name, tuple(Example.from_record(r) for r in records), **kwargs)
+        """A dataset from to_records() output; a bad record is refused with its index."""
+        examples = []
+        for i, r in enumerate(records):
+            try:
+                examples.append(Example.from_record(r))
+            except DataError as err:
+                raise DataError(f"example {i}: {err.message}", code=err.code, remedy=err.remedy) from None
+        return cls(name, tuple(examples), **kwargs)

@@ -29,10 +29,15 @@ from ..errors import DataError
 END = "END"
 MARKER = re.compile(r"\[\[([A-Za-z_][A-Za-z0-9_]*):(.*?)\]\]", re.S)
 ROLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+OPEN = re.compile(r"\[\[[A-Za-z_][A-Za-z0-9_]*:")
 
 
 def strip_markers(text: str) -> tuple[str, dict[str, list[int]]]:
-    """The text without `[[NAME:text]]` markers, and each marked span's [start, end) in the clean text."""
+    """The text without `[[NAME:text]]` markers, and each marked span's [start, end) in the clean text.
+
+    Refused (role_invalid): a marker that marks no text or only spaces (`[[A:]]`: no token to point at),
+    markers inside markers (`[[A:x [[B:y]] z]]`: overlapping roles), an unclosed marker, and a role
+    marked twice."""
     out, spans, pos, last = [], {}, 0, 0
     for m in MARKER.finditer(text):
         out.append(text[last:m.start()])
@@ -41,12 +46,33 @@ def strip_markers(text: str) -> tuple[str, dict[str, list[int]]]:
         if name in spans:
             raise DataError(f"role {name!r} is marked twice in {text[:60]!r}", code="role_invalid",
                             remedy="mark each role once per prompt")
+        if not inner.strip():
+            raise DataError(f"role {name!r} marks no text in {text[:60]!r} ({m.group(0)!r})", code="role_invalid",
+                            remedy="put the role's word inside its marker: [[IO:Mary]]")
+        if "[[" in inner or "]]" in inner:
+            raise DataError(f"role {name!r} overlaps another marker in {text[:60]!r} ({m.group(0)!r})",
+                            code="role_invalid", remedy="markers may not nest or overlap: mark each role's "
+                            "own word, [[IO:Mary]] and [[S1:John]]")
         spans[name] = [pos, pos + len(inner)]
         out.append(inner)
         pos += len(inner)
         last = m.end()
     out.append(text[last:])
-    return "".join(out), spans
+    clean = "".join(out)
+    left = OPEN.search(clean)
+    if left:
+        raise DataError(f"an unclosed role marker {clean[left.start():left.start() + 30]!r} in {text[:60]!r}",
+                        code="role_invalid", remedy="close every marker: [[NAME:text]]")
+    return clean, spans
+
+
+def check_spans(roles: Mapping[str, Any], where: str) -> None:
+    """Refuse character spans that share characters: two roles cannot mark the same text."""
+    spans = sorted((v[0], v[1], k) for k, v in roles.items() if isinstance(v, list))
+    for (a0, a1, a), (b0, b1, b) in zip(spans, spans[1:]):
+        if b0 < a1:
+            raise DataError(f"{where}: roles {a} {[a0, a1]} and {b} {[b0, b1]} overlap", code="role_invalid",
+                            remedy="give each role its own text: spans (or markers) that do not overlap")
 
 
 def check_roles(roles: Any, where: str) -> dict[str, Any]:
@@ -114,6 +140,7 @@ def role_table(model: Any, texts: Sequence[Any], ids: Sequence[Sequence[int]], r
     for e, (text, toks, r) in enumerate(zip(texts, ids, roles)):
         n = len(toks)
         pos[e, -1] = n - 1
+        marked: dict[int, str] = {}  # token -> the role whose text ends there (markers and spans)
         for name, value in r.items():
             if isinstance(value, list):
                 if not isinstance(text, str):
@@ -125,5 +152,11 @@ def role_table(model: Any, texts: Sequence[Any], ids: Sequence[Sequence[int]], r
             if not 0 <= p < n:
                 raise DataError(f"prompt {e}: role {name} is at token {p}, outside its {n} tokens", code="role_invalid",
                                 remedy="check the role's position")
+            if isinstance(value, list) and p in marked:
+                raise DataError(f"prompt {e}: roles {marked[p]} and {name} both end in token {p} "
+                                f"({text[value[0]:value[1]]!r}): one token cannot be two roles", code="role_invalid",
+                                remedy="mark whole words: each role's text must end in its own token")
+            if isinstance(value, list):
+                marked[p] = name
             pos[e, names.index(name)] = p
     return RoleTable(tuple(names), pos)

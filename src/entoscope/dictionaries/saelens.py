@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
-from ..errors import DictionaryError, UnknownNameError
+from ..errors import DictionaryError, EntoscopeError, UnknownNameError
+from ..files import read_tensors
 from ..models.names import parse_name
 from .dictionary import ARCHITECTURES, SPACES, Dictionary
 
@@ -35,6 +36,7 @@ WEIGHTS = "sae_weights.safetensors"
 _TRANSCODERS = {"transcoder": "standard", "jumprelu_transcoder": "jumprelu"}
 _NEEDS = {"standard": ("b_enc",), "topk": ("b_enc",), "jumprelu": ("b_enc", "threshold"),
           "gated": ("b_gate", "r_mag", "b_mag")}
+_VECTORS = ("b_enc", "b_dec", "threshold", "b_gate", "r_mag", "b_mag")
 _META_KEYS = ("model_name", "hook_name", "hook_layer", "hook_head_index", "model_class_name",
               "model_from_pretrained_kwargs", "prepend_bos", "context_size", "dataset_path", "neuronpedia_id")
 
@@ -51,12 +53,28 @@ def read_folder(path: str | Path, name: str = "") -> Dictionary:
                               code="dictionary_not_found",
                               remedy="point at the folder that holds cfg.json and sae_weights.safetensors")
     try:
-        cfg = json.loads((path / CFG).read_text())
-    except json.JSONDecodeError as err:
-        raise DictionaryError(f"{path / CFG} is not JSON ({err})", code="dictionary_format_invalid",
+        cfg = json.loads((path / CFG).read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError, OSError) as err:
+        raise DictionaryError(f"{path / CFG} is not JSON ({type(err).__name__}: {err})",
+                              code="dictionary_format_invalid",
                               remedy="rewrite the folder with entoscope.dictionaries.save_dictionary") from None
-    weights = load_file(str(path / WEIGHTS))
-    return from_config(cfg, weights, name=name or path.name, where=str(path))
+    if not isinstance(cfg, dict):
+        raise DictionaryError(f"{path / CFG} holds a JSON {type(cfg).__name__}, not an object",
+                              code="dictionary_format_invalid", remedy="cfg.json is a mapping (SAELens's layout)")
+    weights, _ = read_tensors(path / WEIGHTS, refuse=_corrupt)
+    try:
+        return from_config(cfg, weights, name=name or path.name, where=str(path))
+    except EntoscopeError:
+        raise
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError) as err:  # a hand-edited cfg.json
+        raise DictionaryError(f"{path / CFG} cannot be read as a SAELens config ({type(err).__name__}: {err})",
+                              code="dictionary_format_invalid", remedy="check cfg.json against SAELens's layout, "
+                              "or write the folder again with entoscope.dictionaries.save_dictionary") from None
+
+
+def _corrupt(message: str) -> DictionaryError:
+    return DictionaryError(message, code="dictionary_corrupt", remedy="copy or download the dictionary again, or "
+                           "write it again (entoscope train-sae, entoscope.dictionaries.save_dictionary)")
 
 
 def from_config(cfg: dict[str, Any], weights: dict[str, torch.Tensor], *, name: str, where: str) -> Dictionary:
@@ -87,6 +105,13 @@ def from_config(cfg: dict[str, Any], weights: dict[str, torch.Tensor], *, name: 
         named = cfg.get("hook_name_out") or (cfg.get("entoscope") or {}).get("hook_out")
         hook_out = _canonical(named, where) if named else _transcoder_output(hook_in, where)
     space = str((cfg.get("entoscope") or {}).get("space") or _space_of(meta))
+    _check_tensors(weights, where)
+    sizes = {**{label: cfg.get(label) for label in ("d_in", "d_sae", "d_out")}, "k": k}
+    wrong = [f"{label}={v!r}" for label, v in sizes.items()
+             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1)]
+    if wrong:
+        raise DictionaryError(f"{where}: cfg.json has {', '.join(wrong)} (sizes are whole numbers >= 1)",
+                              code="dictionary_format_invalid", remedy="check cfg.json against the weights")
     d = Dictionary(
         arch, _weight(weights, "W_enc", where), _weight(weights, "W_dec", where), _weight(weights, "b_dec", where),
         hook_in, hook_out, b_enc=weights.get("b_enc"), threshold=weights.get("threshold"),
@@ -145,6 +170,21 @@ def _canonical(hook: str, where: str) -> str:
         raise DictionaryError(f"{where}: hook {hook!r} is not an activation entoscope knows ({err.message})",
                               code="dictionary_hook_unknown", remedy=err.remedy) from None
     return str(act)
+
+
+def _check_tensors(weights: dict[str, torch.Tensor], where: str) -> None:
+    """Matrices where matrices belong, vectors where vectors do, floating-point and finite (weights from a
+    file were checked by read_tensors already; an sae_lens object's are checked here)."""
+    for key, t in weights.items():
+        ndim = 2 if key in ("W_enc", "W_dec") else 1 if key in _VECTORS else None
+        if ndim is not None and (t.ndim != ndim or 0 in t.shape):
+            raise DictionaryError(f"{where}: {key} has shape {tuple(t.shape)}; it must be a non-empty "
+                                  f"{'matrix' if ndim == 2 else 'vector'}", code="dictionary_shape_mismatch",
+                                  remedy="the weights must come from a SAELens dictionary")
+        if ndim is not None and not t.is_floating_point():
+            raise _corrupt(f"{where}: {key} holds {str(t.dtype).removeprefix('torch.')} values, not floats")
+        if ndim is not None and not bool(torch.isfinite(t).all()):
+            raise _corrupt(f"{where}: {key} holds {int((~torch.isfinite(t)).sum())} NaN or infinite value(s)")
 
 
 def _weight(weights: dict[str, torch.Tensor], key: str, where: str) -> torch.Tensor:

@@ -30,9 +30,9 @@ from torch import Tensor
 
 from ..data.examples import Dataset
 from ..data.tokenized import pad, pad_id
-from ..errors import ConfigError
+from ..errors import ConfigError, DictionaryError
 from ..models.adapter import adapt
-from ..models.names import ActName
+from ..models.names import ActName, parse_name
 from ..models.features import space_of
 from .dictionary import Dictionary
 from .evaluate import loss_recovered, quality
@@ -54,15 +54,56 @@ class TrainConfig:
     seed: int = 0
 
     def check(self) -> None:
+        """Refuse settings that cannot train (or would train something else than asked) before any work."""
         if self.architecture not in ("topk", "standard"):
             raise ConfigError(f"architecture {self.architecture!r} cannot be trained here",
                               code="train_architecture_unsupported", remedy="train topk or standard (ReLU + L1)")
-        if self.architecture == "topk" and not 0 < self.k <= self.d_sae:
+        whole = {"d_sae": self.d_sae, "k": self.k, "steps": self.steps, "batch_tokens": self.batch_tokens,
+                 "dead_after": self.dead_after}
+        for name, v in whole.items():
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"{name} must be a whole number >= 1, got {v!r}", code="train_config_invalid",
+                                  remedy=f"e.g. --{name.replace('_', '-')} {getattr(TrainConfig, name)}")
+        if self.architecture == "topk" and not self.k <= self.d_sae:
             raise ConfigError(f"k={self.k} must be in 1..d_sae={self.d_sae}", code="train_config_invalid",
                               remedy="choose k <= d_sae")
-        if min(self.d_sae, self.steps, self.batch_tokens) < 1 or self.lr <= 0:
-            raise ConfigError("d_sae, steps and batch_tokens must be positive, lr > 0", code="train_config_invalid",
-                              remedy="check the training options")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"seed must be a whole number >= 0, got {self.seed!r}", code="train_config_invalid",
+                              remedy="e.g. --seed 0")
+        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
+            raise ConfigError(f"lr must be a finite number > 0, got {self.lr!r}", code="train_config_invalid",
+                              remedy="e.g. --lr 1e-3")
+        for name in ("l1", "aux_coef"):  # a negative L1 coefficient rewards activity: no sparse code
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ConfigError(f"{name} must be a finite number >= 0, got {v!r} (a negative penalty rewards "
+                                  "dense activity)", code="train_config_invalid",
+                                  remedy=f"e.g. --{name.replace('_', '-')} {getattr(TrainConfig, name):g}")
+
+
+# a dictionary reads or writes one vector per token of a layer; in forward order within the layer
+TRAINABLE = ("resid_pre", "attn_in", "attn_out", "resid_mid", "mlp_in", "mlp_pre", "mlp_post", "mlp_out", "resid_post")
+
+
+def check_sites(site: str, target: str | None) -> tuple[ActName, ActName]:
+    """The site (and a transcoder's target) as activation names, refused before any work where no
+    dictionary can be trained: not one vector per token of a layer (pattern.1, logits, embed), or a
+    target the forward reaches before the site (a transcoder predicts a later activation)."""
+    names = []
+    for role, name in (("--site", site), ("--target", target or site)):
+        act = parse_name(str(name))
+        if act.kind not in TRAINABLE or act.layer is None:
+            raise DictionaryError(f"{role} {name}: a dictionary reads and writes one vector per token of a layer, "
+                                  f"and {act} is not one", code="dictionary_site_unsupported",
+                                  remedy=f"train on one of {', '.join(k + '.L' for k in TRAINABLE)}")
+        names.append(act)
+    read, written = names
+    order = {k: i for i, k in enumerate(TRAINABLE)}
+    if (written.layer, order[written.kind]) < (read.layer, order[read.kind]):
+        raise ConfigError(f"--target {written} comes before --site {read} in the forward pass: a transcoder "
+                          "predicts a later activation from an earlier one", code="train_config_invalid",
+                          remedy="swap them, or choose a target at or after the site (e.g. mlp_in.1 -> mlp_out.1)")
+    return read, written
 
 
 def collect(model: Any, prompts: list[list[int]], names: list[ActName], batch: int = 64,
@@ -152,6 +193,7 @@ def train_dictionary(model: Any, prompts: list[list[int]], site: str, target: st
     and counterfactuals or, without them, on the training tokens, the loss curve's start and end, seconds)."""
     cfg = config or TrainConfig()
     cfg.check()
+    check_sites(site, target)
     m = adapt(model)
     hook_in = m.resolve(site)
     hook_out = m.resolve(target) if target else hook_in

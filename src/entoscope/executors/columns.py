@@ -11,6 +11,8 @@ a metric per prompt).
   shards are length-grouped batches, so prompt order interleaves them; one pass over the shard files
   (one shard in memory at a time) distributes their rows into buckets of consecutive prompts (Arrow
   files in a temporary folder, removed with the object), and a read loads the buckets it spans.
+  Each shard file is verified as that pass reads it (store.open_shard: its seal, checksums and
+  identity), so a file changed since `--resume` verified it is refused (`shard_changed`), never merged.
   Memory: one shard, or one bucket (<= 64 MiB of rows), whatever the number of prompts.
 
 Both hand the same arrays for the same range, and consumers choose their blocks from the arrays'
@@ -94,50 +96,72 @@ def add_sums(parts: Sequence[dict[str, np.ndarray] | None]) -> dict[str, np.ndar
 class StoredColumns(PromptColumns):
     """A phase's per-prompt arrays streamed from its shard files (see the module docstring)."""
 
-    def __init__(self, paths: Sequence[Path], shards: Sequence[Shard], n: int) -> None:
-        import pyarrow.parquet as pq
-
+    def __init__(self, paths: Sequence[Path], shards: Sequence[Shard], n: int,
+                 expect: Sequence[dict[str, Any]] | None = None) -> None:
+        """`expect`: each file's identity (ShardStore.identity); every file is verified again as it is read
+        (its seal and checksums, and its identity where given), so what is merged is what was verified."""
         self.paths, self.n = list(paths), n
-        examples = [pq.read_table(p, columns=["example"]).column("example").to_numpy() for p in self.paths]
-        check_cover(examples, n)
-        from .store import read_sums
-
-        self.sums = add_sums([read_sums(p) for p in self.paths])
-        first = pq.read_table(self.paths[0]) if self.paths else None
+        self._expect = list(expect) if expect is not None else [None] * len(self.paths)
+        check_cover([self._examples(p) for p in self.paths], n)
+        first = self._open(0)[0] if self.paths else None
         self._keys = [c for c in first.column_names if c != "example"] if first is not None else []
         row_bytes = max(1, first.nbytes // max(1, first.num_rows)) if first is not None else 1
+        del first
         from ..stats.resample import WEIGHT_CHUNK
 
         self.bucket = WEIGHT_CHUNK
         while self.bucket > 1 and self.bucket * row_bytes > BUCKET_BYTES:
             self.bucket //= 2
         self._loaded: tuple[int, dict[str, np.ndarray]] | None = None
-        self._folder = self._distribute()  # now: the shard files may be removed once the phase is merged
+        # now: the shard files may be removed once the phase is merged
+        self._folder, self.sums = self._distribute()
+
+    def _open(self, i: int) -> tuple[Any, dict[str, np.ndarray] | None]:
+        from .store import ShardDamaged, ShardStale, changed, open_shard
+
+        try:
+            return open_shard(self.paths[i], self._expect[i])
+        except (ShardDamaged, ShardStale) as err:
+            raise changed(self.paths[i], err) from None
+
+    @staticmethod
+    def _examples(path: Path) -> np.ndarray:
+        import pyarrow.parquet as pq
+
+        from .store import ShardDamaged, changed
+
+        try:
+            return pq.read_table(path, columns=["example"]).column("example").to_numpy()
+        except Exception as err:  # noqa: BLE001 - unreadable now, though it was verified
+            raise changed(path, ShardDamaged(f"{type(err).__name__}: {err}")) from None
 
     def keys(self) -> list[str]:
         return list(self._keys)
 
-    def _distribute(self) -> Path:
-        """One pass over the shard files: each shard's rows appended to the buckets of their prompts."""
+    def _distribute(self) -> tuple[Path, dict[str, np.ndarray]]:
+        """One pass over the shard files (each verified as it is read): each shard's rows appended to the
+        buckets of their prompts; the shards' sums added in shard order."""
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
         folder = Path(tempfile.mkdtemp(prefix="entoscope-merge-"))
         self._cleanup = weakref.finalize(self, shutil.rmtree, folder, True)
         writers: dict[int, Any] = {}
+        sums = []
         try:
-            for path in self.paths:
-                table = pq.read_table(path)
+            for i in range(len(self.paths)):
+                table, shard_sums = self._open(i)
+                sums.append(shard_sums)
+                table = table.replace_schema_metadata({b"entoscope": table.schema.metadata[b"entoscope"]})
                 bucket_of = table.column("example").to_numpy() // self.bucket
                 for b in np.unique(bucket_of):
                     piece = table.take(pa.array(np.flatnonzero(bucket_of == b)))
                     if b not in writers:
                         writers[b] = pa.ipc.new_file(folder / f"bucket-{b:06d}.arrow", table.schema)
-                    writers[b].write_table(piece.replace_schema_metadata(table.schema.metadata))
+                    writers[b].write_table(piece)
         finally:
             for w in writers.values():
                 w.close()
-        return folder
+        return folder, add_sums(sums)
 
     def _bucket(self, b: int) -> dict[str, np.ndarray]:
         if self._loaded is not None and self._loaded[0] == b:

@@ -34,8 +34,9 @@ class InProcess(ConfigModel):
 class Ray(ConfigModel):
     """Run shards of prompts on Ray workers, each holding its own replica of the model.
 
-    address:              a running cluster ("host:port", "auto", "ray://host:10001"); None starts a local
-                          one here (or joins the one this process already started).
+    address:              a running cluster ("host:port", "auto", "ray://host:10001"); None: the cluster
+                          RAY_ADDRESS names, else one started on this machine with `ray start`, else a local
+                          one started here (or the one this process already joined).
     workers:              model replicas (Ray actors); each loads the model once from the model spec.
     resources_per_worker: Ray resources of one worker, e.g. {CPU: 4, GPU: 1}; CPU sets the worker's torch threads.
     shard_size:           prompts per shard, rounded up to whole length-grouped batches; default: one batch
@@ -43,6 +44,8 @@ class Ray(ConfigModel):
     max_retries:          how often a worker is restarted, and its shard re-run, after it dies.
     factory:              "package.module:function" (or, from Python, a function) returning the model; for a
                           model built in Python that no saved spec can load again.
+    connect_timeout_s:    how long a cluster at `address` (or RAY_ADDRESS) may take to answer before the run is
+                          refused (`ray_unreachable`; executors/ray_cluster.py); default 30 s.
     """
 
     type: Literal["ray"] = "ray"
@@ -54,6 +57,8 @@ class Ray(ConfigModel):
                                    "one batch per shard")
     max_retries: int = Field(default=3, ge=0, le=1000, description="restarts of a dead worker (its shard re-runs)")
     factory: Any = Field(default=None, description="'module:function' that returns the model (workers call it)")
+    connect_timeout_s: float = Field(default=30.0, gt=0, le=3600, description="seconds to wait for a cluster at "
+                                     "address (or RAY_ADDRESS) to answer before refusing (ray_unreachable)")
 
     @field_validator("resources_per_worker")
     @classmethod

@@ -51,7 +51,11 @@ def check_executor(op: Any, model: Any, executor: InProcess | Ray) -> ModelSpec 
     if reason:
         raise ConfigError(f"{op.name} cannot run on Ray: {reason}", code="executor_unsupported",
                           remedy="leave executor out (in-process) for this configuration")
-    return ModelSpec.of(model, factory=executor.factory)
+    spec = ModelSpec.of(model, factory=executor.factory)
+    from .ray_cluster import check_reachable
+
+    check_reachable(executor)  # a cluster that does not answer is refused now, within connect_timeout_s
+    return spec
 
 
 def run_sharded(op: Any, prepared: Any, executor: InProcess | Ray, spec: ModelSpec | None, *, quiet: bool,
@@ -109,7 +113,8 @@ def run_sharded(op: Any, prepared: Any, executor: InProcess | Ray, spec: ModelSp
                 parts = _run_here(op, prepared, phase, shards, store, bar, quiet)
             # with a store every shard is on disk: the merge streams from there, one shard in memory at a time
             merged[phase] = merge(parts, n) if store is None else \
-                StoredColumns([store.path(phase, s) for s in shards], shards, n)
+                StoredColumns([store.path(phase, s) for s in shards], shards, n,
+                              [store.identity(phase, s) for s in shards])
             del parts
         bar.close()
         info["resumed_shards"] = resumed

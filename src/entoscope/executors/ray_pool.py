@@ -12,7 +12,6 @@ that needs another pool ends it first (its resources are freed for the new one);
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import time
 from typing import Any
@@ -36,24 +35,12 @@ def require_ray() -> Any:
 
 
 def connect(executor: Ray) -> Any:
-    """Join the cluster at executor.address, or start a local one (once per driver process)."""
+    """Join the cluster the executor names, or start a local one (once per driver process): ray_cluster.py."""
     global _STARTED_HERE
-    ray = require_ray()
-    if ray.is_initialized():
-        return ray
-    kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": False}
-    if executor.address is None:
-        cpus = max(os.cpu_count() or 1, int(executor.workers * executor.cpus()))
-        kwargs.update(num_cpus=cpus, include_dashboard=False)
-    else:
-        kwargs["address"] = executor.address
-    try:
-        ray.init(**kwargs)
-    except (ConnectionError, RuntimeError, ValueError) as err:
-        raise ConfigError(f"cannot reach a Ray cluster at {executor.address!r} ({' '.join(str(err).split())[:200]})",
-                          code="ray_unreachable", remedy="start it (ray start --head) and pass its address, "
-                          "or leave address out to start a local cluster") from None
-    _STARTED_HERE = executor.address is None
+    from .ray_cluster import connect as join
+
+    ray, started = join(executor)
+    _STARTED_HERE = _STARTED_HERE or started
     return ray
 
 
@@ -72,14 +59,25 @@ class _Worker:
         os.environ.setdefault("ENTOSCOPE_QUIET", "1")
         import ray
 
-        self.model = spec.load([int(g) for g in ray.get_gpu_ids()])
-        self.fingerprint_ = model_fingerprint(self.model)
         self.prepared: tuple[str, Any, Any] | None = None
+        self.failed: EntoscopeError | None = None
+        try:  # a worker that cannot load its replica reports why (its first call raises it), not worker_lost
+            self.model = spec.load([int(g) for g in ray.get_gpu_ids()])
+            self.fingerprint_ = model_fingerprint(self.model)
+        except EntoscopeError as err:
+            self.failed = err
+        except Exception as err:  # noqa: BLE001 - a node's own trouble: missing files, out of memory, ...
+            self.failed = EntoscopeError(f"a Ray worker could not load its replica of the model ({spec.describe()}): "
+                                         f"{type(err).__name__}: {' '.join(str(err).split())[:300]}",
+                                         code="worker_start_failed", remedy="make the model (and entoscope) "
+                                         "loadable on every node: the same folder path, packages and memory")
 
     def pid(self) -> int:
         return os.getpid()
 
     def fingerprint(self) -> str:
+        if self.failed is not None:
+            raise self.failed
         return self.fingerprint_
 
     def run(self, job: dict[str, Any], phase: str, shard: Shard, context: Any) -> tuple[PerPrompt, list[dict]]:
@@ -122,7 +120,11 @@ class RayPool:
             options["resources"] = resources
         nice = os.getpriority(os.PRIO_PROCESS, 0)
         self.actors = [actor.options(**options).remote(spec, int(cpus) or 1, nice) for _ in range(executor.workers)]
-        self.fingerprints = self._get([a.fingerprint.remote() for a in self.actors])
+        try:
+            self.fingerprints = self._get([a.fingerprint.remote() for a in self.actors])
+        except BaseException:  # a worker that could not start: free every worker's resources for the next pool
+            self.kill()
+            raise
 
     def _check_resources(self, ray: Any, executor: Ray, wait_s: float = 20.0) -> None:
         """Refuse workers the cluster cannot place (else Ray would wait for them forever); resources of a
@@ -231,5 +233,8 @@ def shutdown() -> None:
             pool.kill()
     _POOLS.clear()
     if _STARTED_HERE:
+        from .ray_cluster import stop_watchdog
+
         require_ray().shutdown()
+        stop_watchdog()
         _STARTED_HERE = False

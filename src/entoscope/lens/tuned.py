@@ -22,13 +22,14 @@ from typing import Any
 
 import pandas as pd
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from ..data.examples import Dataset
 from ..data.tokenized import make_batches, pad_id, tokenize_data
 from ..errors import ConfigError, ModelLoadError
 from ..executors.shards import PerPrompt
+from ..files import read_tensors
 from ..models.adapter import ModelAdapter, adapt
 from ..models.names import ActName
 from ..operation import Operation, Plan, Prepared, model_bytes, progress
@@ -103,30 +104,40 @@ class TunedLens(nn.Module):
         corrupt = dict(code="tuned_lens_corrupt", remedy="train the lens again (entoscope train-lens) or copy the "
                        "folder again: its files are damaged or from another program")
         try:
-            cfg = json.loads(cfg_path.read_text())
-            n_layers, d_model = int(cfg["num_hidden_layers"]), int(cfg["d_model"])
-        except (ValueError, KeyError, TypeError) as err:
+            cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+            n_layers, d_model = cfg["num_hidden_layers"], cfg["d_model"]
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
             raise ModelLoadError(f"{cfg_path} is not a tuned-lens config ({type(err).__name__}: {err})",
                                  **corrupt) from None
-        lens = cls(n_layers, d_model, mode=cfg.get("mode", "plain"), bias=bool(cfg.get("bias", True)))
-        try:
-            if (p / "translators.safetensors").exists():
-                state = load_file(str(p / "translators.safetensors"))
-            elif (p / "params.pt").exists():  # the tuned-lens package: layer_translators.state_dict()
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (n_layers, d_model)):
+            raise ModelLoadError(f"{cfg_path}: num_hidden_layers and d_model must be whole numbers >= 1, got "
+                                 f"{n_layers!r} and {d_model!r}", **corrupt)
+        if (p / "translators.safetensors").exists():
+            state, _ = read_tensors(p / "translators.safetensors", refuse=lambda m: ModelLoadError(m, **corrupt))
+        elif (p / "params.pt").exists():  # the tuned-lens package: layer_translators.state_dict()
+            try:
                 state = torch.load(p / "params.pt", map_location="cpu", weights_only=True)
-                lens.mode = cfg.get("mode", "plain")  # tuned-lens trains on HuggingFace weights
-            else:
-                raise ModelLoadError(f"{p} has neither translators.safetensors nor params.pt",
-                                     code="tuned_lens_missing",
-                                     remedy="give a folder written by TunedLens.save or by the tuned-lens package")
-            lens.translators.load_state_dict(state)
-        except ModelLoadError:
-            raise
-        except Exception as err:  # safetensors/pickle/shape errors all mean: these files cannot be used
-            raise ModelLoadError(f"the translators in {p} cannot be read ({type(err).__name__}: "
-                                 f"{str(err).splitlines()[0][:200]})", **corrupt) from None
-        if not all(bool(torch.isfinite(t).all()) for t in lens.state_dict().values()):
-            raise ModelLoadError(f"the translators in {p} hold NaN or inf", **corrupt)
+            except Exception as err:  # noqa: BLE001 - a damaged or foreign pickle: these files cannot be used
+                raise ModelLoadError(f"the translators in {p} cannot be read ({type(err).__name__}: "
+                                     f"{str(err).splitlines()[0][:200] if str(err) else ''})", **corrupt) from None
+        else:
+            raise ModelLoadError(f"{p} has neither translators.safetensors nor params.pt", code="tuned_lens_missing",
+                                 remedy="give a folder written by TunedLens.save or by the tuned-lens package")
+        bias = bool(cfg.get("bias", True))
+        expect = {f"{i}.{k}": shape for i in range(n_layers)
+                  for k, shape in (("weight", (d_model, d_model)), ("bias", (d_model,)))[: 2 if bias else 1]}
+        have = {k: tuple(v.shape) for k, v in state.items()} if isinstance(state, dict) and all(
+            torch.is_tensor(v) for v in state.values()) else None
+        if have != expect:  # checked before any translator is built: a hand-edited d_model allocates nothing
+            wrong = "not a mapping of tensors" if have is None else "; ".join(
+                [f"{k} {have.get(k)} (expected {v})" for k, v in expect.items() if have.get(k) != v][:3] +
+                [f"unexpected {k}" for k in have if k not in expect][:2])
+            raise ModelLoadError(f"the translators in {p} do not fit its config ({n_layers} layers x d_model "
+                                 f"{d_model}): {wrong}", **corrupt)
+        if not all(v.is_floating_point() and bool(torch.isfinite(v).all()) for v in state.values()):
+            raise ModelLoadError(f"the translators in {p} hold NaN, inf or non-float values", **corrupt)
+        lens = cls(n_layers, d_model, mode=cfg.get("mode", "plain"), bias=bias)
+        lens.translators.load_state_dict(state)
         return lens
 
     # ------------------------------------------------------------------ training

@@ -3,8 +3,9 @@
 Every run is one `model.trace(tokens)`; inside it the sites are visited in the order the forward
 reaches them (nnsight requires that order) and read or replaced through the envoys' `.input` /
 `.output`. Nothing is converted: the numbers are HuggingFace's own, as on a plain TransformerBridge.
-`remote=True` (`use_remote`) is passed to every trace, so the same runs could go to NDIF; entoscope
-tests them locally only.
+`use_remote(model)` (models/nnsight_remote.py) sends every trace to NDIF through nnsight's own client,
+each wait on the host bounded by a timeout and every failure one refusal with a code; entoscope tests
+that path against loopback servers (refusing, 401, silent) and nnsight's local dry run, not NDIF.
 
 Where each canonical site is (module paths per family in hf_families.py):
 
@@ -48,19 +49,13 @@ from ..errors import SiteError
 from .backend import Backend, BaseIntervention
 from .hf_families import HFWeights, family_of, get, structure_of, unembed_path
 from .names import KINDS, ActName, parse_name
+from .nnsight_remote import trace_kwargs, use_remote  # noqa: F401  (use_remote: the public spelling, here too)
 from .structure import Structure
 from .weights import Weights
 
 HEAD_DERIVED = ("rot_q", "rot_k", "attn_scores", "pattern")
 _LAYER_ORDER = ("resid_pre", "ln1_scale", "attn_in", "q", "k", "v", "rot_q", "rot_k", "attn_scores", "pattern",
                 "z", "attn_out", "resid_mid", "ln2_scale", "mlp_in", "mlp_pre", "mlp_post", "mlp_out", "resid_post")
-
-
-def use_remote(model: Any, remote: bool | str = True) -> Any:
-    """Make entoscope pass `remote=` to every trace of this nnsight model (True: NDIF; "local": nnsight's
-    serialising dry run). Untested against NDIF here; see docs/migration.md. Returns the model."""
-    model.__dict__["_entoscope_remote"] = remote
-    return model
 
 
 def _is_nnsight(model: Any) -> bool:
@@ -111,10 +106,6 @@ class NNsightBackend(Backend):
         self.runner = NNsightRunner(self)
         self.s: Structure | None = None
         self._heads_refused: str | None = None
-
-    @property
-    def remote(self) -> bool | str:
-        return self.lm.__dict__.get("_entoscope_remote", False)
 
     @property
     def tokenizer(self) -> Any:
@@ -205,7 +196,7 @@ class NNsightBackend(Backend):
         kwargs: dict[str, Any] = {}
         if logits_to_keep is not None:
             kwargs["logits_to_keep"] = logits_to_keep
-        with self.lm.trace(tokens, remote=self.remote, **kwargs) as tracer:
+        with self.lm.trace(tokens, **trace_kwargs(self.lm), **kwargs) as tracer:
             with torch.set_grad_enabled(plan.grad):
                 self._visit_model(plan, store, last, tokens.shape[0])
                 if logits:

@@ -234,16 +234,30 @@ class ProbeDirections:
 
 
 def load_directions(path: str | Path) -> ProbeDirections:
-    from safetensors import safe_open
-    from safetensors.torch import load_file
+    """The directions `ProbeFit.save_directions` wrote, read behind entoscope.files' checks (a truncated,
+    damaged or foreign file, missing tensors or metadata, non-finite directions: `tensor_file_invalid`)."""
+    from ..errors import DataError
+    from ..files import read_tensors
 
     path = Path(path)
     if path.suffix != ".safetensors":
         path = path.with_name(path.name + ".safetensors")
-    t = load_file(str(path))
-    with safe_open(str(path), framework="pt") as f:
-        meta = json.loads(f.metadata()["entoscope"])
+
+    def refuse(message: str) -> DataError:
+        return DataError(message, code="tensor_file_invalid", remedy="save the probe's directions again "
+                         "(ProbeFit.save_directions), or copy the file again")
+
+    t, metadata = read_tensors(path, refuse=refuse, floating=False, finite=False)
     keys = ("directions", "raw_coef", "raw_intercept", "coef", "intercept", "mean", "std", "chosen")
+    missing = [k for k in keys if k not in t]
+    if missing:
+        raise refuse(f"{path} is not a file of probe directions (no {', '.join(missing)})")
+    try:
+        meta = json.loads(metadata["entoscope"])
+    except (KeyError, ValueError) as err:
+        raise refuse(f"{path} has no readable entoscope metadata ({type(err).__name__})") from None
+    if not t["directions"].is_floating_point() or not bool(torch.isfinite(t["directions"]).all()):
+        raise refuse(f"{path}: the directions hold NaN, inf or non-float values")
     return ProbeDirections(meta=meta, **{k: t[k] for k in keys})
 
 

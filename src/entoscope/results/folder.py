@@ -6,6 +6,10 @@ and only when everything is written is it renamed to `folder` (an older run ther
 aside first and deleted after). An error or Ctrl-C while writing removes the partial folder
 and leaves what was there untouched. Concurrent writers of sibling folders never share a file.
 
+The same rules hold for every command that writes a folder (`Output`: a run, a dictionary from
+`train-sae`, a tuned lens from `train-lens`): the folder is checked before any work and replaced only
+with `--overwrite`, and never when it holds something else.
+
 A sharded run (docs/scale.md) writes its finished shards into `folder/shards/` while it runs: a folder
 holding only that is an unfinished run, which `--resume` continues and whose shards the saved run keeps.
 """
@@ -18,6 +22,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import SaveError
@@ -46,40 +51,63 @@ def check_writable(folder: str | Path) -> Path:
 SHARDS = "shards"
 
 
+@dataclass(frozen=True)
+class Output:
+    """What a command writes into its output folder, and the files that show a folder already holds one."""
+
+    what: str  # "run", "dictionary", "tuned lens"
+    markers: tuple[str, ...]
+    exists_code: str
+
+    def holds(self, folder: Path) -> bool:
+        return all((folder / m).is_file() for m in self.markers)
+
+
+RUN = Output("run", ("manifest.json",), "run_exists")
+DICTIONARY = Output("dictionary", ("cfg.json", "sae_weights.safetensors"), "dictionary_exists")
+TUNED_LENS = Output("tuned lens", ("config.json", "translators.safetensors"), "lens_exists")
+
+
 def is_unfinished(folder: str | Path) -> bool:
-    """Whether `folder` holds only the shards of a sharded run that has not been saved yet."""
+    """Whether `folder` holds only the shards of a sharded run that has not been saved yet (its store.json,
+    or shard files whose store.json was lost: each shard names its run, so --resume can rebuild it)."""
     target = Path(folder)
-    return target.is_dir() and [p.name for p in target.iterdir()] == [SHARDS] and \
-        (target / SHARDS / "store.json").exists()
+    shards = target / SHARDS
+    return target.is_dir() and [p.name for p in target.iterdir()] == [SHARDS] and shards.is_dir() and \
+        ((shards / "store.json").exists() or any(shards.glob("*.parquet")))
 
 
-def check_out(folder: str | Path, *, overwrite: bool = False, resume: bool = False) -> Path:
-    """Refuse, before any work, a destination that cannot take a run folder.
+def check_out(folder: str | Path, *, overwrite: bool = False, resume: bool = False, output: Output = RUN) -> Path:
+    """Refuse, before any work, a destination that cannot take the output (a run folder by default; a
+    dictionary or tuned-lens folder for train-sae / train-lens): a file, a folder of something else, or
+    one already holding such an output without `overwrite`.
 
     An unfinished sharded run there is refused unless the run resumes it (or overwrites it)."""
     target = check_writable(folder)
     if target.is_dir() and any(target.iterdir()):
-        if is_unfinished(target):
+        if output is RUN and is_unfinished(target):
             if not (resume or overwrite):
                 raise SaveError(f"{target} holds the shards of an unfinished run", code="run_unfinished",
                                 remedy="pass --resume to finish it, or --overwrite to start again")
             return target
-        if not (target / "manifest.json").exists():
-            raise SaveError(f"{target} exists and is not an entoscope run folder (no manifest.json); refusing to "
-                            "replace its files", code="out_not_empty",
-                            remedy="choose a new or empty folder for the run")
+        if not output.holds(target):
+            raise SaveError(f"{target} exists and is not an entoscope {output.what} folder (no "
+                            f"{' and '.join(output.markers)}); refusing to replace its files", code="out_not_empty",
+                            remedy=f"choose a new or empty folder for the {output.what}")
         if not overwrite:
-            raise SaveError(f"{target} already holds a run", code="run_exists",
+            raise SaveError(f"{target} already holds a {output.what}", code=output.exists_code,
                             remedy="pass --overwrite (Python: overwrite=True) to replace it, or choose another folder")
     return target
 
 
 @contextlib.contextmanager
-def writing_run(folder: str | Path, *, overwrite: bool = False, keep_shards: bool = False) -> Iterator[Path]:
-    """Yield a fresh folder to write a run into; on success it becomes `folder`, atomically per folder.
+def writing_run(folder: str | Path, *, overwrite: bool = False, keep_shards: bool = False,
+                output: Output = RUN) -> Iterator[Path]:
+    """Yield a fresh folder to write a run (or another `output`) into; on success it becomes `folder`,
+    atomically per folder.
 
     keep_shards: the `shards/` folder already at the destination (this run's) moves into the new run folder."""
-    target = check_out(folder, overwrite=overwrite, resume=keep_shards)
+    target = check_out(folder, overwrite=overwrite, resume=keep_shards, output=output)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
@@ -90,7 +118,7 @@ def writing_run(folder: str | Path, *, overwrite: bool = False, keep_shards: boo
         yield partial
         if keep_shards and (target / SHARDS).is_dir():
             os.rename(target / SHARDS, partial / SHARDS)
-        _swap_in(partial, target, overwrite or keep_shards)
+        _swap_in(partial, target, overwrite or keep_shards, output)
     except OSError as err:
         _give_back_shards(partial, target)
         shutil.rmtree(partial, ignore_errors=True)
@@ -111,10 +139,10 @@ def _give_back_shards(partial: Path, target: Path) -> None:
         os.rename(partial / SHARDS, target / SHARDS)
 
 
-def _swap_in(partial: Path, target: Path, overwrite: bool) -> None:
+def _swap_in(partial: Path, target: Path, overwrite: bool, output: Output = RUN) -> None:
     os.chmod(partial, 0o755)  # mkdtemp makes it private
     if target.exists():
-        check_out(target, overwrite=overwrite)  # another writer may have put a run there meanwhile
+        check_out(target, overwrite=overwrite, output=output)  # another writer may have put one there meanwhile
         if any(target.iterdir()):
             aside = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
             os.rename(target, aside)
