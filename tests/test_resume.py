@@ -11,6 +11,7 @@ on disk (flipped, truncated, swapped, copied from another run), not a mocked rea
 from __future__ import annotations
 
 import os
+import json
 import shutil
 import signal
 import subprocess
@@ -148,8 +149,11 @@ def test_swapped_shards_of_the_same_run_are_stale_and_computed_again(made, run, 
     capsys.readouterr()
     status, redone = _resume(run, monkeypatch)
     assert status == 0 and redone == [0, 3]
-    warned = _warned(capsys, "shard_stale")
-    assert len(warned) == 2 and all("another shard" in w for w in warned)
+    warned = _warned(capsys, "shard_stale")  # said once on stderr, with the count of the others
+    assert len(warned) == 2 and "another shard" in warned[0] and "1 more warning" in warned[1]
+    recorded = [w["message"] for w in json.loads((run / "manifest.json").read_text())["warnings"]
+                if w["code"] == "shard_stale"]  # the run's record names every file
+    assert len(recorded) == 2 and {a.name, b.name} == {n for n in (a.name, b.name) for m in recorded if n in m}
     _same_as_reference(run, made["reference"])
 
 

@@ -142,7 +142,7 @@ def _compare_with_hooks_mode(model, data, v, mode, fn):
     a = adapt(model)
     coefficients = [0.5, 1.0]
     r = es.Steering(direction=es.Direction("resid_pre.1", v), mode=mode, coefficients=coefficients,
-                    side_effects=None, stats={"n_boot": 20}).run(model, data, quiet=True)
+                    side_effects=None, stats={"n_boot": 50}).run(model, data, quiet=True)
     pp = r.per_prompt
     for i, e in enumerate(data):
         tokens = a.tokenize(e.prompt)
@@ -161,7 +161,7 @@ def test_positions_last_and_by_role_steer_only_those_tokens(demo):
     td_roles = {}
     for positions in ("last:2", ["S2", -1]):
         r = es.Steering(direction=es.Direction("resid_pre.1", v), coefficients=[1.0], positions=positions,
-                        side_effects=None, stats={"n_boot": 20}).run(demo, data, quiet=True)
+                        side_effects=None, stats={"n_boot": 50}).run(demo, data, quiet=True)
         pp = r.per_prompt
         for i, e in enumerate(data):
             tokens = a.tokenize(e.prompt)
@@ -236,14 +236,14 @@ def test_the_run_made_direction_equals_the_python_one_and_is_saved_with_the_run(
     assert sets == {"task", "score:greater_than", "direction="}
     # a Direction made in Python travels in the config: the manifest's config rebuilds the same run
     r2 = es.Steering(direction=loaded, coefficients=[0.25], side_effects=None, metric="prob_diff",
-                     stats={"n_boot": 20}).run(demo, {"task": "greater_than", "n": 4, "seed": 7}, quiet=True)
+                     stats={"n_boot": 50}).run(demo, {"task": "greater_than", "n": 4, "seed": 7}, quiet=True)
     again = es.Steering(**r2.manifest["config"]).run(demo, es.Dataset.from_records(
         "greater_than", r2.manifest["data"]["records"]), quiet=True)
     assert again.table["effect"].tolist() == r2.table["effect"].tolist()
 
 
 def test_directions_from_a_probe_a_feature_and_files_are_those_objects(demo, tmp_path):
-    probe = es.Probing(sites=es.Sites(activation="resid_post", over=["layer"]), stats={"n_boot": 20}).run(
+    probe = es.Probing(sites=es.Sites(activation="resid_post", over=["layer"]), stats={"n_boot": 50}).run(
         demo, es.tasks.ioi(n=40, seed=3), quiet=True)
     d = es.Direction.from_probe(probe, "L1")
     fit = probe.extra["fit"]
@@ -297,7 +297,7 @@ def test_projecting_a_direction_out_everywhere_equals_orthogonalised_weights():
     prompts = [list(range(1, 9)), [0, 40, 41, 42, 43, 44], [0, 7, 8, 9, 10, 11, 12, 13, 14, 15]]
     data = es.Dataset("ids", tuple(es.Example(tuple(p), answers=(3,), wrong_answers=(4,)) for p in prompts))
     r = es.Steering(direction=es.Direction("resid_pre.0", u), at="residual", mode="project_out", coefficients=[1.0],
-                    side_effects=None, stats={"n_boot": 20}).run(model, data, quiet=True)
+                    side_effects=None, stats={"n_boot": 50}).run(model, data, quiet=True)
     pp = r.per_prompt
     got = pp[pp.direction == "direction"].sort_values("example").metric.to_numpy()
     with torch.no_grad():

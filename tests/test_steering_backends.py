@@ -28,7 +28,7 @@ def _vector(width, seed=0, norm=5.0):
 
 def _run(model, site, v, coefficients, **kw):
     op = es.Steering(direction=es.Direction(site, v, kw.pop("head", None)), coefficients=coefficients,
-                     side_effects=None, stats={"n_boot": 20}, **kw)
+                     side_effects=None, stats={"n_boot": 50}, **kw)
     pp = op.run(model, DATA, quiet=True).per_prompt
     return pp[pp.direction == "direction"]
 
@@ -94,7 +94,7 @@ def test_an_nnsight_assignment_that_adds_the_same_vector_gives_the_same_metric_a
     data = es.tasks.ioi(n=4, seed=6)
     coefficients = [-1.0, 1.0]
     r = es.Steering(direction=es.Direction("resid_pre.1", v), coefficients=coefficients, side_effects=None,
-                    stats={"n_boot": 20}).run(lm, data, quiet=True)
+                    stats={"n_boot": 50}).run(lm, data, quiet=True)
     pp = r.per_prompt
     a = adapt(lm)
     for i, e in enumerate(data):
@@ -131,7 +131,7 @@ def test_grouped_query_and_parallel_blocks_say_what_the_site_means():
     s = a.structure
     assert s.group_size > 1
     op = es.Steering(direction=es.Direction("v.0", _vector(s.d_head), head=1), coefficients=[1.0], side_effects=None,
-                     stats={"n_boot": 20})
+                     stats={"n_boot": 50})
     plan = op.plan(llama, DATA)
     group = f"query heads {s.group_size}..{2 * s.group_size - 1}"
     assert any(group in n for n in plan.notes), plan.notes
