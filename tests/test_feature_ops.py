@@ -267,7 +267,7 @@ def test_dataset_graph_sums_positions_and_averages_prompts(demo):
     for key in ("demo/resid_post.2",):
         expect = np.mean([float(g.adjacency[-1, (g.nodes["kind"] == "error").to_numpy() &
                                             (g.nodes["dictionary"] == key).to_numpy()].sum()) for g in graphs])
-        assert by_node[f"{key} error"] == pytest.approx(expect, rel=1e-9, abs=1e-12)
+        assert by_node["resid_post.2.error"] == pytest.approx(expect, rel=1e-9, abs=1e-12)  # the site's name
     assert set(result.extra["scores"]["example"]) == {0, 1, 2}
     assert 0 <= result.extra["dataset_scores"]["replacement"] <= 1
 

@@ -33,6 +33,7 @@ table's rows (`mean_q`) and `significant` (q <= stats.fdr). `std` and `mean_abs`
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -59,7 +60,7 @@ from ..results.result import Result
 from ..stats import Stats, ci_text, error_arrays, interval_columns, streamed_mean, summarise
 from ..stats.moments import column_moments
 from .decompose import Component, component_dots, components, decomposition_reads
-from .scores_takeaway import dla_takeaway
+from .scores_takeaway import TOP_SHARE_FILE, dla_takeaway, top_share
 
 FULL_PRECISION_TOLERANCE = 1e-4
 HALF_PRECISION_TOLERANCE = 2e-2
@@ -240,6 +241,10 @@ class DLAResult(Result):
     def save_extra(self, folder: Path, files: list[str]) -> None:
         self.extra["identity"].to_csv(folder / "identity.csv", index=False)
         files.append("identity.csv")
+        share = top_share(self)
+        if share is not None:  # the share the takeaway quotes
+            (folder / TOP_SHARE_FILE).write_text(json.dumps(share, indent=2), encoding="utf-8")
+            files.append(TOP_SHARE_FILE)
 
 
 def _component_frame(comps: list[Component]) -> pd.DataFrame:

@@ -30,6 +30,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
+from .. import naming
 from ..data.examples import Dataset
 from ..data.tokenized import make_batches, pad_id, tokenize_data
 from ..errors import ConfigError, DataError, warn
@@ -236,7 +237,7 @@ def head_score_summary(n: int, kinds: list[str], n_layers: int, n_heads: int, re
     tables = []
     for i, kind in enumerate(kinds):
         table = pd.DataFrame({"kind": kind, "layer": L.reshape(-1), "head": H.reshape(-1),
-                              "site": [f"{a}.{b}" for a, b in zip(L.reshape(-1), H.reshape(-1))]})
+                              "site": [naming.head(a, b) for a, b in zip(L.reshape(-1), H.reshape(-1))]})
         for j, col in enumerate(("score", "score_tl")):
             part = slice((2 * i + j) * LH, (2 * i + j + 1) * LH)
             table[col] = summary.value[part]
@@ -255,7 +256,7 @@ def _figures(result: Result) -> list[tuple[str, Any]]:
     figs = []
     for kind, sub in result.table.groupby("kind", sort=False):
         grid = sub.pivot(index="layer", columns="head", values="score")
-        hover = sub.assign(_hover=[f"head {r['site']}<br>score {r['score']:.3g}"
+        hover = sub.assign(_hover=[f"{r['kind'].replace('_', '-')} {r['site']}<br>score {r['score']:.3g}"
                                    + (f" ({ci_text(r, 'score')})" if ci_text(r, "score") else "")
                                    + f"<br>score_tl {r['score_tl']:.3g}<br>n = {int(r['n_prompts'])}"
                                    for r in sub.to_dict("records")])

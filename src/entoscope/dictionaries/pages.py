@@ -28,6 +28,7 @@ from ..data.loading import load_data
 from ..data.tokenized import make_batches, pad_id, tokenize_data
 from ..models.adapter import adapt
 from ..models.names import ActName, parse_name
+from ..results.claims import Takeaway, write_takeaways
 from ..results.page import (
     PLOTLY_JS,
     ensure_plotly_js,
@@ -146,5 +147,8 @@ def write_feature_pages(model: Any, features: list[FeatureKey], data: Any, folde
                     f"tokens, at most {top:.3g}; promotes {html.escape(str(row['top1_token']))!s}</li>")
     body = "<ul>" + "".join(rows) + "</ul>"
     write_page(folder / "index.html", "feature pages", [("features", body)], js_relpath=js, back=back,
-               lead=f"{len(features)} features: their top activating examples, logit effects and histograms.")
+               lead="The features below: their top activating examples, logit effects and histograms.")
+    leads = [(page_name(k, i), notes[(k, i)]) for k, i in features if isinstance((notes or {}).get((k, i)), Takeaway)]
+    if leads:  # the pages' leads with their claims (results/claims.py)
+        write_takeaways(folder / "takeaways.json", leads)
     return pages

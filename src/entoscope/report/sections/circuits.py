@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ...registry import register
+from ...results.claims import TakeawayBuilder
 from ...stats import value_with_ci
 from ..section import Section, result_html, run_saved
 
@@ -48,11 +49,26 @@ def circuits_section(model: Any, folder: Path, quick: bool) -> Section:
              + result_html(ioi, figures=1, lead=False, max_rows=8)
              + f'<p class="more"><a href="{folder.name}/ioi/index.html">IOI circuit: every figure and the whole '
              "table</a></p>")
-    lead = (f"The induction task's top-{n_edges} EAP-IG circuit recovers {value_with_ci(s, 'faithfulness', '.2f')} of the "
-            f"model's logit difference (faithfulness); its edges are chosen again with mean Jaccard "
-            f"{s.get('stability_jaccard', float('nan')):.2f} over resamples of the prompts. The IOI circuit: "
-            f"faithfulness {value_with_ci(t, 'faithfulness', '.2f')}, Jaccard {t.get('stability_jaccard', float('nan')):.2f}.")
-    return Section("induction and IOI circuits (EAP-IG)", lead, body,
+    lead = TakeawayBuilder(key=())
+    here, ioi_file = f"{folder.name}/summary.json", f"{folder.name}/ioi/summary.json"
+    lead.say("The induction task's EAP-IG circuit of ")
+    lead.quote(s, "n_kept", fmt="d", name=False, interval=False, source=here)
+    lead.say(" edges recovers ")
+    lead.quote(s, "faithfulness", name=False, source=here)
+    lead.say(" of the model's logit difference (faithfulness)")
+    if "stability_jaccard" in s:
+        lead.say("; its edges are chosen again with mean Jaccard ")
+        lead.quote(s, "stability_jaccard", name=False, interval=False, source=here)
+        lead.say(" over resamples of the prompts")
+    lead.say(". The IOI circuit: faithfulness ")
+    lead.quote(t, "faithfulness", name=False, source=ioi_file)
+    if "stability_jaccard" in t:
+        lead.say(", Jaccard ")
+        lead.quote(t, "stability_jaccard", name=False, interval=False, source=ioi_file)
+    lead.say(" (")
+    lead.quote(s, "ci_level", fmt=".0%", name=False, interval=False, source=here)
+    lead.say(" intervals over prompts).")
+    return Section("induction and IOI circuits (EAP-IG)", lead.build(), body,
                    terms=("EAP-IG", "faithfulness", "CPR", "CMD", "stable circuit", "95% interval"))
 
 
