@@ -11,7 +11,8 @@ import numpy as np
 import pandas as pd
 
 from ..results.claims import Takeaway, TakeawayBuilder
-from ..stats import error_arrays
+from ..results.figures import interval_note, noted
+from ..stats.columns import both_interval_bars, interval_bars
 
 SCORES = "scores.csv"
 READING = (
@@ -81,13 +82,13 @@ def graph_figures(result: Any) -> list[tuple[str, Any]]:
     t = result.table
     level = f"{round(100 * float(t['ci_level'].iloc[0]))}%" if "ci_level" in t and len(t) else "95%"
     top = t[t["kind"] != "metric"].head(25).iloc[::-1]
-    errors = error_arrays(top, "attribution")
-    bar = go.Figure(go.Bar(x=top["attribution"], y=top["node"], orientation="h", error_x=errors,
+    bar = go.Figure(go.Bar(x=top["attribution"], y=top["node"], orientation="h",
+                           **interval_bars(top, "attribution", "node", axis="x"),
                            marker_color=np.where(top["attribution"] >= 0, "#2b6cb0", "#c53030"),
                            text=[_hover(r, level) for _, r in top.iterrows()], hovertemplate="%{text}<extra></extra>",
                            textposition="none"))
-    bar.update_layout(xaxis_title=f"mean attribution to the metric, summed over positions (error bars: {level} "
-                      "interval over prompts)", height=160 + 20 * len(top))
+    bar.update_layout(xaxis_title=noted("mean attribution to the metric, summed over positions",
+                                        interval_note(level)), height=160 + 20 * len(top))
     s = result.extra["score_table"]
     prompts = s[~s["example"].isin(["dataset", "mean of prompts", "dataset, |edges|"])]
     pts = go.Figure(go.Scatter(x=prompts["replacement"], y=prompts["completeness"], mode="markers", name="one prompt",
@@ -96,8 +97,8 @@ def graph_figures(result: Any) -> list[tuple[str, Any]]:
                                 ("dataset", f"mean graph ({level} interval over resampled prompts)", "star")):
         row = s[s["example"] == label]
         pts.add_trace(go.Scatter(x=row["replacement"], y=row["completeness"], mode="markers", name=name,
-                                 marker={"size": 13, "symbol": symbol}, error_x=error_arrays(row, "replacement"),
-                                 error_y=error_arrays(row, "completeness")))
+                                 marker={"size": 13, "symbol": symbol},
+                                 **both_interval_bars(row, "replacement", "completeness", "example", table=SCORES)))
     pts.update_layout(xaxis_title="replacement score", yaxis_title="completeness score", height=400)
     return [(f"top {len(top)} nodes of the mean graph by |attribution|", bar),
             ("replacement and completeness: each prompt's graph, their mean, and the mean graph (Ameisen et al. 2025)",

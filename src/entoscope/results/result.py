@@ -44,6 +44,7 @@ class Result:
         self.js_relpath = "plotly.min.js"
         self.back_relpath: str | None = None
         self.warnings: list[dict[str, str]] = []  # recorded warnings of the run (also in the manifest)
+        self.page_warnings: list[dict[str, str]] = []  # what the numbers themselves caution (degenerate pairs)
         self.extra = extra or {}
         self.title = title or operation
         self._figures = figures
@@ -158,7 +159,8 @@ class Result:
             back = Path(os.path.relpath(Path(assets_dir).resolve() / "index.html", final.resolve())).as_posix()
         self.back_relpath = back  # for pages save_extra writes beside index.html
         lead = self.takeaway
-        write_page(out / "index.html", self.title, sections, js_relpath=rel, summary=summary, warned=self.warnings,
+        write_page(out / "index.html", self.title, sections, js_relpath=rel, summary=summary,
+                   warned=self.warnings + self.page_warnings,
                    lead=lead, back=back)
         files.append("index.html")
         if lead:  # the takeaway's claims: each number's table cell, each qualifier's rule (results/claims.py)
