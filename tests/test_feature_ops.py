@@ -318,7 +318,7 @@ def test_report_features_section_lists_the_strongest_features_with_pages(demo, t
         assert (tmp_path / link).exists(), link
     table = pd.read_csv(folder / "table.csv")  # the IOI patching result, saved by the section
     top = table.reindex(table["value"].abs().sort_values(ascending=False).index).iloc[0]
-    assert f"{top['dictionary']} f{int(top['feature'])}" in body
+    assert top["site"].split("@")[0] in body  # named as its table names it: resid_post.1.f29
     assert top["value_ci_low"] <= top["value"] <= top["value_ci_high"]
 
 

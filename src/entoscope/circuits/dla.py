@@ -195,7 +195,8 @@ class DirectLogitAttribution(Operation):
                           "contribution_blocks": read},
                          {"contributions": lambda: torch.from_numpy(columns["contrib"]).T})  # [components, prompts]
         return DLAResult(self.name, table, per_prompt=per_prompt, figures=self._figures,
-                         title=f"direct logit attribution ({self.metric})", extra=extra, takeaway=dla_takeaway)
+                         title=f"direct logit attribution: each component's direct contribution to the {self.metric}",
+                         extra=extra, takeaway=dla_takeaway)
 
     def _attribute(self, model: ModelAdapter, acts: dict[ActName, Tensor], logits: Tensor, batch: Any,
                    split: list[int]) -> tuple[Tensor, Tensor, Tensor]:
@@ -322,7 +323,8 @@ def dla_figures(result: Result, top_k: int = 20) -> list[tuple[str, Any]]:
     bars = interval_bars(top, "mean", "component", axis="x")
     if not bars:  # stats.n_boot 0: no interval, the spread over prompts instead (said so)
         bars = {"error_x": {"type": "data", "array": top["std"]}}
-    what = interval_note(level_text(t)) if "customdata" in bars else "error bars: std over prompts (no interval: stats.n_boot 0)"
+    what = interval_note(level_text(t)) if "customdata" in bars else \
+        "error bars: std over prompts (no interval: stats.n_boot 0)"
     bar = go.Figure(go.Bar(x=top["mean"], y=top["component"], orientation="h", text=_hover(top),
                            hovertemplate="%{text}<extra></extra>", textposition="none",
                            marker_color=np.where(top["mean"] >= 0, "#2b6cb0", "#c53030"), **bars))

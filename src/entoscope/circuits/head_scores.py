@@ -177,7 +177,8 @@ class HeadScores(Operation):
         per_prompt = LazyTable(len(kinds) * n,
                                lambda lo, hi: _frame_rows(columns, kinds, s.n_layers, s.n_heads, lo, hi),
                                rows_per_prompt=s.n_layers * s.n_heads)
-        return Result(self.name, table, per_prompt=per_prompt, figures=_figures, title="attention head scores",
+        return Result(self.name, table, per_prompt=per_prompt, figures=_figures,
+                      title="attention head scores: how much of its attention each head puts on its targets",
                       takeaway=head_scores_takeaway)
 
 

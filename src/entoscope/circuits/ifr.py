@@ -449,7 +449,8 @@ class InformationFlowRoutes(Operation):
         table = _component_table(prepared.model.structure, self.granularity, columns)
         per_prompt = LazyTable(columns.n, lambda lo, hi: _edge_frame(graphs[lo:hi]), rows_per_prompt=64)
         return RoutesResult(self.name, table, per_prompt=per_prompt, figures=self._figures,
-                            title=f"information flow routes (tau {self.tau:g})", extra={"graphs": graphs},
+                            title=f"information flow routes (tau {self.tau:g}): what each prompt's prediction is built "
+                            "from", extra={"graphs": graphs},
                             takeaway=routes_takeaway)
 
     def _figures(self, result: Result) -> list[tuple[str, Any]]:

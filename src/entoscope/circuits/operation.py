@@ -325,7 +325,8 @@ class Circuits(Operation):
                 per_prompt["metric_stable_circuit"] = stable.tolist()
         data_name = prepared.data.name if prepared.data is not None else "data"
         return CircuitResult(self.name, circuit.table(extra_cols or {}), per_prompt=per_prompt, figures=_figures,
-                             title=f"circuit ({self.method}, {self.metric.type}) on {data_name}",
+                             title=f"the {self.method} circuit of the {self.metric.type} on {data_name}: its edges and "
+                             "how much it recovers",
                              extra={"circuit": circuit, "curve": curve, "summary": summary, "decisions": decisions,
                                     "stability": stability, "node_stats": node_stats},
                              takeaway=circuit_takeaway, blank_note=circuit_blank_note(self.method))

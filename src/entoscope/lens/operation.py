@@ -131,7 +131,8 @@ class Lens(Operation):
         frame = pd.DataFrame.from_records(sites)
         per_prompt = LazyTable(n, lambda lo, hi: lens_rows(frame, columns.read(lo, hi), vocab, lo, self.top_k),
                                rows_per_prompt=len(sites))
-        return Result(self.name, table, per_prompt=per_prompt, figures=_figures, title=f"{self.method} lens: {kind}",
+        return Result(self.name, table, per_prompt=per_prompt, figures=_figures,
+                      title=f"{self.method} lens on {kind}: what the residual stream predicts at each layer",
                       extra={"mean_probs": mean_probs}, takeaway=lens_takeaway)
 
     def _decode_batch(self, model: ModelAdapter, batch: Any, st: dict[str, Any], rows: list[dict[str, Any]],

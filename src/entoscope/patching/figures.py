@@ -124,7 +124,8 @@ def patching_figures(result: Result) -> list[tuple[str, Any]]:
     pp = result.per_prompt_head(MAX_DRILL_PROMPTS)
     if pp is not None and len(pp) and t["site"].nunique() <= MAX_DRILL_SITES:
         column = result.extra.get("per_prompt_column", "difference")
-        grid = pp.pivot_table(index="example", columns="site", values=column, aggfunc="first", sort=False)
+        grid = pp.pivot_table(index="example", columns="site", values=column, aggfunc="first", sort=False,
+                              dropna=False)  # a degenerate pair keeps its (blank) row
         grid = grid[[s for s in t["site"] if s in grid.columns]]
         comparison, _, metric = what.partition(" ")
         fig = go.Figure(go.Heatmap(z=grid.values, x=list(grid.columns), y=[f"#{i}" for i in grid.index],

@@ -238,7 +238,7 @@ class Probing(Operation):
         causal_frame = None
         if self.causal_check is not None:
             table, causal_frame = self._causal(model, st, cs, fits, where, collected, table, quiet)
-        title = f"probing {self.labels!r} at {cs.siteset.kind.name}"
+        title = f"probing {self.labels!r} at {cs.siteset.kind.name}: held-out score against a control task, by site"
         extra: dict[str, Any] = {"fits": fits, "site_labels": [u.label for u in cs.units]}
         if len(fits) == 1:
             extra["fit"] = next(iter(fits.values()))

@@ -232,7 +232,8 @@ class TakeawayBuilder:
     def refer(self, qualifier: int, refs: list[int]) -> None:
         self._claims[qualifier].refs = list(refs)
 
-    def mark(self, row: Any, column: str, *, key: str | tuple[str, ...] | None = None, source: str | None = None) -> int:
+    def mark(self, row: Any, column: str, *, key: str | tuple[str, ...] | None = None,
+             source: str | None = None) -> int:
         """A row named for a flag it has (`column` true: a fragile cell, an edge in the circuit)."""
         key = self.key if key is None else key
         keys = (key,) if isinstance(key, str) else tuple(key)

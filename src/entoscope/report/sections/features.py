@@ -42,7 +42,7 @@ def features_section(model: Any, folder: Path, quick: bool) -> Section:
     """Attribution patching over the demo dictionaries' features for IOI and induction, feature pages for the
     strongest, and one attribution graph's scores; the IOI Result is saved in `folder`, induction below it."""
     from ...dictionaries.graph import FeatureGraphOperation
-    from ...dictionaries.pages import page_name, write_feature_pages
+    from ...dictionaries.pages import feature_name, page_name, write_feature_pages
     from ...patching import Patching
     from ...results.page import table_html, write_page
     from ...sites import Sites
@@ -76,13 +76,14 @@ def features_section(model: Any, folder: Path, quick: bool) -> Section:
             if key not in notes:
                 chosen.append(key)
                 notes[key] = TakeawayBuilder(key="site")
-            note = notes[key]
-            note.say(f"{task}: patching ")
-            note.quote(row, "value", fmt=".3g", source=f"../{rel}/table.csv".replace("/./", "/"))
-            note.say(f" (attribution patching, mean effect on the metric over the {task} pairs); ")
-            note.count(int(result.table["significant"].sum()), len(result.table), "significant",
-                       source=f"../{rel}/table.csv".replace("/./", "/"), unit="feature sites")
-            note.say(" pass the false discovery control. ")
+            note, source = notes[key], f"../{rel}/table.csv".replace("/./", "/")
+            note.say(f"{task}: ")
+            note.count(int(result.table["significant"].sum()), len(result.table), "significant", source=source,
+                       unit="feature sites")
+            note.say(" pass the false discovery control; patching this feature (attribution patching, its mean "
+                     "effect on the metric over the pairs): ")
+            note.quote(row, "value", fmt=".3g", source=source)
+            note.say(". ")
     m = 16 if quick else 48
     shown_on = Dataset("ioi+induction", tuple(tasks.ioi(n=m, seed=5)) + tuple(tasks.induction(n=m, seed=5)))
     pages = write_feature_pages(model, chosen, shown_on, folder / "pages", assets_dir=folder.parent,
@@ -91,13 +92,14 @@ def features_section(model: Any, folder: Path, quick: bool) -> Section:
         n_sites = len(table)
         shown = top[[c for c in COLUMNS if c in top]].copy()
         shown.insert(1, "dictionary", top["dictionary"])
-        links = " ".join(f'<a href="{folder.name}/pages/{page_name(d, int(f))}">{html.escape(d)} f{int(f)}</a>'
-                         for d, f in zip(top["dictionary"], top["feature"]))
+        links = " ".join(f'<a href="{folder.name}/pages/{page_name(d, int(f))}">'
+                         f"{html.escape(feature_name(d, int(f)))}</a>" for d, f in zip(top["dictionary"], top["feature"]))
         full = "" if where == folder else f' (<a href="{folder.name}/{where.name}/index.html">full results</a>)'
         parts.append(f"<h3>{html.escape(label)}</h3><p>Attribution patching of {n_sites} feature sites "
                      f"({n} pairs, denoising: the prompt's feature value written into the counterfactual run); the "
-                     f"{len(top)} largest mean effects on the metric, with {_level(top)} bootstrap intervals and BH q-values over all "
-                     f"{n_sites} sites{full}:</p>"
+                     f"{len(top)} largest mean effects on the metric, with {_level(top)} bootstrap intervals and BH "
+                     f"q-values over all {n_sites} sites; {int(table['significant'].sum())} of them pass the false "
+                     f"discovery control{full}:</p>"
                      + table_html(shown) + f"<p>Feature pages: {links}</p>")
     graph = FeatureGraphOperation(dictionary=RELEASE, activation="resid_post", max_features=24).run(
         model, {"task": "ioi", "n": 4 if quick else 16, "seed": 21}, quiet=True)
@@ -108,7 +110,8 @@ def features_section(model: Any, folder: Path, quick: bool) -> Section:
                  f'<a href="{folder.name}/pages/index.html">all {len(pages)} feature pages</a></p>')
     lead = _lead(folder.name, n, tops, graph)
     return Section(title, lead, "".join(parts),
-                   terms=("feature", "attribution patching", "replacement score", "completeness score", "95% interval"))
+                   terms=("feature", "attribution patching", "replacement score", "completeness score", "error node",
+                          "95% interval", "q-value", "names"))
 
 
 def _lead(name: str, n: int, tops: list[tuple[Any, ...]], graph: Any) -> Takeaway:

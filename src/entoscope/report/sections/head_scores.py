@@ -24,4 +24,4 @@ def head_scores_section(model: Any, folder: Path, quick: bool) -> Section:
     top = t.sort_values("score", ascending=False).head(12)
     body = figure_div(head_score_panels(t)) + table_html(top, note=result.blank_note)
     return Section("attention head scores on repeated random tokens", lead_of(result, folder, folder.parent), body,
-                   terms=("score", "score_tl"))
+                   terms=("score", "score_tl", "names"))

@@ -68,4 +68,4 @@ def patching_section(model: Any, folder: Path, quick: bool) -> Section:
     b.say("). Each map below has its own takeaway.")
     return Section("activation patching (exact, denoising)", b.build(), body,
                    terms=("normalised effect", "logit difference", "probability difference", "95% interval",
-                          "significant", "fragile", "degenerate pair"), own_page=False)
+                          "significant", "q-value", "fragile", "degenerate pair", "names"), own_page=False)

@@ -42,5 +42,5 @@ def probing_section(model: Any, folder: Path, quick: bool) -> Section:
         b.include(r.takeaway, folder.name if i == 0 else f"{folder.name}/example{i}")
     lead = b.build()
     return Section("probing: held-out scores against a control task, by layer", lead, body,
-                   terms=("held-out score", "causal check"), own_page=False)
+                   terms=("held-out score", "causal check", "names"), own_page=False)
 
