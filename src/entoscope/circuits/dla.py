@@ -347,7 +347,7 @@ def dla_figures(result: Result, top_k: int = 20) -> list[tuple[str, Any]]:
         heat = go.Figure(go.Heatmap(z=z, x=x, y=[int(v) for v in grid.index], zmid=0, zmin=-lim, zmax=lim,
                                     colorscale="RdBu", texttemplate="%{z:.2f}", customdata=text,
                                     hovertemplate="%{customdata}<extra></extra>",
-                                    colorbar={"title": f"mean direct<br>contribution<br>({unit})"}))
+                                    colorbar={"title": f"mean direct<br>contribution ({unit})"}))
         heat.update_layout(xaxis_title="head (and the layer's MLP)", yaxis_title="layer", height=140 + 40 * len(grid))
         figs.append((f"mean direct contribution by layer and head (hover: the {level_text(t)} interval over prompts "
                      "and the BH q-value)", heat))

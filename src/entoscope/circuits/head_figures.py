@@ -9,7 +9,7 @@ import pandas as pd
 
 from ..stats.columns import hover_value
 
-SCALE_TITLE = "score<br>(share of its<br>attention on<br>its targets)"
+SCALE_TITLE = "score (share of its<br>attention on targets)"
 
 
 def head_score_panels(table: pd.DataFrame, column: str = "score") -> Any:

@@ -102,6 +102,6 @@ def component_heatmap(table: pd.DataFrame) -> Any:
     x = [f"h{c}" if c >= 0 else "attn" for c in grid.columns] + ["mlp"]
     fig = go.Figure(go.Heatmap(z=z, x=x, y=[int(v) for v in grid.index], zmin=0, zmax=1, colorscale="Viridis",
                                texttemplate="%{z:.2f}",
-                               colorbar={"title": "share of prompts<br>whose route<br>uses it"}))
+                               colorbar={"title": "share of prompts<br>whose route uses it"}))
     fig.update_layout(xaxis_title="head (and the layer's MLP)", yaxis_title="layer", height=140 + 40 * len(grid))
     return fig
