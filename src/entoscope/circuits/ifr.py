@@ -295,7 +295,7 @@ def trace_routes(model: ModelAdapter, acts: dict[ActName, Tensor], last: Tensor,
 
 
 def node_id(state: str, layer: int, position: int) -> str:
-    return f"{state}.{layer}@{position}"
+    return naming.at(naming.activation(state, layer), position)
 
 
 def _level(state: str, layer: int, parallel: bool) -> int:

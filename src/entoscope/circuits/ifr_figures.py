@@ -12,18 +12,21 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .. import naming
+
 COLOURS = {"attention": "#2b6cb0", "mlp": "#dd6b20", "residual": "#a0aec0"}
 WIDTH_BINS = 6
 
 
 def _level_names(n_layers: int, parallel: bool) -> dict[int, str]:
-    names = {0: "embed"}
+    """The residual states by their names (naming.py): the embeddings, after each attention, after each MLP."""
+    names = {0: "resid_pre.0 (embed)"}
     for L in range(n_layers):
         if parallel:
-            names[L + 1] = f"layer {L}"
+            names[L + 1] = naming.activation("resid_post", L)
         else:
-            names[2 * L + 1] = f"{L} attn"
-            names[2 * L + 2] = f"{L} mlp"
+            names[2 * L + 1] = naming.activation("resid_mid", L)
+            names[2 * L + 2] = naming.activation("resid_post", L)
     return names
 
 

@@ -56,7 +56,7 @@ def probing_takeaway(result: Any) -> Takeaway | str:
                       [sel])
             b.say(": the probe does not beat the control task there, so the data do not show the property "
                   "linearly present.")
-    _causal(b, t)
+    _causal(b, t, (result.manifest or {}).get("config", {}).get("causal_check") or {})
     n = best.get("n_held_out")
     if n is not None and pd.notna(n):
         b.say(" (")
@@ -67,14 +67,22 @@ def probing_takeaway(result: Any) -> Takeaway | str:
     return b.build()
 
 
-def _causal(b: TakeawayBuilder, t: pd.DataFrame) -> None:
+def _causal(b: TakeawayBuilder, t: pd.DataFrame, check: dict[str, Any]) -> None:
     """The causal check of each checked site: the probe direction's change of the metric against a random
     direction's, and whether the check singles the probe's direction out (rule `distinguished`)."""
     if "metric_change" not in t:
         return
-    for _, row in t[t["metric_change"].notna()].iterrows():
+    checked = t[t["metric_change"].notna()]
+    for _, row in checked.iterrows():
         metric = row.get("metric", "metric")
-        b.say(" Causal check: removing the probe's direction at ")
+        b.say(" Causal check")
+        if check.get("sites", "best") == "best" and len(checked) == 1 and "selectivity" in t:
+            b.say(" at the site of ")
+            word = b.qualify("highest selectivity", "top_by_value")
+            b.say(" (")
+            b.refer(word, [b.quote(row, "selectivity", name=False)])
+            b.say(")")
+        b.say(": removing the probe's direction at ")
         probe = b.quote(row, "metric_change", fmt="+.3g", name=f"{row['site']} changes the {metric} by")
         if not pd.notna(row.get("random_metric_change")):
             b.say(".")
