@@ -267,7 +267,7 @@ def test_dataset_graph_sums_positions_and_averages_prompts(demo):
     for key in ("demo/resid_post.2",):
         expect = np.mean([float(g.adjacency[-1, (g.nodes["kind"] == "error").to_numpy() &
                                             (g.nodes["dictionary"] == key).to_numpy()].sum()) for g in graphs])
-        assert by_node[f"{key} error"] == pytest.approx(expect, rel=1e-9, abs=1e-12)
+        assert by_node["resid_post.2.error"] == pytest.approx(expect, rel=1e-9, abs=1e-12)  # the site's name
     assert set(result.extra["scores"]["example"]) == {0, 1, 2}
     assert 0 <= result.extra["dataset_scores"]["replacement"] <= 1
 
@@ -318,7 +318,7 @@ def test_report_features_section_lists_the_strongest_features_with_pages(demo, t
         assert (tmp_path / link).exists(), link
     table = pd.read_csv(folder / "table.csv")  # the IOI patching result, saved by the section
     top = table.reindex(table["value"].abs().sort_values(ascending=False).index).iloc[0]
-    assert f"{top['dictionary']} f{int(top['feature'])}" in body
+    assert top["site"].split("@")[0] in body  # named as its table names it: resid_post.1.f29
     assert top["value_ci_low"] <= top["value"] <= top["value_ci_high"]
 
 

@@ -294,7 +294,7 @@ def test_probing_intervals_are_finite_and_drawn(probing):
     assert np.isfinite(probing.table["test_accuracy_ci_low"]).all()
     assert (probing.table["n_held_out"] == 16).all()
     fig = probing.figures()[0]
-    assert "bootstrap interval" in fig[0]
+    assert "95% interval over held-out prompts" in fig[1].layout.yaxis.title.text  # the axis names its bars
     assert fig[1].data[0].error_y.arrayminus is not None
 
 

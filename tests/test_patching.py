@@ -377,7 +377,7 @@ def test_a_pair_with_equal_metrics_is_flagged_not_warned():
     assert pp[pp.example == 0].normalized.isna().all() and pp[pp.example == 0].degenerate.all()
     assert pp[pp.example > 0].normalized.notna().all() and not pp[pp.example > 0].degenerate.any()
     assert (r.table.n_degenerate == 1).all() and r.extra["n_degenerate"] == 1
-    assert "1 of 3 pairs" in r.title
+    assert "1 of 3 pairs are degenerate" in r.page_warnings[0]["message"]  # the page's warnings box
     expected = pp[pp.example > 0].groupby("site", sort=False).normalized.mean()  # per-pair ratios: without it
     assert torch.allclose(torch.tensor(r.table.normalized_mean.to_numpy()), torch.tensor(expected.to_numpy()))
 

@@ -215,7 +215,7 @@ def test_demo_model_carries_the_start_year_to_the_last_token(demo):
 def test_causal_check_equals_a_hand_written_projection_hook(backend):
     model = load_model("demo", backend=backend)
     data = es.tasks.ioi(n=40, seed=6)
-    check = CausalCheck(sites=["L1"], metric="logit_diff", random_baseline=False)
+    check = CausalCheck(sites=["resid_post.1"], metric="logit_diff", random_baseline=False)
     result = Probing(sites=es.Sites(activation="resid_post", layers=[1]), causal_check=check,
                      C_grid=[1.0]).run(model, data, quiet=True)
     fit = result.extra["fit"]
@@ -256,7 +256,7 @@ def test_k_fold_causal_check_scores_each_fold_after_removing_its_own_direction(d
     """With k folds each fold's probe has its own direction; removing it makes that probe constant, so
     its held-out accuracy is the share of its test rows in the class its intercept picks."""
     data = es.tasks.ioi(n=60, seed=2)
-    check = CausalCheck(sites=["L1"], metric="logit_diff", random_baseline=False)
+    check = CausalCheck(sites=["resid_post.1"], metric="logit_diff", random_baseline=False)
     result = Probing(sites=es.Sites(activation="resid_post", layers=[1]), causal_check=check, split="kfold", k=4,
                      C_grid=[0.01]).run(demo, data, quiet=True)
     fit = result.extra["fit"]

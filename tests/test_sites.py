@@ -39,7 +39,7 @@ def test_ranges_excludes_and_negative_indices(gpt2):
 
 def test_groups_read_several_units_as_one_row(gpt2):
     s = Sites(activation="z", groups=[[{"layer": 1, "head": 0}, {"layer": 1, "head": 3}]]).resolve(gpt2)
-    assert len(s) == 1 and s.units[0].is_group and s.units[0].label == "1.0+1.3"
+    assert len(s) == 1 and s.units[0].is_group and s.units[0].label == "a1.h0+a1.h3"
     assert s.units[0].get("layer") == 1 and s.units[0].get("head") is None
 
 

@@ -29,6 +29,7 @@ from .config_model import ConfigModel
 from .data.roles import END, RoleTable
 from .errors import SiteError, warn
 from .models.adapter import ModelAdapter
+from . import naming
 from .models.names import KINDS, ActName, Kind, parse_name
 
 Selection = Union[str, int, list[Union[int, str]]]  # "all", "2:5", "-3:", 4, [0, 2, -1]; positions: "S2", "S2+1"
@@ -169,6 +170,7 @@ class Sites(ConfigModel):
                 ) -> SiteSet:
         """Validate against the model (and the prompts' token lengths and roles) and list the units."""
         kind, fixed_layer = self.kind()
+        named = kind.name  # the activation units are named after (features: the one the dictionary reads)
         if fixed_layer is not None:  # blocks.9.hook_resid_post on a 3-layer model; final_resid = layer -1
             fixed_layer = model.resolve(ActName(kind.name, fixed_layer)).layer
         s = model.structure
@@ -205,7 +207,7 @@ class Sites(ConfigModel):
                     "position is a token index")
         if self.coords is not None or self.groups is not None:
             raw_groups = [[c] for c in self.coords] if self.coords is not None else self.groups
-            units = [self._unit([self._coord(c, sizes, fixed_layer, kind, lengths, roles) for c in g], roles)
+            units = [self._unit([self._coord(c, sizes, fixed_layer, kind, lengths, roles) for c in g], roles, named)
                      for g in raw_groups or []]
         else:
             # A per-layer kind with no layer axis in `over`: each row reads every selected layer at once.
@@ -220,9 +222,10 @@ class Sites(ConfigModel):
                     continue
                 if kind.per_layer and "layer" not in coord:
                     layers = [fixed_layer] if fixed_layer is not None else self._select("layer", sizes, lengths)
-                    units.append(self._unit([tuple(sorted({**coord, "layer": L}.items())) for L in layers], roles))
+                    units.append(self._unit([tuple(sorted({**coord, "layer": L}.items())) for L in layers], roles,
+                                              named))
                 else:
-                    units.append(self._unit([tuple(sorted(coord.items()))], roles))
+                    units.append(self._unit([tuple(sorted(coord.items()))], roles, named))
         if not units:
             raise SiteError(f"the selection of {kind.name} sites is empty", code="empty_selection",
                             remedy="widen layers/positions/heads, or drop some exclusions")
@@ -377,24 +380,18 @@ class Sites(ConfigModel):
         return tuple(sorted((ax, self._check(ax, i, sizes, lengths, roles)) for ax, i in coord.items()))
 
     @staticmethod
-    def _unit(members: list[Coord], roles: RoleTable | None = None) -> Unit:
+    def _unit(members: list[Coord], roles: RoleTable | None = None, kind: str = "") -> Unit:
         names = roles.names if roles is not None else ()
-        return Unit(tuple(members), "+".join(_label(m, names) for m in members))
+        return Unit(tuple(members), "+".join(_label(m, names, kind) for m in members))
 
 
-def _label(coord: Coord, role_names: tuple[str, ...] = ()) -> str:
-    d = dict(coord)
+def _label(coord: Coord, role_names: tuple[str, ...] = (), kind: str = "") -> str:
+    """A unit's name in the one naming scheme (naming.py): a2.h0, m1, resid_pre.2@S1, resid_post.1.f256@END."""
+    d: dict[str, Any] = dict(coord)
     for ax in _POSITION_AXES:
-        if ax in d and (is_role(d[ax]) or d[ax] < 0):
-            d[ax] = position_text(d[ax], role_names)  # type: ignore[assignment]
-    parts = []
-    if "layer" in d and "head" in d:
-        parts.append(f"{d.pop('layer')}.{d.pop('head')}")
-    short = {"layer": "L", "pos": "p", "head": "h", "kv_head": "kv", "neuron": "n", "query_pos": "q",
-             "key_pos": "k", "feature": "f"}
-    parts += [i if isinstance(i, str) else f"{short[a]}{i}"  # a role or from-end position reads as itself: "L1 END-2"
-              for a, i in sorted(d.items(), key=lambda x: list(short).index(x[0]))]
-    return " ".join(parts) if parts else "all"
+        if ax in d:
+            d[ax] = position_text(d[ax], role_names)
+    return naming.site(kind, d) if d or kind else "all"
 
 
 def role_code(index: int, offset: int = 0) -> int:

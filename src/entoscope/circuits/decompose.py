@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .. import naming
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
 from ..models.structure import Structure
@@ -51,13 +52,13 @@ def components(structure: Structure, neuron_layers: Iterable[int] = ()) -> list[
     if structure.positional == "learned":
         out.append(Component("pos_embed", "pos_embed"))
     for L in range(structure.n_layers):
-        out += [Component(f"a{L}.h{h}", "head", L, head=h) for h in range(structure.n_heads)]
-        out.append(Component(f"a{L}.b_O", "attn_bias", L))
+        out += [Component(naming.head(L, h), "head", L, head=h) for h in range(structure.n_heads)]
+        out.append(Component(f"{naming.attention(L)}.b_O", "attn_bias", L))
         if L in split:
-            out += [Component(f"m{L}.n{n}", "neuron", L, neuron=n) for n in range(structure.d_mlp)]
-            out.append(Component(f"m{L}.b_out", "mlp_bias", L))
+            out += [Component(naming.neuron(L, n), "neuron", L, neuron=n) for n in range(structure.d_mlp)]
+            out.append(Component(f"{naming.mlp(L)}.b_out", "mlp_bias", L))
         else:
-            out.append(Component(f"m{L}", "mlp", L))
+            out.append(Component(naming.mlp(L), "mlp", L))
     return out
 
 

@@ -33,6 +33,7 @@ table's rows (`mean_q`) and `significant` (q <= stats.fdr). `std` and `mean_abs`
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,6 +43,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
+from .. import naming
 from ..data.examples import Dataset
 from ..data.tokenized import make_batches, pad_id, tokenize_data
 from ..errors import CheckFailedError, ConfigError, DataError
@@ -56,10 +58,12 @@ from ..models.weights import Norm
 from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
 from ..results.lazy import LazyDict, LazyTable
 from ..results.result import Result
-from ..stats import Stats, ci_text, error_arrays, interval_columns, streamed_mean, summarise
+from ..results.figures import interval_note, metric_unit, noted
+from ..stats import Stats, ci_text, interval_columns, streamed_mean, summarise
+from ..stats.columns import hover_value, interval_bars, level_text
 from ..stats.moments import column_moments
 from .decompose import Component, component_dots, components, decomposition_reads
-from .scores_takeaway import dla_takeaway
+from .scores_takeaway import TOP_SHARE_FILE, dla_takeaway, top_share
 
 FULL_PRECISION_TOLERANCE = 1e-4
 HALF_PRECISION_TOLERANCE = 2e-2
@@ -191,7 +195,8 @@ class DirectLogitAttribution(Operation):
                           "contribution_blocks": read},
                          {"contributions": lambda: torch.from_numpy(columns["contrib"]).T})  # [components, prompts]
         return DLAResult(self.name, table, per_prompt=per_prompt, figures=self._figures,
-                         title=f"direct logit attribution ({self.metric})", extra=extra, takeaway=dla_takeaway)
+                         title=f"direct logit attribution: each component's direct contribution to the {self.metric}",
+                         extra=extra, takeaway=dla_takeaway)
 
     def _attribute(self, model: ModelAdapter, acts: dict[ActName, Tensor], logits: Tensor, batch: Any,
                    split: list[int]) -> tuple[Tensor, Tensor, Tensor]:
@@ -240,6 +245,10 @@ class DLAResult(Result):
     def save_extra(self, folder: Path, files: list[str]) -> None:
         self.extra["identity"].to_csv(folder / "identity.csv", index=False)
         files.append("identity.csv")
+        share = top_share(self)
+        if share is not None:  # the share the takeaway quotes
+            (folder / TOP_SHARE_FILE).write_text(json.dumps(share, indent=2), encoding="utf-8")
+            files.append(TOP_SHARE_FILE)
 
 
 def _component_frame(comps: list[Component]) -> pd.DataFrame:
@@ -298,10 +307,9 @@ def dla_summary(n: int, components: pd.DataFrame, read: Any, stats: Stats, seed:
 def _hover(t: pd.DataFrame) -> list[str]:
     out = []
     for r in t.to_dict("records"):
-        text = f"{r['component']}<br>mean {r['mean']:.3g}"
-        ci = ci_text(r, "mean")
-        if ci:
-            text += f" ({ci})<br>q = {r['mean_q']:.2g}" + (" (significant)" if r["significant"] else "")
+        text = f"{r['component']}<br>{hover_value(r, 'mean')}"
+        if ci_text(r, "mean") and "mean_q" in r:
+            text += f"<br>q = {r['mean_q']:.2g}" + (" (significant)" if r["significant"] else "")
         out.append(text + f"<br>n = {int(r['n_prompts'])}")
     return out
 
@@ -310,16 +318,18 @@ def dla_figures(result: Result, top_k: int = 20) -> list[tuple[str, Any]]:
     import plotly.graph_objects as go
 
     t = result.table
+    unit = metric_unit(result.extra.get("metric", ""))
     top = t.reindex(t["mean"].abs().sort_values(ascending=False).index).head(top_k).iloc[::-1]
-    errors = error_arrays(top, "mean")
-    bar = go.Figure(go.Bar(x=top["mean"], y=top["component"], orientation="h",
-                           error_x=errors if errors is not None else {"type": "data", "array": top["std"]},
-                           text=_hover(top), hovertemplate="%{text}<extra></extra>", textposition="none",
-                           marker_color=np.where(top["mean"] >= 0, "#2b6cb0", "#c53030")))
-    bar.update_layout(xaxis_title="mean direct contribution", height=140 + 22 * len(top))
-    what = f"{round(100 * float(t['ci_level'].iloc[0]))}% bootstrap interval over prompts" if errors is not None \
-        else "std over prompts (stats.n_boot = 0: no interval)"
-    figs = [(f"top {len(top)} components by |mean contribution| (error bars: {what})", bar)]
+    bars = interval_bars(top, "mean", "component", axis="x")
+    if not bars:  # stats.n_boot 0: no interval, the spread over prompts instead (said so)
+        bars = {"error_x": {"type": "data", "array": top["std"]}}
+    what = interval_note(level_text(t)) if "customdata" in bars else \
+        "error bars: std over prompts (no interval: stats.n_boot 0)"
+    bar = go.Figure(go.Bar(x=top["mean"], y=top["component"], orientation="h", text=_hover(top),
+                           hovertemplate="%{text}<extra></extra>", textposition="none",
+                           marker_color=np.where(top["mean"] >= 0, "#2b6cb0", "#c53030"), **bars))
+    bar.update_layout(xaxis_title=noted(f"mean direct contribution ({unit})", what), height=160 + 22 * len(top))
+    figs = [(f"top {len(top)} components by |mean contribution|", bar)]
     heads = t[t["kind"] == "head"]
     if len(heads):
         grid = heads.pivot(index="layer", columns="head", values="mean")
@@ -328,14 +338,17 @@ def dla_figures(result: Result, top_k: int = 20) -> list[tuple[str, Any]]:
         mlp = mlps.groupby("layer")["mean"].sum()
         whole = t[t["kind"] == "mlp"].set_index("layer")  # an unsplit MLP is one row: its own hover
         mlp_hover = [_hover(whole.loc[[L]].reset_index())[0] if L in whole.index else
-                     f"layer {L} MLP: sum of its rows {mlp.get(L, np.nan):.3g}" for L in grid.index]
+                     f"{naming.mlp(L)}: sum of its rows (neurons and b_out) {mlp.get(L, np.nan):.3g}"
+                     for L in grid.index]
         z = np.column_stack([grid.values, mlp.reindex(grid.index).to_numpy(dtype=float)])
         text = np.column_stack([hover.reindex(index=grid.index, columns=grid.columns).values, mlp_hover])
         x = [f"h{h}" for h in grid.columns] + ["mlp"]
         lim = float(np.nanmax(np.abs(z))) or 1.0
         heat = go.Figure(go.Heatmap(z=z, x=x, y=[int(v) for v in grid.index], zmid=0, zmin=-lim, zmax=lim,
                                     colorscale="RdBu", texttemplate="%{z:.2f}", customdata=text,
-                                    hovertemplate="%{customdata}<extra></extra>"))
+                                    hovertemplate="%{customdata}<extra></extra>",
+                                    colorbar={"title": f"mean direct<br>contribution ({unit})"}))
         heat.update_layout(xaxis_title="head (and the layer's MLP)", yaxis_title="layer", height=140 + 40 * len(grid))
-        figs.append(("mean direct contribution by layer and head (hover: interval and BH q-value)", heat))
+        figs.append((f"mean direct contribution by layer and head (hover: the {level_text(t)} interval over prompts "
+                     "and the BH q-value)", heat))
     return figs

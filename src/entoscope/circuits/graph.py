@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .. import naming
 from ..errors import ConfigError, UnknownNameError
 from ..models.split_inputs import Layout
 from ..models.structure import Structure
@@ -153,7 +154,7 @@ class ComponentGraph:
     def senders(self) -> list[str]:
         out = ["input"]
         for L in range(self.layout.n_layers):
-            out += [f"a{L}.h{h}" for h in range(self.layout.n_heads)] + [f"m{L}"]
+            out += [naming.head(L, h) for h in range(self.layout.n_heads)] + [naming.mlp(L)]
         return out
 
     @cached_property

@@ -7,6 +7,10 @@ from typing import Any
 
 import pandas as pd
 
+from ..stats.columns import hover_value
+
+SCALE_TITLE = "score (share of its<br>attention on targets)"
+
 
 def head_score_panels(table: pd.DataFrame, column: str = "score") -> Any:
     """One heatmap per kind of `table` (HeadScores' table: kind, layer, head, score[, CI columns])."""
@@ -22,9 +26,9 @@ def head_score_panels(table: pd.DataFrame, column: str = "score") -> Any:
         hover = sub.assign(_h=sub.apply(lambda r: _hover(r, column), axis=1)).pivot_table(
             index="layer", columns="head", values="_h", aggfunc="first").reindex(index=grid.index, columns=grid.columns)
         fig.add_trace(go.Heatmap(z=grid.values, x=[f"h{int(h)}" for h in grid.columns],
-                                 y=[f"L{int(L)}" for L in grid.index], zmin=0, zmax=1, colorscale="Viridis",
+                                 y=[int(L) for L in grid.index], zmin=0, zmax=1, colorscale="Viridis",
                                  texttemplate="%{z:.2f}", text=hover.values, hovertemplate="%{text}<extra></extra>",
-                                 showscale=i == len(kinds), colorbar={"title": column, "thickness": 14}),
+                                 showscale=i == len(kinds), colorbar={"title": SCALE_TITLE, "thickness": 14}),
                       row=1, col=i)
         fig.update_xaxes(title_text="head", row=1, col=i)
     fig.update_yaxes(title_text="layer", row=1, col=1)
@@ -34,8 +38,5 @@ def head_score_panels(table: pd.DataFrame, column: str = "score") -> Any:
 
 
 def _hover(r: Any, column: str) -> str:
-    text = f"{r['kind']} a{int(r['layer'])}.h{int(r['head'])}<br>{column} {r[column]:.3f}"
-    low, high = r.get(f"{column}_ci_low"), r.get(f"{column}_ci_high")
-    if low is not None and pd.notna(low):
-        text += f"<br>95% CI [{low:.3f}, {high:.3f}]"
+    text = f"{r['kind'].replace('_', '-')} {r['site']}<br>{hover_value(r, column)}"
     return text + (f"<br>n = {int(r['n_prompts'])}" if "n_prompts" in r else "")

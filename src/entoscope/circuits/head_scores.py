@@ -30,6 +30,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
+from .. import naming
 from ..data.examples import Dataset
 from ..data.tokenized import make_batches, pad_id, tokenize_data
 from ..errors import ConfigError, DataError, warn
@@ -39,7 +40,9 @@ from ..models.names import ActName
 from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
 from ..results.lazy import LazyTable
 from ..results.result import Result
-from ..stats import Stats, ci_text, interval_columns, streamed_mean, summarise
+from ..stats import Stats, interval_columns, streamed_mean, summarise
+from ..stats.columns import hover_value, level_text
+from .head_figures import SCALE_TITLE
 from ..stats.moments import column_moments
 from .scores_takeaway import head_scores_takeaway
 
@@ -174,7 +177,8 @@ class HeadScores(Operation):
         per_prompt = LazyTable(len(kinds) * n,
                                lambda lo, hi: _frame_rows(columns, kinds, s.n_layers, s.n_heads, lo, hi),
                                rows_per_prompt=s.n_layers * s.n_heads)
-        return Result(self.name, table, per_prompt=per_prompt, figures=_figures, title="attention head scores",
+        return Result(self.name, table, per_prompt=per_prompt, figures=_figures,
+                      title="attention head scores: how much of its attention each head puts on its targets",
                       takeaway=head_scores_takeaway)
 
 
@@ -197,8 +201,8 @@ def head_score_frame(per_prompt: dict[str, Tensor], n_layers: int, n_heads: int,
         n = v.shape[1]
         ex, L, h = np.meshgrid(np.arange(first, first + n), np.arange(n_layers), np.arange(n_heads), indexing="ij")
         frames.append(pd.DataFrame({"kind": kind, "example": ex.reshape(-1), "layer": L.reshape(-1),
-                                    "head": h.reshape(-1), "site": [f"{a}.{b}" for a, b in zip(L.reshape(-1),
-                                                                                                 h.reshape(-1))],
+                                    "head": h.reshape(-1),
+                                    "site": [naming.head(a, b) for a, b in zip(L.reshape(-1), h.reshape(-1))],
                                     "score": v[0].reshape(-1).numpy(), "score_tl": v[1].reshape(-1).numpy()}))
     return pd.concat(frames[1:], ignore_index=True) if len(frames) > 1 else frames[0]
 
@@ -236,7 +240,7 @@ def head_score_summary(n: int, kinds: list[str], n_layers: int, n_heads: int, re
     tables = []
     for i, kind in enumerate(kinds):
         table = pd.DataFrame({"kind": kind, "layer": L.reshape(-1), "head": H.reshape(-1),
-                              "site": [f"{a}.{b}" for a, b in zip(L.reshape(-1), H.reshape(-1))]})
+                              "site": [naming.head(a, b) for a, b in zip(L.reshape(-1), H.reshape(-1))]})
         for j, col in enumerate(("score", "score_tl")):
             part = slice((2 * i + j) * LH, (2 * i + j + 1) * LH)
             table[col] = summary.value[part]
@@ -255,15 +259,15 @@ def _figures(result: Result) -> list[tuple[str, Any]]:
     figs = []
     for kind, sub in result.table.groupby("kind", sort=False):
         grid = sub.pivot(index="layer", columns="head", values="score")
-        hover = sub.assign(_hover=[f"head {r['site']}<br>score {r['score']:.3g}"
-                                   + (f" ({ci_text(r, 'score')})" if ci_text(r, "score") else "")
-                                   + f"<br>score_tl {r['score_tl']:.3g}<br>n = {int(r['n_prompts'])}"
+        hover = sub.assign(_hover=[f"{r['kind'].replace('_', '-')} {r['site']}<br>{hover_value(r, 'score')}"
+                                   f"<br>{hover_value(r, 'score_tl')}<br>n = {int(r['n_prompts'])}"
                                    for r in sub.to_dict("records")])
         text = hover.pivot(index="layer", columns="head", values="_hover").reindex(index=grid.index,
                                                                                   columns=grid.columns)
         fig = go.Figure(go.Heatmap(z=grid.values, x=[f"h{h}" for h in grid.columns], y=list(grid.index),
                                    zmin=0, zmax=1, colorscale="Viridis", texttemplate="%{z:.2f}",
-                                   customdata=text.values, hovertemplate="%{customdata}<extra></extra>"))
+                                   customdata=text.values, hovertemplate="%{customdata}<extra></extra>",
+                                   colorbar={"title": SCALE_TITLE}))
         fig.update_layout(xaxis_title="head", yaxis_title="layer", height=120 + 40 * len(grid))
-        figs.append((f"{kind} score (hover: the interval over prompts)", fig))
+        figs.append((f"{kind.replace('_', '-')} score (hover: the {level_text(sub)} interval over prompts)", fig))
     return figs

@@ -53,6 +53,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
+from .. import naming
 from ..data.examples import Dataset
 from ..data.tokenized import make_batches, pad_id, tokenize_data
 from ..executors.shards import PerPrompt
@@ -294,7 +295,7 @@ def trace_routes(model: ModelAdapter, acts: dict[ActName, Tensor], last: Tensor,
 
 
 def node_id(state: str, layer: int, position: int) -> str:
-    return f"{state}.{layer}@{position}"
+    return naming.at(naming.activation(state, layer), position)
 
 
 def _level(state: str, layer: int, parallel: bool) -> int:
@@ -341,9 +342,9 @@ def route_graph(imp: FlowImportances, routes: Routes, b: int, tokens: list[str],
             q, k = index[0], index[-1]
             attrs = {"importance": float(imp.attn[layer, b][tuple(index)]), "kind": "attention", "layer": layer}
             if len(index) == 3:
-                attrs.update(component=f"a{layer}.h{index[1]}", head=index[1])
+                attrs.update(component=naming.head(layer, index[1]), head=index[1])
             else:
-                attrs["component"] = f"a{layer}"
+                attrs["component"] = naming.attention(layer)
             g.add_edge(pre(layer, k), node_id(attn_state, layer, q), key=attrs["component"], **attrs)
         for q in routes.attn_residual[layer, b].nonzero().flatten().tolist():
             g.add_edge(pre(layer, q), node_id(attn_state, layer, q), key="residual",
@@ -448,7 +449,8 @@ class InformationFlowRoutes(Operation):
         table = _component_table(prepared.model.structure, self.granularity, columns)
         per_prompt = LazyTable(columns.n, lambda lo, hi: _edge_frame(graphs[lo:hi]), rows_per_prompt=64)
         return RoutesResult(self.name, table, per_prompt=per_prompt, figures=self._figures,
-                            title=f"information flow routes (tau {self.tau:g})", extra={"graphs": graphs},
+                            title=f"information flow routes (tau {self.tau:g}): what each prompt's prediction is built "
+                            "from", extra={"graphs": graphs},
                             takeaway=routes_takeaway)
 
     def _figures(self, result: Result) -> list[tuple[str, Any]]:
@@ -524,9 +526,9 @@ def _component_table(s: Structure, granularity: str, columns: Any) -> pd.DataFra
     rows = []
     for L in range(s.n_layers):
         for h in range(heads):
-            rows.append(("attention", f"a{L}.h{h}" if granularity == "head" else f"a{L}", L,
+            rows.append(("attention", naming.head(L, h) if granularity == "head" else naming.attention(L), L,
                          h if granularity == "head" else None, h))
-        rows.append(("mlp", f"m{L}", L, None, s.n_heads))
+        rows.append(("mlp", naming.mlp(L), L, None, s.n_heads))
     frame = pd.DataFrame({"component": [r[1] for r in rows], "kind": [r[0] for r in rows],
                           "layer": pd.array([r[2] for r in rows], dtype="Int64"),
                           "head": pd.array([r[3] for r in rows], dtype="Int64")})

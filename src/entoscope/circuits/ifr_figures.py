@@ -12,18 +12,21 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .. import naming
+
 COLOURS = {"attention": "#2b6cb0", "mlp": "#dd6b20", "residual": "#a0aec0"}
 WIDTH_BINS = 6
 
 
 def _level_names(n_layers: int, parallel: bool) -> dict[int, str]:
-    names = {0: "embed"}
+    """The residual states by their names (naming.py): the embeddings, after each attention, after each MLP."""
+    names = {0: "resid_pre.0 (embed)"}
     for L in range(n_layers):
         if parallel:
-            names[L + 1] = f"layer {L}"
+            names[L + 1] = naming.activation("resid_post", L)
         else:
-            names[2 * L + 1] = f"{L} attn"
-            names[2 * L + 2] = f"{L} mlp"
+            names[2 * L + 1] = naming.activation("resid_mid", L)
+            names[2 * L + 2] = naming.activation("resid_post", L)
     return names
 
 
@@ -101,6 +104,7 @@ def component_heatmap(table: pd.DataFrame) -> Any:
     z = np.column_stack([grid.to_numpy(dtype=float), mlp.to_numpy(dtype=float)])
     x = [f"h{c}" if c >= 0 else "attn" for c in grid.columns] + ["mlp"]
     fig = go.Figure(go.Heatmap(z=z, x=x, y=[int(v) for v in grid.index], zmin=0, zmax=1, colorscale="Viridis",
-                               texttemplate="%{z:.2f}"))
+                               texttemplate="%{z:.2f}",
+                               colorbar={"title": "share of prompts<br>whose route uses it"}))
     fig.update_layout(xaxis_title="head (and the layer's MLP)", yaxis_title="layer", height=140 + 40 * len(grid))
     return fig

@@ -325,7 +325,8 @@ class Circuits(Operation):
                 per_prompt["metric_stable_circuit"] = stable.tolist()
         data_name = prepared.data.name if prepared.data is not None else "data"
         return CircuitResult(self.name, circuit.table(extra_cols or {}), per_prompt=per_prompt, figures=_figures,
-                             title=f"circuit ({self.method}, {self.metric.type}) on {data_name}",
+                             title=f"the {self.method} circuit of the {self.metric.type} on {data_name}: its edges and "
+                             "how much it recovers",
                              extra={"circuit": circuit, "curve": curve, "summary": summary, "decisions": decisions,
                                     "stability": stability, "node_stats": node_stats},
                              takeaway=circuit_takeaway, blank_note=circuit_blank_note(self.method))
@@ -391,7 +392,14 @@ class CircuitResult(Result):
         self.circuit.save_json(folder / "circuit.json")
         self.circuit.save_graphml(folder / "circuit.graphml")
         drawing = circuit_figure(self.circuit, node_stats=self.extra.get("node_stats"),
-                                 sign_labels=sign_labels(self.summary["method"]))
+                                 sign_labels=sign_labels(self.summary["method"]), edge_rows=_edge_rows(self),
+                                 level=float(self.summary.get("ci_level", 0.95)))
+        nodes = self.extra.get("node_stats")
+        if nodes:  # the senders' summed scores the drawing's hover quotes
+            pd.DataFrame([{"node": n, "summed_score": v, "summed_score_ci_low": lo, "summed_score_ci_high": hi,
+                           "ci_level": self.summary.get("ci_level", 0.95)} for n, (v, lo, hi) in nodes.items()]
+                         ).to_csv(folder / "nodes.csv", index=False)
+            files.append("nodes.csv")
         write_page(folder / "circuit.html", self.title, [("circuit", figure_div(drawing))],
                    js_relpath=self.js_relpath, back=self.back_relpath)
         (folder / "summary.json").write_text(json.dumps(self.summary, indent=2, default=float), encoding="utf-8")
@@ -404,6 +412,12 @@ class CircuitResult(Result):
             files.append("acdc_decisions.csv")
 
 
+def _edge_rows(result: Result) -> dict[str, dict[str, Any]]:
+    t = result.table
+    cols = [c for c in ("edge", "score", "score_ci_low", "score_ci_high", "ci_level") if c in t]
+    return {r["edge"]: r for r in t[cols].to_dict("records")} if "edge" in t and "score" in t else {}
+
+
 def _figures(result: Result) -> list[tuple[str, Any]]:
     circuit: Circuit = result.extra["circuit"]
     s = result.extra["summary"]
@@ -411,8 +425,10 @@ def _figures(result: Result) -> list[tuple[str, Any]]:
     if "faithfulness" in s:
         title += f", faithfulness {s['faithfulness']:.3f}"
     figs = [(title, circuit_figure(circuit, title=title, node_stats=result.extra.get("node_stats"),
-                                   sign_labels=sign_labels(s["method"])))]
+                                   sign_labels=sign_labels(s["method"]), edge_rows=_edge_rows(result),
+                                   level=float(s.get("ci_level", 0.95))))]
     curve = result.extra.get("curve")
     if curve is not None and len(curve):
-        figs.append((f"faithfulness curve (CPR {s['cpr']:.3f}, CMD {s['cmd']:.3f})", faithfulness_figure(curve)))
+        figs.append((f"faithfulness curve (CPR {s['cpr']:.3f}, CMD {s['cmd']:.3f}; the star: the chosen circuit)",
+                     faithfulness_figure(curve, s)))
     return figs

@@ -4,29 +4,55 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..stats import value_with_ci
+from ..results.claims import Takeaway, TakeawayBuilder
+
+SUMMARY = "summary.json"  # the circuit's summary, saved beside its table
 
 
-def circuit_takeaway(result: Any) -> str:
-    """How big the circuit is, how much of the metric it recovers (with its interval), its strongest edges,
-    and how stable it is over resamples of the prompts."""
+def circuit_takeaway(result: Any) -> Takeaway | str:
+    """How big the circuit is, how much of the metric it recovers (with its interval), its edges of largest
+    |score| (with intervals and q), and how stable it is over resamples of the prompts."""
     s, t = result.extra["summary"], result.table
     kept = t[t["in_circuit"].astype(bool)] if "in_circuit" in t else t.iloc[:0]
-    text = f"The circuit keeps {s['n_kept']} of {s['n_edges_total']} edges ({s['method']}, metric {s['metric']})"
+    b = TakeawayBuilder(key="edge")
+    b.say("The circuit keeps ")
+    b.quote(s, "n_kept", fmt="d", name=False, key=(), source=SUMMARY, interval=False)
+    b.say(" of ")
+    b.quote(s, "n_edges_total", fmt="d", name=False, key=(), source=SUMMARY, interval=False)
+    b.say(f" edges ({s['method']}, metric {s['metric']})")
     if "faithfulness" in s:
-        text += f" and recovers {value_with_ci(s, 'faithfulness')} of the metric (faithfulness)"
-    text += "."
+        b.say(" and recovers ")
+        b.quote(s, "faithfulness", name=False, key=(), source=SUMMARY)
+        b.say(" of the metric (faithfulness)")
+    b.say(".")
     if len(kept) and "score" in kept:
-        top = kept.reindex(kept["score"].abs().sort_values(ascending=False).index).head(3)
-        text += " Strongest edges: " + ", ".join(f"{r.edge} ({r.score:+.2g})" for r in top.itertuples()) + "."
+        b.say(" Its edges of ")
+        word = b.qualify("largest |score|", "top_by_abs", condition="in_circuit")
+        b.say(": ")
+        refs = b.ranking(kept, "score", 3, fmt="+.2g")
+        b.refer(word, refs)
+        if len(refs) > 1:
+            b.say("; ")
+            b.separation(refs[0], refs[1], above="the first stands out (its interval lies above the second's)",
+                         overlap="the first two intervals overlap")
+        b.say(".")
     if s.get("cpr") is not None and s.get("cpr") == s.get("cpr"):
-        text += (f" Over the edge fractions: CPR {value_with_ci(s, 'cpr')} (higher is better), "
-                 f"CMD {value_with_ci(s, 'cmd')} (lower is better).")
+        b.say(" Over the edge fractions: CPR ")
+        b.quote(s, "cpr", name=False, key=(), source=SUMMARY)
+        b.say(" (higher is better), CMD ")
+        b.quote(s, "cmd", name=False, key=(), source=SUMMARY)
+        b.say(" (lower is better).")
     if "stability_jaccard" in s:
-        text += (f" Over {s['stability_resamples']} resamples of the prompts the circuit is chosen again with mean "
-                 f"Jaccard {s['stability_jaccard']:.2f}; {s['n_stable']} edges are kept in at least "
-                 f"{s['stability_share']:.0%} of them.")
-    return text
+        b.say(" Over ")
+        b.quote(s, "stability_resamples", fmt="d", name=False, key=(), source=SUMMARY, interval=False)
+        b.say(" resamples of the prompts the circuit is chosen again with mean Jaccard ")
+        b.quote(s, "stability_jaccard", name=False, key=(), source=SUMMARY, interval=False)
+        b.say("; ")
+        b.quote(s, "n_stable", fmt="d", name=False, key=(), source=SUMMARY, interval=False)
+        b.say(" edges are kept in at least ")
+        b.quote(s, "stability_share", fmt=".0%", name=False, key=(), source=SUMMARY, interval=False)
+        b.say(" of them.")
+    return b.build()
 
 
 def circuit_blank_note(method: str) -> str:
@@ -36,17 +62,27 @@ def circuit_blank_note(method: str) -> str:
     return "no interval without resampling (stats.n_boot 0), or no stability run (stability 0)"
 
 
-def routes_takeaway(result: Any) -> str:
-    """Which components the prompts' routes use most, and how often."""
+def routes_takeaway(result: Any, top: int = 4) -> Takeaway | str:
+    """The components the prompts' routes use most often: the share of prompts whose route uses each (an
+    exact count over these prompts, no interval)."""
     t = result.table
     if not len(t) or "in_route" not in t:
         return ""
-    n = int(t["n_prompts"].iloc[0])
     comps = t[t["kind"].isin(["attention", "mlp"])] if "kind" in t else t
-    top = comps.sort_values(["in_route", "importance_mean"], ascending=False).head(4)
-    used = "; ".join(f"{r.component} in {r.in_route:.0%}" for r in top.itertuples())
-    return (f"The components most often on the prompts' information flow routes (share of {n} prompts whose route "
-            f"uses them): {used}.")
+    ranked = comps.sort_values(["in_route", "importance_mean"], ascending=False, kind="stable").head(top)
+    b = TakeawayBuilder(key="component")
+    b.say("The components used by the ")
+    word = b.qualify("largest share", "top_by_value")
+    b.say(" of the prompts' information flow routes (of ")
+    b.constant(t["n_prompts"].iloc[0], "n_prompts", unit="prompts")
+    b.say("; an exact count, no interval): ")
+    refs = []
+    for i, (_, row) in enumerate(ranked.iterrows()):
+        b.say("; " if i else "")
+        refs.append(b.quote(row, "in_route", fmt=".0%", interval=False, q=False))
+    b.refer(word, refs)
+    b.say(".")
+    return b.build()
 
 
 def sign_labels(method: str) -> tuple[str, str]:

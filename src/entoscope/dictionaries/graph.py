@@ -58,6 +58,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
+from .. import naming
 from ..data.examples import Dataset
 from ..data.tokenized import Batch, make_batches, pad_id, tokenize_data
 from ..errors import ConfigError, DataError
@@ -78,6 +79,8 @@ from ..results.result import Result
 from ..sites import Selection, Sites
 from .catalog import get_dictionary
 from .dictionary import Dictionary
+from .graph_page import READING, graph_figures, graph_takeaway
+from .graph_stats import attribution_columns, score_table, stacked
 
 EMBED = ActName("resid_pre", 0)
 
@@ -91,6 +94,11 @@ class Site:
     d: Dictionary
     hook_in: ActName
     hook_out: ActName
+
+    @property
+    def name(self) -> str:
+        """The site's name in the naming scheme (resid_post.1; a transcoder's mlp_out.1: m1)."""
+        return naming.activation(self.hook_out.kind, self.hook_out.layer)
 
 
 @dataclass
@@ -216,15 +224,22 @@ class FeatureGraphOperation(Operation):
         graphs: list[FeatureGraph] = [None] * st["n"]  # type: ignore[list-item]
         for batch in progress(st["batches"], total=len(st["batches"]), desc="feature graph", quiet=quiet):
             graphs[batch.index[0]] = self.graph(model, st["sites"], batch)
-        dataset = collapse(graphs)
+        nodes, mats, attribution = stacked(graphs)
+        dataset = _dataset_graph(nodes, mats, attribution)
         scores = pd.DataFrame([{"example": i, **g.scores()} for i, g in enumerate(graphs)])
         whole = dataset.scores()
         per_prompt = pd.concat([g.nodes.assign(example=i) for i, g in enumerate(graphs)], ignore_index=True)
         per_prompt.insert(0, "example", per_prompt.pop("example"))
-        table = dataset.nodes.sort_values("attribution", key=abs, ascending=False, kind="stable").reset_index(drop=True)
-        return GraphResult(self.name, table, per_prompt=per_prompt, figures=_figures,
+        table = dataset.nodes.assign(**attribution_columns(attribution, self.stats, self.seed))
+        table["n_prompts"], table["ci_level"] = len(graphs), self.stats.ci_level
+        table = table.sort_values("attribution", key=abs, ascending=False, kind="stable").reset_index(drop=True)
+        score_rows = score_table(graphs, scores, mats, dataset.kinds, self.stats, self.seed)
+        result = GraphResult(self.name, table, per_prompt=per_prompt, figures=graph_figures, takeaway=graph_takeaway,
                            title=f"attribution graph over {self.activation} features ({self.method}, {self.metric})",
-                           extra={"graphs": graphs, "dataset": dataset, "scores": scores, "dataset_scores": whole})
+                           extra={"graphs": graphs, "dataset": dataset, "scores": scores, "dataset_scores": whole,
+                                  "score_table": score_rows})
+        result.notes = [("reading the graph", READING)]
+        return result
 
     # ------------------------------------------------------------------ one prompt
     def graph(self, model: ModelAdapter, sites: list[Site], batch: Batch) -> FeatureGraph:
@@ -341,20 +356,23 @@ def _assemble(model: ModelAdapter, sites: list[Site], batch: Batch, clean: dict[
     rows: list[dict[str, Any]] = []
     for j, p, i in chosen:
         s = sites[j]
-        rows.append({"node": f"{s.key} L{s.layer} p{p} f{i}", "kind": "feature", "layer": s.layer, "dictionary": s.key,
+        rows.append({"node": naming.at(naming.feature(s.hook_out.kind, s.hook_out.layer, i), p), "kind": "feature",
+                     "site": s.name, "layer": s.layer, "dictionary": s.key,
                      "position": p, "token": tokens[p], "feature": i, "value": float(clean[("f", j)][p, i]),
                      "baseline": float(base[("f", j)][p, i]), "attribution": float(attribution[("f", j)][p, i])})
     for j, s in enumerate(sites):
         for p in range(T):
-            rows.append({"node": f"{s.key} L{s.layer} p{p} error", "kind": "error", "layer": s.layer,
+            rows.append({"node": naming.at(naming.dictionary_error(s.hook_out.kind, s.hook_out.layer), p),
+                         "kind": "error", "site": s.name, "layer": s.layer,
                          "dictionary": s.key, "position": p, "token": tokens[p], "feature": None,
                          "value": float(clean[("e", j)][p].norm()), "baseline": float(base[("e", j)][p].norm()),
                          "attribution": float(attribution[("e", j)][p])})
     for p in range(T):
-        rows.append({"node": f"token p{p}", "kind": "token", "layer": None, "dictionary": None, "position": p,
+        rows.append({"node": naming.at("input", p), "kind": "token", "site": None, "layer": None, "dictionary": None,
+                     "position": p,
                      "token": tokens[p], "feature": None, "value": float(clean[("t",)][p].norm()),
                      "baseline": float(base[("t",)][p].norm()), "attribution": float(attribution[("t",)][p])})
-    rows.append({"node": "metric", "kind": "metric", "layer": None, "dictionary": None, "position": T - 1,
+    rows.append({"node": "metric", "kind": "metric", "site": None, "layer": None, "dictionary": None, "position": T - 1,
                  "token": tokens[T - 1], "feature": None, "value": None, "baseline": None, "attribution": None})
     N = len(rows)
     n_f = len(chosen)
@@ -383,38 +401,15 @@ def _assemble(model: ModelAdapter, sites: list[Site], batch: Batch, clean: dict[
 
 
 def collapse(graphs: list[FeatureGraph]) -> FeatureGraph:
-    """The dataset's graph: positions summed into one node per (dictionary, feature), per dictionary's
-    error, one token node and the metric; adjacencies averaged over prompts."""
-    def key(row: Any) -> str:
-        if row.kind == "feature":
-            return f"{row.dictionary} f{row.feature}"
-        if row.kind == "error":
-            return f"{row.dictionary} error"
-        return "tokens" if row.kind == "token" else "metric"
+    """The dataset's graph: positions summed into one node per (site, feature), per site's error, one
+    token node and the metric; adjacencies averaged over prompts (graph_stats.py)."""
+    return _dataset_graph(*stacked(graphs))
 
-    info: dict[str, dict[str, Any]] = {}
-    for g in graphs:
-        for row in g.nodes.itertuples():
-            info.setdefault(key(row), {"kind": row.kind, "layer": row.layer, "dictionary": row.dictionary,
-                                       "feature": row.feature})
-    order = sorted(info, key=lambda n: ({"feature": 0, "error": 1, "token": 2, "metric": 3}[info[n]["kind"]],
-                                        -1 if info[n]["layer"] is pd.NA or info[n]["layer"] is None else info[n]["layer"],
-                                        n))
-    index = {n: i for i, n in enumerate(order)}
-    A = torch.zeros(len(order), len(order), dtype=torch.float64)
-    attribution = np.zeros(len(order))
-    present = np.zeros(len(order))
-    for g in graphs:
-        ids = torch.tensor([index[key(r)] for r in g.nodes.itertuples()])
-        M = torch.zeros(len(order), len(g.nodes), dtype=torch.float64).index_add_(0, ids, g.adjacency)
-        A += torch.zeros(len(order), len(order), dtype=torch.float64).index_add_(1, ids, M) / len(graphs)
-        att = g.nodes["attribution"].to_numpy(dtype=float)
-        np.add.at(attribution, ids.numpy(), np.nan_to_num(att) / len(graphs))
-        np.add.at(present, np.unique(ids.numpy()), 1)
-    A.fill_diagonal_(0.0)  # a collapsed node's edges between its own positions are not a loop
-    nodes = pd.DataFrame([{"node": n, **info[n]} for n in order])
-    nodes["attribution"] = attribution
-    nodes["prompts"] = present.astype(int)
+
+def _dataset_graph(nodes: pd.DataFrame, mats: list[Tensor], attribution: np.ndarray) -> FeatureGraph:
+    A = torch.stack(mats).mean(0)
+    nodes = nodes.copy()
+    nodes.insert(nodes.columns.get_loc("prompts"), "attribution", attribution.mean(0))
     nodes["influence"] = node_influence(A, nodes["kind"].to_numpy()).numpy()
     for col in ("layer", "feature"):
         nodes[col] = pd.array(nodes[col], dtype="Int64")
@@ -428,27 +423,5 @@ class GraphResult(Result):
         edges = pd.concat([g.edges(top=200).assign(example=i) for i, g in enumerate(self.extra["graphs"])],
                           ignore_index=True)
         edges.to_csv(folder / "edges.csv", index=False)
-        scores = self.extra["scores"].copy()
-        whole = self.extra["dataset_scores"]
-        scores.loc[len(scores)] = {"example": "dataset", **whole}
-        scores.to_csv(folder / "scores.csv", index=False)
+        self.extra["score_table"].to_csv(folder / "scores.csv", index=False)
         files += ["edges.csv", "scores.csv"]
-
-
-def _figures(result: Result) -> list[tuple[str, Any]]:
-    import plotly.graph_objects as go
-
-    t = result.table
-    top = t[t["kind"] != "metric"].head(25).iloc[::-1]
-    bar = go.Figure(go.Bar(x=top["attribution"], y=top["node"], orientation="h",
-                           marker_color=np.where(top["attribution"] >= 0, "#2b6cb0", "#c53030")))
-    bar.update_layout(xaxis_title="mean attribution to the metric (summed over positions)", height=160 + 20 * len(top))
-    s = result.extra["scores"]
-    whole = result.extra["dataset_scores"]
-    pts = go.Figure(go.Scatter(x=s["replacement"], y=s["completeness"], mode="markers", name="prompts",
-                               text=[f"example {e}" for e in s["example"]]))
-    pts.add_trace(go.Scatter(x=[whole["replacement"]], y=[whole["completeness"]], mode="markers",
-                             marker={"size": 14, "symbol": "star"}, name="dataset graph"))
-    pts.update_layout(xaxis_title="replacement score", yaxis_title="completeness score", height=380)
-    return [(f"top {len(top)} nodes of the dataset graph by |attribution|", bar),
-            ("replacement and completeness per prompt (Ameisen et al. 2025)", pts)]

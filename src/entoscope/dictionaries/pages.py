@@ -24,10 +24,12 @@ import numpy as np
 import pandas as pd
 import torch
 
+from .. import naming
 from ..data.loading import load_data
 from ..data.tokenized import make_batches, pad_id, tokenize_data
 from ..models.adapter import adapt
 from ..models.names import ActName, parse_name
+from ..results.claims import Takeaway, write_takeaways
 from ..results.page import (
     PLOTLY_JS,
     ensure_plotly_js,
@@ -43,6 +45,12 @@ FeatureKey = tuple[str, int]  # (dictionary key, feature index)
 def page_name(key: str, feature: int) -> str:
     """The file name of a feature's page (safe on every file system)."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", key) + f"_f{feature}.html"
+
+
+def feature_name(key: str, feature: int) -> str:
+    """A dictionary feature's name in the naming scheme: its site and index (resid_post.1.f29)."""
+    out = parse_name(get_dictionary(key).hook_out)
+    return naming.feature(out.kind, out.layer, feature)
 
 
 def feature_activations(model: Any, features: list[FeatureKey], data: Any, batch_size: int = 32
@@ -139,12 +147,16 @@ def write_feature_pages(model: Any, features: list[FeatureKey], data: Any, folde
              "<p>no active token.</p>"),
         ]
         lead = (notes or {}).get((key, i), "") or f"feature {i} of {key} on {len(prompts)} prompts."
-        path = write_page(folder / page_name(key, i), f"{key} feature {i}", sections, js_relpath=js, lead=lead,
-                          back="index.html")
+        path = write_page(folder / page_name(key, i), f"{feature_name(key, i)}: feature {i} of the {key} dictionary",
+                          sections, js_relpath=js, lead=lead, back="index.html")
         pages[(key, i)] = path
-        rows.append(f'<li><a href="{path.name}">{html.escape(key)} feature {i}</a>: active on {share:.1%} of '
-                    f"tokens, at most {top:.3g}; promotes {html.escape(str(row['top1_token']))!s}</li>")
+        rows.append(f'<li><a href="{path.name}">{html.escape(feature_name(key, i))}</a> ({html.escape(key)}): '
+                    f"active on {share:.1%} of tokens, at most {top:.3g}; promotes "
+                    f"{html.escape(str(row['top1_token']))!s}</li>")
     body = "<ul>" + "".join(rows) + "</ul>"
     write_page(folder / "index.html", "feature pages", [("features", body)], js_relpath=js, back=back,
-               lead=f"{len(features)} features: their top activating examples, logit effects and histograms.")
+               lead="The features below: their top activating examples, logit effects and histograms.")
+    leads = [(page_name(k, i), notes[(k, i)]) for k, i in features if isinstance((notes or {}).get((k, i)), Takeaway)]
+    if leads:  # the pages' leads with their claims (results/claims.py)
+        write_takeaways(folder / "takeaways.json", leads)
     return pages

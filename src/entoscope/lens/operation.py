@@ -28,7 +28,9 @@ from ..operation import Operation, Plan, Prepared, model_bytes, progress, regist
 from ..results.result import Result
 from ..sites import Sites, SiteSet, absolute_positions, position_text
 from ..results.lazy import LazyTable
-from ..stats import Stats, ci_text, error_arrays, interval_columns, streamed_mean, summarise
+from ..results.figures import interval_note, noted
+from ..stats import Stats, error_arrays, interval_columns, streamed_mean, summarise
+from ..stats.columns import hover_value, interval_bars, level_text
 from ..stats.moments import column_moments
 from .project import (COMPONENTS, RESIDUAL_STATES, ComponentScale, check_lens_kind, decode_components,
                       decode_states, residual_after, to_residual_basis)
@@ -129,7 +131,8 @@ class Lens(Operation):
         frame = pd.DataFrame.from_records(sites)
         per_prompt = LazyTable(n, lambda lo, hi: lens_rows(frame, columns.read(lo, hi), vocab, lo, self.top_k),
                                rows_per_prompt=len(sites))
-        return Result(self.name, table, per_prompt=per_prompt, figures=_figures, title=f"{self.method} lens: {kind}",
+        return Result(self.name, table, per_prompt=per_prompt, figures=_figures,
+                      title=f"{self.method} lens on {kind}: what the residual stream predicts at each layer",
                       extra={"mean_probs": mean_probs,
                              "prompt_lengths": (min(st["td"].lengths), max(st["td"].lengths))},
                       takeaway=lens_takeaway)
@@ -338,18 +341,16 @@ def _with_top_tokens(table: pd.DataFrame, mean_probs: Tensor, model: ModelAdapte
 
 
 MAX_LINES = 6  # positions drawn as lines in the by-layer charts (the last ones)
+SCALE_TITLES = {"target_prob_mean": "probability<br>of the answer", "top1_prob": "probability<br>of the top-1 token"}
 
 
 def _hover(t: pd.DataFrame, value: str) -> list[str]:
-    """Per site: the value with its interval and n, and the KL with its interval."""
+    """Per site: its name, the value with its interval, the KL with its interval, and n."""
     out = []
     for r in t.to_dict("records"):
-        text = f"{r['site']}<br>{value} {r[value]:.3g}"
-        ci = ci_text(r, value)
-        text += f" ({ci})" if ci else ""
+        text = f"{r['site']}<br>{hover_value(r, value)}"
         if value != "kl_mean":
-            kl_ci = ci_text(r, "kl_mean")
-            text += f"<br>KL {r['kl_mean']:.3g}" + (f" ({kl_ci})" if kl_ci else "")
+            text += f"<br>{hover_value(r, 'kl_mean')}"
         out.append(text + f"<br>top-1 of the mean distribution {r['top1_token']!r}<br>n = {int(r['n_prompts'])}")
     return out
 
@@ -364,15 +365,13 @@ def _by_layer(t: pd.DataFrame, value: str, ylabel: str) -> tuple[str, Any]:
         sub = t if p is None else t[t["position"] == p]
         sub = sub.sort_values("layer")
         fig.add_trace(go.Scatter(x=sub["layer"], y=sub[value], mode="lines+markers", name=f"position {p}",
-                                 error_y=error_arrays(sub, value), text=_hover(sub, value),
-                                 hovertemplate="%{text}<extra></extra>"))
-    fig.update_layout(xaxis_title="layer", yaxis_title=ylabel, height=340, legend={"orientation": "h"})
+                                 text=_hover(sub, value), hovertemplate="%{text}<extra></extra>",
+                                 **interval_bars(sub, value, "site")))
+    bars = interval_note(level_text(t)) if error_arrays(t, value) is not None else "no interval (stats.n_boot = 0)"
+    fig.update_layout(xaxis_title="layer", yaxis_title=noted(ylabel, bars), height=360, legend={"orientation": "h"})
     fig.update_xaxes(dtick=1)
-    level = t["ci_level"].iloc[0] if "ci_level" in t and len(t) else 0.95
     which = "" if len(shown) == len(positions) else f" (the last {len(shown)} of {len(positions)} positions)"
-    bars = f"error bars: {round(100 * level)}% bootstrap interval over prompts" \
-        if error_arrays(t, value) is not None else "no interval (stats.n_boot = 0)"
-    return f"{ylabel} by layer{which}; {bars}", fig
+    return f"{ylabel} by layer{which}", fig
 
 
 def _figures(result: Result) -> list[tuple[str, Any]]:
@@ -394,9 +393,11 @@ def _figures(result: Result) -> list[tuple[str, Any]]:
             labels = [f"{c}: {tok.get(c, '')!r}" for c in grid.columns]
         fig = go.Figure(go.Heatmap(z=grid.values, x=labels, y=list(grid.index), text=text.values,
                                    customdata=hover.values, hovertemplate="%{customdata}<extra></extra>",
-                                   texttemplate="%{text}", colorscale="Blues", colorbar={"title": value}))
+                                   texttemplate="%{text}", colorscale="Blues",
+                                   colorbar={"title": SCALE_TITLES.get(value, value)}))
         fig.update_layout(xaxis_title="position (token of the first prompt)", yaxis_title="layer", height=420)
-        title = f"{value} by layer and position (text: top-1 token of the mean distribution; hover: its interval)"
+        title = (f"{value} by layer and position (text: top-1 token of the mean distribution; hover: the "
+                 f"{level_text(t)} interval over prompts)")
         figs.append((title, fig))
     if "layer" in t and t["layer"].notna().all():
         figs.append(_by_layer(t, "kl_mean", "KL(final || lens), nats"))

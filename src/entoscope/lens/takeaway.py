@@ -1,6 +1,7 @@
 """The lens result's takeaway: when the answer appears through the lens, with intervals, at the position
 nearest each prompt's end (END: each prompt's own last token; a token index is called the last token
-only when every prompt has that length)."""
+only when every prompt has that length). Every number is a quoted cell, every qualifier a rule of
+results/claims.py."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..stats import value_with_ci
+from ..results.claims import Takeaway, TakeawayBuilder, most
 
 
 def _end_offset(label: Any) -> int | None:
@@ -54,7 +55,7 @@ def last_position_rows(table: pd.DataFrame, lengths: tuple[int, int] | None = No
     return table[table["position"] == last], where
 
 
-def lens_takeaway(result: Any) -> str:
+def lens_takeaway(result: Any) -> Takeaway | str:
     t = result.table
     if not len(t) or "layer" not in t:
         return ""
@@ -63,18 +64,43 @@ def lens_takeaway(result: Any) -> str:
         where = "Over the prompts"
     rows = rows.sort_values("layer")
     first, final = rows.iloc[0], rows.iloc[-1]
-    n = int(first["n_prompts"]) if "n_prompts" in first else 0
-    level = f"{round(100 * float(first['ci_level']))}%" if "ci_level" in first else "95%"
+    b = TakeawayBuilder(key="site")
     if "target_prob_mean" in rows:
-        top = rows[rows["target_top1"] >= 0.5] if "target_top1" in rows else rows.iloc[:0]
-        when = (f"the answer is the lens's top token for most prompts from layer {int(top['layer'].iloc[0])} on"
-                if len(top) else "the answer is never the lens's top token for most prompts")
-        return (f"{where} {when}; the answer's mean probability through the lens is "
-                f"{value_with_ci(first, 'target_prob_mean', '.3g')} at layer {int(first['layer'])} and "
-                f"{value_with_ci(final, 'target_prob_mean', '.3g')} at layer {int(final['layer'])} "
-                f"({level} intervals over {n} prompts).")
-    if "kl_mean" in rows:
-        return (f"{where} KL(final || lens) falls from {value_with_ci(first, 'kl_mean', '.3g')} nats at layer "
-                f"{int(first['layer'])} to {value_with_ci(final, 'kl_mean', '.3g')} at layer {int(final['layer'])} "
-                f"({level} intervals over {n} prompts).")
-    return ""
+        b.say(f"{where} ")
+        if "target_top1" in rows:
+            passes = [bool(most(r["target_top1"], r.get("target_top1_ci_low"))) for _, r in rows.iterrows()]
+            start = next((i for i in range(len(passes)) if all(passes[i:])), None)
+            if start is not None:
+                b.say("the answer is the lens's top token for ")
+                word = b.qualify(f"most prompts from layer {int(rows.iloc[start]['layer'])} on", "most")
+                b.say(" (share of prompts: ")
+                refs = []
+                for j, (_, r) in enumerate(rows.iloc[start:].iterrows()):
+                    b.say(", " if j else "")
+                    refs.append(b.quote(r, "target_top1", name=False, after=f" at layer {int(r['layer'])}"))
+                b.refer(word, refs)
+                b.say("); ")
+            else:
+                b.say("the answer is not the lens's top token for ")
+                word = b.qualify("most prompts", "not_most")
+                b.say(" at any layer (highest share: ")
+                best = rows.loc[rows["target_top1"].astype(float).idxmax()]
+                b.refer(word, [b.quote(best, "target_top1", name=False, after=f" at layer {int(best['layer'])}")])
+                b.say("); ")
+        b.say("the answer's mean probability through the lens is ")
+        b.quote(first, "target_prob_mean", fmt=".3g", name=False, after=f" at layer {int(first['layer'])}")
+        b.say(" and ")
+        b.quote(final, "target_prob_mean", fmt=".3g", name=False, after=f" at layer {int(final['layer'])}")
+    elif "kl_mean" in rows:
+        b.say(f"{where} KL(final || lens) is ")
+        b.quote(first, "kl_mean", fmt=".3g", name=False, after=f" nats at layer {int(first['layer'])}")
+        b.say(" and ")
+        b.quote(final, "kl_mean", fmt=".3g", name=False, after=f" at layer {int(final['layer'])}")
+    else:
+        return ""
+    b.say(" (")
+    b.constant(t["ci_level"].iloc[0], "ci_level", fmt=".0%")
+    b.say(" intervals over ")
+    b.constant(first["n_prompts"], "n_prompts", unit="prompts")
+    b.say(").")
+    return b.build()

@@ -400,19 +400,31 @@ class Patching(Operation):
         n_deg = int(values.degenerate.sum())
         vocab = model.vocab_strings()
         label = f"{self.comparison} {self.metric.type}"
-        title = (f"{self.method.replace('_', ' ')} patching ({self.direction}, patch {self.patch}) of "
-                 f"{siteset.kind.name}: {label}" + degenerate_note(n_deg, len(pairs.base)))
+        title = _title(self.method, self.direction, self.patch, siteset.kind.name, label)
+
         extra = LazyDict({"m_base": torch.from_numpy(m_base), "m_source": torch.from_numpy(m_source),
                           "n_degenerate": n_deg, "degenerate": values.degenerate, "value_label": label,
                           "per_prompt_column": {"absolute": "patched_metric"}.get(self.comparison, self.comparison),
                           "first_tokens": [vocab[t] for t in pairs.base[0]], "path": st["setup"].path,
                           "partners": pairs.partner, "summary": summary},
                          {"patched": lambda: torch.from_numpy(columns["patched"])})
-        return Result(self.name, table, per_prompt=per_prompt, figures=patching_figures, title=title, extra=extra,
-                      takeaway=patching_takeaway)
+        result = Result(self.name, table, per_prompt=per_prompt, figures=patching_figures, title=title, extra=extra,
+                        takeaway=patching_takeaway)
+        if n_deg:  # shown in the page's warnings box, in the glossary's words
+            result.page_warnings = [{"code": "degenerate_pairs",
+                                     "message": degenerate_note(n_deg, len(pairs.base), self.stats.degenerate_share)}]
+        return result
 
 
 # ---------------------------------------------------------------------- helpers
+def _title(method: str, direction: str, patch: str, kind: str, label: str) -> str:
+    """What the page shows: the metric when each site is patched, and how."""
+    base, source = ("corrupt", "clean") if direction == "denoising" else ("clean", "corrupt")
+    how = f"patched from the {source} run" if patch == "source" else f"given its {patch} value"
+    return (f"{label.replace('normalized', 'normalised')} when each {kind} site of the {base} run is {how} "
+            f"({method.replace('_', ' ')} patching, {direction})")
+
+
 def _probe_metric(metric: Any, model: ModelAdapter, td: Any) -> None:
     """Call the metric once on stand-in logits so that a metric the data cannot serve is refused now."""
     V = model.structure.d_vocab

@@ -1,29 +1,74 @@
-"""What a reader should take from a patching table, in a sentence or two computed from its numbers."""
+"""What a reader should take from a patching table, in a sentence or two computed from its numbers
+(every number a quoted cell, every qualifier a rule of results/claims.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from ..results.claims import Takeaway, TakeawayBuilder
 
-def patching_takeaway(result: Any) -> str:
-    """The strongest cells with their intervals, how many survive the false-discovery control, and the cells
-    one prompt carries (and the degenerate pairs left out of per-pair ratios)."""
+TOP = 3
+FRAGILE_NAMED = 6
+
+
+def patching_takeaway(result: Any) -> Takeaway | str:
+    """How many cells survive the false-discovery control (first, when none does), the cells of largest
+    |value| with their intervals and q, whether the first stands out, the cells one prompt carries, and
+    the degenerate pairs left out of per-pair ratios."""
     t = result.table
     if not len(t) or "value_ci_low" not in t:
         return ""
-    n, level = int(t["n_prompts"].iloc[0]), int(round(100 * float(t["ci_level"].iloc[0])))
+    b = TakeawayBuilder(key="site")
     what = result.extra.get("value_label", "value")
-    top = t.reindex(t["value"].abs().sort_values(ascending=False).index).head(3)
-    cells = "; ".join(f"{r.site} {r.value:.2f} [{r.value_ci_low:.2f}, {r.value_ci_high:.2f}]" for r in top.itertuples())
-    text = f"Strongest cells of the {what} ({level}% bootstrap intervals over {n} prompts): {cells}."
-    if "significant" in t:
-        text += (f" {int(t['significant'].sum())} of {len(t)} cells differ from 0 at a 5% false discovery rate "
-                 "(Benjamini-Hochberg).")
+    significant = int(t["significant"].sum()) if "significant" in t else None
+    fdr = (result.manifest.get("config", {}).get("stats", {}) or {}).get("fdr", 0.05) if result.manifest else 0.05
+    if significant == 0:
+        none = b.qualify("No cell differs from zero", "none_significant")
+        b.say(" at a ")
+        b.setting(fdr, "stats.fdr", fmt=".0%")
+        b.say(" false discovery rate (")
+        b.refer(none, [b.count(0, len(t), "significant", unit="cells")])
+        b.say(", Benjamini-Hochberg): read the cells below as candidates, not findings. ")
+    b.say("Cells of ")
+    word = b.qualify(f"largest |{what}|", "top_by_abs")
+    b.say(" (")
+    b.constant(t["ci_level"].iloc[0], "ci_level", fmt=".0%")
+    b.say(" bootstrap intervals over ")
+    b.constant(t["n_prompts"].iloc[0], "n_prompts", unit="prompts")
+    b.say("): ")
+    top = b.ranking(t, "value", TOP)
+    b.refer(word, top)
+    if len(top) > 1:
+        b.say("; ")
+        b.separation(top[0], top[1], above="the first stands out (its interval lies above the second's)",
+                     overlap="the first two intervals overlap, so the data do not order them")
+    b.say(".")
+    if significant:
+        b.say(" ")
+        b.count(significant, len(t), "significant", unit="cells")
+        b.say(" differ from zero at a ")
+        b.setting(fdr, "stats.fdr", fmt=".0%")
+        b.say(" false discovery rate (Benjamini-Hochberg).")
     fragile = t[t["value_fragile"].astype(bool)] if "value_fragile" in t else t.iloc[:0]
     if len(fragile):
-        text += (f" {len(fragile)} cell(s) move by more than half their size when one prompt is left out "
-                 f"(fragile: {', '.join(fragile.site.astype(str).head(6))}); read them as unsupported.")
+        b.say(" ")
+        b.count(len(fragile), len(t), "value_fragile", unit="cells")
+        b.say(" are fragile (leaving one prompt out moves them by more than half their size: ")
+        for i, (_, row) in enumerate(fragile.head(FRAGILE_NAMED).iterrows()):
+            b.say(", " if i else "")
+            b.mark(row, "value_fragile")
+        b.say(", ..." if len(fragile) > FRAGILE_NAMED else "")
+        b.say("); read them as unsupported.")
     if "n_degenerate" in t and int(t["n_degenerate"].iloc[0]):
-        text += (f" {int(t['n_degenerate'].iloc[0])} pair(s) have a clean-corrupt gap under 10% of the median and are "
-                 "left out of the per-pair ratios; the value is the ratio of means over all pairs.")
-    return text
+        b.say(" ")
+        b.constant(t["n_degenerate"].iloc[0], "n_degenerate")
+        b.say(" of the ")
+        b.constant(t["n_prompts"].iloc[0], "n_prompts")
+        b.say(" pairs are degenerate (clean-corrupt gap under ")
+        b.setting(_share(result), "stats.degenerate_share", fmt=".0%")
+        b.say(" of the median): left out of per-pair ratios, never out of the ratio of means.")
+    return b.build()
+
+
+def _share(result: Any) -> float:
+    return float(((result.manifest or {}).get("config", {}).get("stats", {}) or {}).get("degenerate_share", 0.1))

@@ -177,6 +177,33 @@ def summary_row(label: str, metric_name: str, base: Tensor, ablated: Tensor, ran
     return row
 
 
+def causal_intervals(per_prompt: pd.DataFrame, stats: Any, seed: int) -> pd.DataFrame:
+    """Per checked site, bootstrap intervals over prompts (stats/) of metric_change = mean(ablated - base),
+    random_metric_change = mean(random - base), and metric_change_vs_random = mean(ablated - random), the
+    paired difference that says whether the probe's direction moves the metric more than a random one."""
+    from ..stats import interval_columns, mean_stat, summarise
+
+    rows = []
+    for site, sub in per_prompt.groupby("site", sort=False):
+        sub = sub.sort_values("example")
+        cols = {"metric_change": sub["metric_ablated"] - sub["metric_base"]}
+        if "metric_random" in sub:
+            cols["random_metric_change"] = sub["metric_random"] - sub["metric_base"]
+            cols["metric_change_vs_random"] = sub["metric_ablated"] - sub["metric_random"]
+        names = list(cols)
+        values = np.column_stack([cols[c].to_numpy(dtype=np.float64) for c in names])
+        summary = summarise(mean_stat(values), stats, seed)
+        row: dict[str, Any] = {"site": site}
+        for j, name in enumerate(names):
+            if name == "metric_change_vs_random":
+                row[name] = float(summary.value[j])
+            for key, col in interval_columns(summary, name, stats).items():
+                if not key.endswith("_se"):  # the standard errors are the table's own columns
+                    row[key] = float(np.asarray(col)[j])
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def per_prompt_frame(label: str, base: Tensor, ablated: Tensor, random: Tensor | None) -> pd.DataFrame:
     frame = pd.DataFrame({"site": label, "example": np.arange(base.numel()), "metric_base": base.numpy(),
                           "metric_ablated": ablated.numpy()})

@@ -2,9 +2,10 @@
 chance lines, error bars; the causal check against its random baseline.
 
 Error bars: the bootstrap interval over the held-out prompts (`<column>_ci_low/high`, see
-intervals.py). Without intervals (stats.n_boot = 0): the sample standard deviation over folds
-(k-fold); a holdout split has no spread over folds, so its accuracy gets the binomial standard
-error sqrt(p (1 - p) / n_test) instead (R^2: none).
+intervals.py), named on the value axis. Without intervals (stats.n_boot = 0), and said so: the sample
+standard deviation over folds (k-fold); a holdout split has no spread over folds, so its accuracy
+gets the binomial standard error sqrt(p (1 - p) / n_test) instead (R^2: none). The causal check's bars:
+the interval over prompts of the change (causal.py), else its standard error.
 """
 
 from __future__ import annotations
@@ -14,10 +15,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..results.figures import interval_note, metric_unit, noted
 from ..stats import error_arrays
+from ..stats.columns import hover_value, interval_bars, level_text
 
 SERIES_AXES = ("position", "head", "kv_head", "neuron")
 MAX_LINES = 8
+SCALE_TITLES = {"accuracy": "held-out accuracy<br>(share correct)", "r2": "held-out R²<br>(1 = perfect)"}
 COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
 
 
@@ -40,18 +44,29 @@ def error_bars(t: pd.DataFrame, column: str) -> tuple[dict[str, Any] | None, str
     """(plotly error bars per row, what they are) for a test/control/selectivity column."""
     interval = error_arrays(t, column)
     if interval is not None:
-        return interval, f"{round(100 * float(t['ci_level'].iloc[0]))}% bootstrap interval over held-out prompts"
+        return interval, interval_note(level_text(t), "held-out prompts")
     std = t.get(f"{column}_std")
     if std is not None and np.isfinite(std.to_numpy(dtype=float)).all():
-        return _symmetric(std.to_numpy(dtype=float)), "std over folds"
+        return _symmetric(std.to_numpy(dtype=float)), "error bars: std over folds (no interval: stats.n_boot 0)"
     if column.endswith("accuracy") and "n_test" in t:
         p = t[column].to_numpy(dtype=float)
-        return _symmetric(np.sqrt(p * (1 - p) / t["n_test"].to_numpy(dtype=float))), "binomial s.e."
+        return _symmetric(np.sqrt(p * (1 - p) / t["n_test"].to_numpy(dtype=float))), \
+            "error bars: binomial s.e. (no interval: stats.n_boot 0)"
     if column == "selectivity" and "test_accuracy" in t and "n_test" in t:
         n = t["n_test"].to_numpy(dtype=float)
         p, q = t["test_accuracy"].to_numpy(dtype=float), t["control_test_accuracy"].to_numpy(dtype=float)
-        return _symmetric(np.sqrt(p * (1 - p) / n + q * (1 - q) / n)), "binomial s.e."
+        return _symmetric(np.sqrt(p * (1 - p) / n + q * (1 - q) / n)), \
+            "error bars: binomial s.e. (no interval: stats.n_boot 0)"
     return None, "no spread (one split)"
+
+
+def _bars(t: pd.DataFrame, column: str) -> dict[str, Any]:
+    """Trace arguments: the table's interval of `column` (with the rows' sites), else the fallback spread."""
+    tagged = interval_bars(t, column, "site")
+    if tagged:
+        return tagged
+    err, _ = error_bars(t, column)
+    return {"error_y": err} if err is not None else {}
 
 
 def _symmetric(err: np.ndarray) -> dict[str, Any]:
@@ -71,17 +86,16 @@ def _lines(t: pd.DataFrame, x: str, series: str | None, column: str, control: st
     fig = go.Figure()
     for i, (name, sub) in enumerate(_groups(t, series)):
         color = COLORS[i % len(COLORS)]
-        err, _ = error_bars(sub, column)
         fig.add_trace(go.Scatter(x=sub[x], y=sub[column], mode="lines+markers", name=name or "probe",
-                                 line={"color": color}, error_y=err))
+                                 line={"color": color}, **_bars(sub, column)))
         if control is not None and control in sub:
-            cerr, _ = error_bars(sub, control)
             fig.add_trace(go.Scatter(x=sub[x], y=sub[control], mode="lines+markers",
                                      name=f"{name + ' ' if name else ''}control", line={"color": color, "dash": "dash"},
-                                     marker={"symbol": "circle-open"}, error_y=cerr))
+                                     marker={"symbol": "circle-open"}, **_bars(sub, control)))
     if chance is not None and np.isfinite(chance):
         fig.add_hline(y=chance, line_dash="dot", line_color="gray", annotation_text="chance (majority class)")
-    fig.update_layout(xaxis_title=x, yaxis_title=ylabel, height=380, legend={"orientation": "h"})
+    fig.update_layout(xaxis_title=x, yaxis_title=noted(ylabel, error_bars(t, column)[1]), height=380,
+                      legend={"orientation": "h"})
     if x == "layer":
         fig.update_xaxes(dtick=1)
     return fig
@@ -92,7 +106,10 @@ def _heatmap(t: pd.DataFrame, series: str, column: str, title: str) -> Any:
 
     grid = t.pivot_table(index="layer", columns=series, values=column, aggfunc="first")
     scale = {"colorscale": "RdBu", "zmid": 0} if column == "selectivity" else {"colorscale": "Viridis"}
+    hover = t.assign(_h=[f"{r['site']}<br>{hover_value(r, column)}" for _, r in t.iterrows()]).pivot_table(
+        index="layer", columns=series, values="_h", aggfunc="first").reindex(index=grid.index, columns=grid.columns)
     fig = go.Figure(go.Heatmap(z=grid.values, x=[str(c) for c in grid.columns], y=list(grid.index),
+                               text=hover.values, hovertemplate="%{text}<extra></extra>",
                                texttemplate="%{z:.2f}", colorbar={"title": title}, **scale))
     fig.update_layout(xaxis_title=series, yaxis_title="layer", height=120 + 36 * len(grid))
     return fig
@@ -103,13 +120,21 @@ def _causal(t: pd.DataFrame) -> Any:
 
     sub = t[t["metric_change"].notna()]
     fig = go.Figure(go.Bar(x=sub["site"], y=sub["metric_change"], name="probe direction removed",
-                           error_y={"type": "data", "array": sub["metric_change_se"].to_numpy(dtype=float)}))
+                           **_causal_bars(sub, "metric_change")))
     if "random_metric_change" in sub:
         fig.add_trace(go.Bar(x=sub["site"], y=sub["random_metric_change"], name="random direction removed",
-                             error_y={"type": "data", "array": sub["random_metric_change_se"].to_numpy(dtype=float)}))
+                             **_causal_bars(sub, "random_metric_change")))
     metric = sub["metric"].iloc[0] if "metric" in sub else "metric"
-    fig.update_layout(barmode="group", yaxis_title=f"change in {metric} (ablated - clean)", height=340)
+    what = interval_note(level_text(t)) if error_arrays(sub, "metric_change") is not None else \
+        "error bars: s.e. over prompts (no interval: stats.n_boot 0)"
+    fig.update_layout(barmode="group", height=360,
+                      yaxis_title=noted(f"change in {metric}, ablated - clean ({metric_unit(metric)})", what))
     return fig
+
+
+def _causal_bars(t: pd.DataFrame, column: str) -> dict[str, Any]:
+    tagged = interval_bars(t, column, "site")
+    return tagged or {"error_y": {"type": "data", "array": t[f"{column}_se"].to_numpy(dtype=float)}}
 
 
 def probing_figures(result: Any) -> list[tuple[str, Any]]:
@@ -122,7 +147,6 @@ def probing_figures(result: Any) -> list[tuple[str, Any]]:
         x, series = series, None
     control = f"control_{column}" if f"control_{column}" in t else None
     chance = float(t["chance_accuracy"].mean()) if primary == "accuracy" and "chance_accuracy" in t else None
-    _, what = error_bars(t, column)
     figs = []
     lines, where = t, ""
     if series is not None and t[series].nunique() > MAX_LINES and x == "layer":
@@ -132,17 +156,17 @@ def probing_figures(result: Any) -> list[tuple[str, Any]]:
         lines, where, series_in_lines = t[t[series] == best], f" at {series} {best}", None
     else:
         series_in_lines = series
-    figs.append((f"held-out {primary} by {x}{where} (dashed: control task; error bars: {what})",
+    figs.append((f"held-out {primary} by {x}{where} (dashed: the control task)",
                  _lines(lines, x, series_in_lines, column, control, chance, f"held-out {primary}")))
     if "selectivity" in t:
-        _, swhat = error_bars(t, "selectivity")
-        figs.append((f"selectivity = held-out {primary} - control's, by {x}{where} (error bars: {swhat})",
+        figs.append((f"selectivity = held-out {primary} - control's, by {x}{where}",
                      _lines(lines, x, series_in_lines, "selectivity", None, None, "selectivity")))
     if series is not None and x == "layer":
-        figs.append((f"held-out {primary} by layer and {series}", _heatmap(t, series, column, primary)))
+        figs.append((f"held-out {primary} by layer and {series}", _heatmap(t, series, column, SCALE_TITLES[primary])))
         if "selectivity" in t:
-            figs.append((f"selectivity by layer and {series}", _heatmap(t, series, "selectivity", "selectivity")))
+            figs.append((f"selectivity by layer and {series}",
+                         _heatmap(t, series, "selectivity", "selectivity<br>(score - control)")))
     if "metric_change" in t and t["metric_change"].notna().any():
-        figs.append(("causal check: the task metric with the probe direction projected out (vs a random "
-                     "direction; error bars: s.e. over prompts)", _causal(t)))
+        figs.append(("causal check: the task metric with the probe direction projected out, against a random "
+                     "direction's", _causal(t)))
     return figs

@@ -33,7 +33,8 @@ from ..models.adapter import ModelAdapter
 from ..operation import Operation, Plan, Prepared, model_bytes, register_operation
 from ..results.result import Result
 from ..sites import Sites
-from .causal import CausalCheck, check_units, chosen_sites, run_causal_check, validate_site_labels
+from .causal import (CausalCheck, causal_intervals, check_units, chosen_sites, run_causal_check,
+                     validate_site_labels)
 from .collect import bytes_per_example, collect, empty_collection, reads_of, setup_collection
 from .figures import probing_figures
 from .intervals import held_out_values, summarise_probing
@@ -237,7 +238,7 @@ class Probing(Operation):
         causal_frame = None
         if self.causal_check is not None:
             table, causal_frame = self._causal(model, st, cs, fits, where, collected, table, quiet)
-        title = f"probing {self.labels!r} at {cs.siteset.kind.name}"
+        title = f"probing {self.labels!r} at {cs.siteset.kind.name}: held-out score against a control task, by site"
         extra: dict[str, Any] = {"fits": fits, "site_labels": [u.label for u in cs.units]}
         if len(fits) == 1:
             extra["fit"] = next(iter(fits.values()))
@@ -336,6 +337,7 @@ class Probing(Operation):
             model, st["batches"], cs.units, chosen, cs.pool, cs.at, cs.head_pooling, len(cs.td),
             directions_of=directions_of, fold_directions_of=fold_directions_of, held_out=held_out, refit=refit, primary=primary, check=check,
             metric_fn=st["metric_fn"], metric_base=collected.metric, seed=self.seed, quiet=quiet)
+        summary = summary.merge(causal_intervals(per_prompt, self.stats, self.seed), on="site", how="left")
         return table.merge(summary, on="site", how="left"), per_prompt
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from ..evaluate import task_scores
 from ..models.adapter import adapt
 from ..registry import lookup, names
+from ..results.claims import write_takeaways
 from ..results.folder import writing_run
 from ..results.page import anchor, ensure_plotly_js, table_html, write_page
 from . import sections as _sections  # noqa: F401  (registers the sections)
@@ -66,12 +67,13 @@ def _write_report(model: Any, a: Any, folder: Path, quick: bool, sections: list[
         parts.append((sec.title, f'<p class="takeaway">{html.escape(sec.lead)}</p>' + terms_html(sec.terms) + sec.body
                       + link))
     (folder / "scores.json").write_text(json.dumps(scores, indent=2))
+    write_takeaways(folder / "takeaways.json", [("index.html", sec.lead) for _, sec in built])  # their claims
     manifest = {"operation": "report", "quick": quick, "sections": chosen, "model": model_identity(a),
                 "versions": package_versions()}
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str), encoding="utf-8")
-    lead = (f"What {a.name} ({a.structure.n_layers} layers, {a.structure.n_heads} heads per layer) does on the "
-            "built-in tasks, and which of its components carry each task, with 95% bootstrap intervals over "
-            "prompts. Each section below starts with its conclusion; every section has its own page.")
+    lead = (f"What {a.name} does on the built-in tasks (its structure below), and which of its components carry "
+            "each task, with bootstrap intervals over prompts. Each section below starts with its conclusion; every "
+            "section has its own page.")
     write_page(folder / "index.html", f"entoscope report: {a.name}", parts, js_relpath="plotly.min.js", lead=lead)
 
 

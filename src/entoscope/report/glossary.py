@@ -6,6 +6,17 @@ from __future__ import annotations
 import html
 
 TERMS: dict[str, str] = {
+    "names": "one spelling everywhere (tables, figures, takeaways, the command line; entoscope/naming.py): a2.h0 is "
+    "head 0 of layer 2 (its output), a2 the whole attention layer's output, a2.b_O its output bias, a0.kv1 a key/value "
+    "head; m1 is MLP 1's output, m1.n13 its neuron 13, m1.b_out its output bias; any other activation goes by its "
+    "name and layer (resid_pre.2: the residual stream entering block 2); @POS is the position: a token index (3), "
+    "counted from each prompt's end (-1: the last token), or a role (IO, S1, S2, END; S2+1 the token after S2); "
+    ".f256 is a dictionary feature of that site (resid_post.1.f256@END), .error the dictionary's reconstruction error "
+    "there; <q> <k> <v> a head's query, key and value inputs; A->B the edge from A to B; input the token embeddings.",
+    "q-value": "a cell's p-value adjusted by Benjamini-Hochberg over the table's cells: the smallest false discovery "
+    "rate at which it would count as significant (Benjamini & Hochberg 1995).",
+    "error node": "attribution graphs: a dictionary's reconstruction error at a site, x - decode(encode(x)), the part "
+    "of the activation its features do not explain, kept as a node so the graph reproduces the model.",
     "logit difference": "the logit of the right answer minus the logit of the wrong one at the last "
     "position (IOI: the indirect object's name minus the subject's).",
     "probability difference": "greater-than: the probability of the years after the start year minus that of "
@@ -19,8 +30,9 @@ TERMS: dict[str, str] = {
     "significant": "different from 0 with the false discovery rate held at 5% over the table's cells "
     "(Benjamini & Hochberg 1995).",
     "fragile": "leaving one prompt out moves the cell by more than half its size: one prompt carries it.",
-    "degenerate pair": "a pair whose clean and corrupt metric differ by under 10% of the median gap: its "
-    "per-pair ratio would explode, so it is left out of per-pair ratios (never out of the ratio of means).",
+    "degenerate pair": "a pair whose clean and corrupt metric differ by under 10% of the median gap (the "
+    "stats.degenerate_share setting): its per-pair ratio would explode, so it is left out of per-pair ratios (never out "
+    "of the ratio of means), its normalised value is blank, and the page's warnings box counts them.",
     "KL(final || lens)": "sum over the vocabulary of p_final (log p_final - log p_lens), in nats: what the "
     "model's own next-token distribution loses when read through the lens at a layer (0 at the last layer).",
     "logit lens": "the residual stream at a layer put through the final norm and the unembedding "

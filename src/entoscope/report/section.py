@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..results.claims import Takeaway
 from ..results.page import figure_div, table_html
 from .glossary import TERMS
 
@@ -29,6 +30,13 @@ class Section:
         unknown = [t for t in self.terms if t not in TERMS]
         if unknown:
             raise KeyError(f"terms without a definition in report/glossary.py: {unknown}")
+
+
+def lead_of(result: Any, where: Path, root: Path) -> str:
+    """A Result's takeaway as a section's lead: its claims' sources made relative to the report's root."""
+    t = result.takeaway
+    rel = Path(where).resolve().relative_to(Path(root).resolve()).as_posix()
+    return t.rebased(rel) if isinstance(t, Takeaway) and rel != "." else t
 
 
 def run_saved(operation: Any, model: Any, data: Any, where: Path, root: Path) -> Any:

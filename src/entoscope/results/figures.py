@@ -1,6 +1,8 @@
 """What every figure on a page gets, whichever operation drew it: a height that fits its rows, integer
 ticks on layer / head / position axes, a diverging colour scale centred at 0 for signed heatmaps, colour
-bars of a readable size, and legends placed where they never cover data or axis titles."""
+bars of a readable size with a title, and legends placed where they never cover data or axis titles.
+And the words every figure uses for the same things: what its error bars are (`interval_note`, always
+the table's interval at the run's level) and the unit of a metric (`metric_unit`)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,25 @@ from typing import Any
 import numpy as np
 
 INTEGER_AXES = ("layer", "head", "kv_head", "position", "step", "prompt")
+METRIC_UNITS = {"logit_diff": "logits", "logit": "logits", "prob": "probability", "prob_diff": "probability",
+                "logprob": "nats", "kl": "nats", "top1": "share of prompts"}
+
+
+def interval_note(level: str, over: str = "prompts", marks: str = "error bars") -> str:
+    """'error bars: 95% interval over prompts': what a figure's error bars (or bands) are."""
+    return f"{marks}: {level} interval over {over}"
+
+
+def noted(title: str, note: str) -> str:
+    """An axis or figure title with a second, smaller line (the interval note)."""
+    return f"{title}<br><sup>{note}</sup>" if note else title
+
+
+def metric_unit(metric: str, comparison: str | None = None) -> str:
+    """The unit of a metric's values (a normalised effect: its scale, 1 = the clean run, 0 = the corrupt run)."""
+    if comparison in ("normalized", "normalised"):
+        return "1 = clean, 0 = corrupt"
+    return METRIC_UNITS.get(metric, "metric units")
 ROW_PX, MIN_HEIGHT = 40, 300
 
 
@@ -23,6 +44,8 @@ def polish(fig: Any) -> Any:
             _colour_scale(trace, z)
             trace.colorbar.thickness = 14
             trace.colorbar.len = 1.0
+            if not (trace.colorbar.title and trace.colorbar.title.text):
+                trace.colorbar.title.text = trace.name or "value"
     height = fig.layout.height or 0
     if rows:
         height = max(height, 140 + ROW_PX * rows)

@@ -108,11 +108,16 @@ def table_html(frame: pd.DataFrame, max_rows: int = 200, note: str = "") -> str:
 
 
 def warnings_html(warned: list[dict[str, str]]) -> str:
-    """The run's recorded warnings, shown above everything else on its page."""
+    """The run's warnings (recorded ones, and what its numbers caution), each with its count where it was said
+    more than once, shown in one box above everything else on its page."""
     if not warned:
         return ""
-    items = "".join(f"<li><code>{html.escape(w['code'])}</code> {html.escape(w['message'])}</li>" for w in warned)
-    return f'<div class="warnings"><strong>warnings</strong><ul>{items}</ul></div>'
+    def item(w: dict[str, Any]) -> str:
+        count = int(w.get("count", 1) or 1)
+        said = f" ({count} times)" if count > 1 else ""
+        return f"<li><code>{html.escape(str(w['code']))}</code> {html.escape(str(w['message']))}{said}</li>"
+    title = "warning" if len(warned) == 1 else f"{len(warned)} warnings"
+    return f'<div class="warnings"><strong>{title}</strong><ul>{"".join(item(w) for w in warned)}</ul></div>'
 
 
 def anchor(title: str) -> str:

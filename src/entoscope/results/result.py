@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 
+from .claims import write_takeaways
 from .folder import writing_run
 from .lazy import LazyTable
 from .page import ensure_plotly_js, figure_div, table_html, write_page
@@ -43,12 +44,14 @@ class Result:
         self.js_relpath = "plotly.min.js"
         self.back_relpath: str | None = None
         self.warnings: list[dict[str, str]] = []  # recorded warnings of the run (also in the manifest)
+        self.page_warnings: list[dict[str, str]] = []  # what the numbers themselves caution (degenerate pairs)
         self.extra = extra or {}
         self.title = title or operation
         self._figures = figures
         self._takeaway = takeaway
         self.blank_note = blank_note
         self.shards_dir: Path | None = None  # a sharded run's shard folder (set by Operation.run)
+        self.notes: list[tuple[str, str]] = []  # (title, text) sections on how to read the page, before the table
 
     @property
     def per_prompt(self) -> pd.DataFrame | None:
@@ -155,6 +158,7 @@ class Result:
         rel = Path(os.path.relpath((final if assets_dir is None else assets).resolve() / "plotly.min.js",
                                    final.resolve())).as_posix()
         sections = [(t, figure_div(f)) for t, f in self.figures()]
+        sections += [(t, f'<p class="note">{html.escape(text)}</p>') for t, text in self.notes]
         sections.append(("table", table_html(self.table, note=self.blank_note)))
         summary = {k: self.manifest.get(k) for k in ("operation", "config", "timings", "created")} \
             if self.manifest else None
@@ -163,9 +167,14 @@ class Result:
         if assets_dir is not None and (Path(assets_dir) / "index.html").resolve() != (final / "index.html").resolve():
             back = Path(os.path.relpath(Path(assets_dir).resolve() / "index.html", final.resolve())).as_posix()
         self.back_relpath = back  # for pages save_extra writes beside index.html
-        write_page(out / "index.html", self.title, sections, js_relpath=rel, summary=summary, warned=self.warnings,
-                   lead=self.takeaway, back=back)
+        lead = self.takeaway
+        write_page(out / "index.html", self.title, sections, js_relpath=rel, summary=summary,
+                   warned=self.warnings + self.page_warnings,
+                   lead=lead, back=back)
         files.append("index.html")
+        if lead:  # the takeaway's claims: each number's table cell, each qualifier's rule (results/claims.py)
+            write_takeaways(out / "takeaway.json", [("index.html", lead)])
+            files.append("takeaway.json")
         self.save_extra(out, files)
         shard_files = [f"shards/{f}" for f in self.manifest.get("executor", {}).get("shard_files", [])] \
             if self.shards_dir is not None and self.shards_dir.resolve() == (final / "shards").resolve() else []

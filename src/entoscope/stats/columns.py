@@ -86,3 +86,37 @@ def error_arrays(frame: Any, name: str, value: str | None = None) -> dict[str, A
     return {"type": "data", "symmetric": False, "visible": True,
             "array": np.nan_to_num(np.asarray(high, dtype=float) - v),
             "arrayminus": np.nan_to_num(v - np.asarray(low, dtype=float))}
+
+
+def interval_bars(frame: Any, name: str, key: str, *, axis: str = "y", table: str = "table.csv") -> dict[str, Any]:
+    """Trace arguments drawing `frame`'s interval of `name` as error bars on `axis` ({} without intervals):
+    the error arrays, the rows' ids (`key` column) as customdata, and meta naming the table and column
+    they come from (so a reader of the page, or a test, can match every bar with its row)."""
+    errors = error_arrays(frame, name)
+    if errors is None:
+        return {}
+    return {f"error_{axis}": errors, "customdata": [str(v) for v in frame[key]],
+            "meta": {"interval_of": name, f"interval_of_{axis}": name, "table": table, "key": key}}
+
+
+def both_interval_bars(frame: Any, x: str, y: str, key: str, table: str = "table.csv") -> dict[str, Any]:
+    """Error bars on both axes (x's interval of column `x`, y's of `y`), as `interval_bars`."""
+    bx, by = interval_bars(frame, x, key, axis="x", table=table), interval_bars(frame, y, key, axis="y", table=table)
+    if not bx or not by:
+        return bx or by
+    return {**bx, **by, "meta": {**bx["meta"], **by["meta"]}}
+
+
+def level_text(level: Any) -> str:
+    """'95%' for a level 0.95 (or a table with a ci_level column)."""
+    if hasattr(level, "get") and not isinstance(level, (int, float)):
+        column = level.get("ci_level")
+        level = 0.95 if column is None or not len(column) else float(np.asarray(column, dtype=float)[0])
+    return f"{round(100 * float(level))}%"
+
+
+def hover_value(row: Any, name: str, fmt: str = ".3g") -> str:
+    """One hover line: '<name> <value> (95% CI [low, high])', the table's column name and its cells; the
+    value alone where there is no finite interval."""
+    ci = ci_text(row, name)
+    return f"{name} {format(float(row[name]), fmt)}" + (f" ({ci})" if ci else "")

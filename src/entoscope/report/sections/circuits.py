@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from ...registry import register
+from ...results.claims import TakeawayBuilder
 from ...stats import value_with_ci
+from ...stats.columns import level_text
 from ..section import Section, result_html, run_saved
 
 
@@ -32,13 +34,15 @@ def circuits_section(model: Any, folder: Path, quick: bool) -> Section:
         f"EAP-IG ({op.steps} steps, {op.rule} rule) on the induction task, metric logit difference; "
         f"clean {s['m_full']:.3f}, corrupt {s['m_empty']:.3f}.",
         f"Top-{n_edges} circuit: {s['n_kept']} edges ({s['n_kept_pruned']} after pruning), metric "
-        f"{s['m_circuit']:.3f}, faithfulness {value_with_ci(s, 'faithfulness', '.3f')}; CPR {value_with_ci(s, 'cpr', '.3f')}, "
-        f"CMD {value_with_ci(s, 'cmd', '.3f')} over MIB's edge fractions (95% bootstrap intervals over prompts).",
+        f"{s['m_circuit']:.3f}, faithfulness {value_with_ci(s, 'faithfulness', '.3f')}; "
+        f"CPR {value_with_ci(s, 'cpr', '.3f')}, CMD {value_with_ci(s, 'cmd', '.3f')} over MIB's edge fractions "
+        f"({level_text(s.get('ci_level', 0.95))} bootstrap intervals over prompts).",
         stability_sentence(s),
         "Previous-token head -> induction head key, directly or through an MLP, best routes: "
         + ("; ".join(found) if found else "no such pair of heads"),
     ]
-    body = "<h3>induction circuit (EAP-IG, top 20 edges)</h3>" + "".join(f"<p>{html.escape(line)}</p>" for line in lines)
+    body = f"<h3>induction circuit (EAP-IG, top {n_edges} edges)</h3>" + "".join(f"<p>{html.escape(line)}</p>"
+                                                                            for line in lines)
     body += result_html(result, figures=2, lead=False)
     ioi_op = Circuits(method="eap_ig", steps=5, metric="logit_diff", n_edges=n_edges, stability=100, faithfulness=[])
     ioi = run_saved(ioi_op, model, {"task": "ioi", "n": 16 if quick else 48, "seed": 11}, folder / "ioi", folder.parent)
@@ -48,12 +52,27 @@ def circuits_section(model: Any, folder: Path, quick: bool) -> Section:
              + result_html(ioi, figures=1, lead=False, max_rows=8)
              + f'<p class="more"><a href="{folder.name}/ioi/index.html">IOI circuit: every figure and the whole '
              "table</a></p>")
-    lead = (f"The induction task's top-{n_edges} EAP-IG circuit recovers {value_with_ci(s, 'faithfulness', '.2f')} of the "
-            f"model's logit difference (faithfulness); its edges are chosen again with mean Jaccard "
-            f"{s.get('stability_jaccard', float('nan')):.2f} over resamples of the prompts. The IOI circuit: "
-            f"faithfulness {value_with_ci(t, 'faithfulness', '.2f')}, Jaccard {t.get('stability_jaccard', float('nan')):.2f}.")
-    return Section("induction and IOI circuits (EAP-IG)", lead, body,
-                   terms=("EAP-IG", "faithfulness", "CPR", "CMD", "stable circuit", "95% interval"))
+    lead = TakeawayBuilder(key=())
+    here, ioi_file = f"{folder.name}/summary.json", f"{folder.name}/ioi/summary.json"
+    lead.say("The induction task's EAP-IG circuit of ")
+    lead.quote(s, "n_kept", fmt="d", name=False, interval=False, source=here)
+    lead.say(" edges recovers ")
+    lead.quote(s, "faithfulness", name=False, source=here)
+    lead.say(" of the model's logit difference (faithfulness)")
+    if "stability_jaccard" in s:
+        lead.say("; its edges are chosen again with mean Jaccard ")
+        lead.quote(s, "stability_jaccard", name=False, interval=False, source=here)
+        lead.say(" over resamples of the prompts")
+    lead.say(". The IOI circuit: faithfulness ")
+    lead.quote(t, "faithfulness", name=False, source=ioi_file)
+    if "stability_jaccard" in t:
+        lead.say(", Jaccard ")
+        lead.quote(t, "stability_jaccard", name=False, interval=False, source=ioi_file)
+    lead.say(" (")
+    lead.quote(s, "ci_level", fmt=".0%", name=False, interval=False, source=here)
+    lead.say(" intervals over prompts).")
+    return Section("induction and IOI circuits (EAP-IG)", lead.build(), body,
+                   terms=("EAP-IG", "faithfulness", "CPR", "CMD", "stable circuit", "95% interval", "q-value", "names"))
 
 
 def stability_sentence(s: dict[str, Any]) -> str:

@@ -7,7 +7,7 @@ from typing import Any
 
 from ...registry import register
 from ...results.page import figure_div, table_html
-from ..section import Section, run_saved
+from ..section import Section, lead_of, run_saved
 
 
 COLUMNS = ["component", "kind", "mean", "mean_ci_low", "mean_ci_high", "mean_q", "significant", "n_prompts"]
@@ -27,7 +27,8 @@ def dla_section(model: Any, folder: Path, quick: bool) -> Section:
             f"within {identity['error'].max():.2g} (allowed {identity['allowed'].min():.2g} or more).</p>")
     figs = "".join(figure_div(fig) for _, fig in result.figures())
     shown = top[[c for c in COLUMNS if c in top]]
-    return Section("direct logit attribution on IOI (logit difference: IO minus S)", result.takeaway,
+    return Section("direct logit attribution on IOI (logit difference: IO minus S)",
+                   lead_of(result, folder, folder.parent),
                    note + figs + table_html(shown, max_rows=12, note=result.blank_note),
-                   terms=("direct logit attribution", "logit difference", "95% interval"))
+                   terms=("direct logit attribution", "logit difference", "95% interval", "q-value", "names"))
 

@@ -8,7 +8,7 @@ from typing import Any
 from ...models.adapter import adapt
 from ...registry import register
 from ...results.page import figure_div, table_html
-from ..section import Section, run_saved
+from ..section import Section, lead_of, run_saved
 
 
 @register("report_section", "head_scores")
@@ -23,4 +23,5 @@ def head_scores_section(model: Any, folder: Path, quick: bool) -> Section:
     t = result.table
     top = t.sort_values("score", ascending=False).head(12)
     body = figure_div(head_score_panels(t)) + table_html(top, note=result.blank_note)
-    return Section("attention head scores on repeated random tokens", result.takeaway, body, terms=("score", "score_tl"))
+    return Section("attention head scores on repeated random tokens", lead_of(result, folder, folder.parent), body,
+                   terms=("score", "score_tl", "names"))

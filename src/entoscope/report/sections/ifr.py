@@ -8,7 +8,7 @@ from typing import Any
 
 from ...registry import register
 from ...results.page import figure_div, table_html
-from ..section import Section, run_saved
+from ..section import Section, lead_of, run_saved
 
 
 @register("report_section", "ifr")
@@ -22,7 +22,7 @@ def ifr_section(model: Any, folder: Path, quick: bool) -> Section:
     note = (f'<p class="note">An edge is kept when its proximity share of its node is above tau = {op.tau:g}; '
             "routes start at the last position, last layer. Every prompt's graph is saved as GraphML and JSON "
             "under <code>ifr/graphs/</code>.</p>")
-    lead = result.takeaway or (f"Information flow routes of {len(result.extra['graphs'])} IOI prompts: the "
-                               "components each prompt's prediction is built from.")
+    lead = lead_of(result, folder, folder.parent) or \
+        "Information flow routes of IOI prompts: the components each prompt's prediction is built from."
     return Section("information flow routes on IOI", lead, note + figs + table_html(result.table, max_rows=12),
-                   terms=("information flow routes",))
+                   terms=("information flow routes", "names"))

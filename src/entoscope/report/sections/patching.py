@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from ...registry import register
+from ...results.claims import TakeawayBuilder, most
 from ..section import Section, examples_html
 
 
@@ -38,12 +39,33 @@ def patching_section(model: Any, folder: Path, quick: bool) -> Section:
 
     body, results = examples_html(Patching, model, _examples(quick), folder, max_rows=6, columns=COLUMNS)
     heads = results[1].table
-    top = heads.reindex(heads["value"].abs().sort_values(ascending=False).index).head(2)
-    lead = ("On IOI, the heads whose clean output alone restores most of the logit difference: "
-            + "; ".join(f"head {r.site} {r.value:.2f} [{r.value_ci_low:.2f}, {r.value_ci_high:.2f}]"
-                        for r in top.itertuples())
-            + f" (normalised effect, 95% intervals over {int(heads['n_prompts'].iloc[0])} prompt pairs). "
-            "Each map below names its strongest cells and the ones a single prompt carries.")
-    return Section("activation patching (exact, denoising)", lead, body,
+    b = TakeawayBuilder(source=f"{folder.name}/example1/table.csv", key="site")
+    ranked = heads.reindex(heads["value"].abs().sort_values(ascending=False, kind="stable").index)
+    best = ranked.iloc[0]
+    if most(best["value"], best.get("value_ci_low")):
+        b.say("On IOI, one head's clean output patched into the corrupt run restores ")
+        word_most = b.qualify("most", "most")
+        b.say(" of the logit difference: ")
+        refs = [b.quote(best, "value")]
+        b.refer(word_most, refs)
+        b.say("; the next ")
+        word = b.qualify("largest", "top_by_abs")
+        b.say(" effect: ")
+        b.refer(word, refs + [b.quote(ranked.iloc[1], "value")])
+    else:
+        b.say("On IOI, ")
+        none = b.qualify("no single head restores most", "none_most")
+        b.say(" of the logit difference when its clean output is patched into the corrupt run; the ")
+        word = b.qualify("largest", "top_by_abs")
+        b.say(" normalised effects: ")
+        refs = b.ranking(ranked, "value", 2)
+        b.refer(none, refs[:1])
+        b.refer(word, refs)
+    b.say(" (")
+    b.constant(heads["ci_level"].iloc[0], "ci_level", fmt=".0%")
+    b.say(" intervals over ")
+    b.constant(heads["n_prompts"].iloc[0], "n_prompts", unit="prompt pairs")
+    b.say("). Each map below has its own takeaway.")
+    return Section("activation patching (exact, denoising)", b.build(), body,
                    terms=("normalised effect", "logit difference", "probability difference", "95% interval",
-                          "significant", "fragile", "degenerate pair"), own_page=False)
+                          "significant", "q-value", "fragile", "degenerate pair", "names"), own_page=False)

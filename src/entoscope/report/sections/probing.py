@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ...registry import register
+from ...results.claims import TakeawayBuilder
 from ..section import Section, examples_html
 
 
@@ -35,7 +36,11 @@ def probing_section(model: Any, folder: Path, quick: bool) -> Section:
     from ...probing import Probing
 
     body, results = examples_html(Probing, model, _examples(quick), folder, max_rows=12)
-    lead = " ".join(f"{name}: {r.takeaway}" for name, r in zip(("Greater-than start year", "IOI name order"), results))
+    b = TakeawayBuilder()
+    for i, (name, r) in enumerate(zip(("Greater-than start year", "IOI name order"), results)):
+        b.say((" " if i else "") + f"{name}: ")
+        b.include(r.takeaway, folder.name if i == 0 else f"{folder.name}/example{i}")
+    lead = b.build()
     return Section("probing: held-out scores against a control task, by layer", lead, body,
-                   terms=("held-out score", "causal check"), own_page=False)
+                   terms=("held-out score", "causal check", "names"), own_page=False)
 

@@ -1,0 +1,287 @@
+"""Takeaways made of claims: every number a takeaway states is a cell of a table saved beside it, and every
+qualifier it uses ("most", "strongest", "above 0", ...) is one of the rules below applied to those cells.
+The rules are written for readers in docs/pages.md ("Words that follow numbers"); this is their one home.
+
+A takeaway is built with `TakeawayBuilder`: plain words (`say`), quoted cells (`quote`: the row's name,
+its value, its interval and its q where the table has them), counts of rows (`count`), columns that are
+the same on every row (`constant`: the number of prompts, the interval level), settings of the run
+(`setting`), and qualifiers (`qualify`: the word, the rule, the claims it judges). `build()` gives a
+`Takeaway`: a `str` (what pages show) that also holds its claims, each with the span of text it wrote,
+so a test (tests/test_page_claims.py) can read every number back from the tables and every word
+against its rule. A Result saves them as takeaway.json beside table.csv.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MOST = 0.5  # "most": a share (or a normalised effect, a fraction of the metric) at or above one half ...
+# ... whose interval's lower end is above one half too, so the data carry it, not only the point estimate.
+
+
+# ----------------------------------------------------------------------------- the rules
+
+def finite(*xs: Any) -> bool:
+    return all(x is not None and isinstance(x, (int, float, np.integer, np.floating)) and math.isfinite(float(x))
+               for x in xs)
+
+
+def most(value: float, low: float | None = None) -> bool:
+    """"most" of a whole: an estimate >= 0.5 whose interval's lower end is > 0.5 (no interval, NaN: not
+    carried); an exact share of the run's own prompts (low None): more than half."""
+    if not finite(value):
+        return False
+    if low is None:
+        return value > MOST
+    return finite(low) and value >= MOST and low > MOST
+
+
+def excludes_zero(low: float | None, high: float | None) -> bool:
+    return finite(low, high) and (low > 0 or high < 0)  # type: ignore[operator]
+
+
+def magnitude(low: float, high: float) -> tuple[float, float]:
+    """The range of |x| over an interval [low, high]."""
+    lo = 0.0 if low <= 0 <= high else min(abs(low), abs(high))
+    return lo, max(abs(low), abs(high))
+
+
+def separated(first: tuple[float, float], second: tuple[float, float]) -> bool:
+    """"strongest": the top row's |value| interval lies wholly above the runner-up's."""
+    if not finite(*first, *second):
+        return False
+    return magnitude(*first)[0] > magnitude(*second)[1]
+
+
+def distinguished(change: float, random_change: float, diff_low: float | None, diff_high: float | None) -> bool:
+    """A causal check singles out the probe's direction when removing it moves the metric further than
+    removing a random direction (|change| > |random change|) and the interval of the paired difference
+    (probe - random, per prompt) excludes 0."""
+    return finite(change, random_change) and abs(change) > abs(random_change) and excludes_zero(diff_low, diff_high)
+
+
+# ----------------------------------------------------------------------------- claims
+
+@dataclass
+class Claim:
+    """One statement of a takeaway: `text` is the span it wrote, starting at `start` in the takeaway.
+
+    type:    quote (a cell: value, low, high, q), count (rows of `column` meeting `condition`: value of
+             total), constant (a column equal on every row: value), setting (a config value of the run,
+             `column` a dotted path in manifest.json's config), qualifier (`word`, by `rule`, judging the
+             claims at `refs`; `holds` is what the rule gave).
+    source:  the file the numbers are read from, relative to where the takeaway is saved (table.csv,
+             summary.json, scores.csv; a report section's: patching/example1/table.csv).
+    row:     the id columns and values that select the row (None: a JSON file's top level, or a constant).
+    """
+
+    type: str
+    text: str
+    start: int = -1
+    source: str = "table.csv"
+    row: dict[str, Any] | None = None
+    column: str | None = None
+    value: float | None = None
+    low: float | None = None
+    high: float | None = None
+    q: float | None = None
+    fmt: str = ".2f"
+    condition: str | None = None
+    total: int | None = None
+    word: str | None = None
+    rule: str | None = None
+    holds: bool | None = None
+    refs: list[int] = field(default_factory=list)
+
+
+class Takeaway(str):
+    """The text of a takeaway (a plain `str` to every reader) with the claims it is made of."""
+
+    claims: tuple[Claim, ...]
+
+    def __new__(cls, text: str = "", claims: tuple[Claim, ...] | list[Claim] = ()) -> Takeaway:
+        obj = super().__new__(cls, text)
+        obj.claims = tuple(claims)
+        return obj
+
+    def rebased(self, prefix: str) -> Takeaway:
+        """The same takeaway with its sources relative to the folder above (prefix: the run's sub-folder)."""
+        return Takeaway(str(self), [replace(c, source=f"{prefix}/{c.source}") for c in self.claims])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"text": str(self), "claims": [asdict(c) for c in self.claims]}
+
+
+def takeaway_json(entries: list[dict[str, Any]]) -> str:
+    return json.dumps(entries, indent=1, default=_plain)
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    if isinstance(v, (np.floating,)):
+        return float(v)
+    if isinstance(v, np.bool_):
+        return bool(v)
+    return str(v)
+
+
+def write_takeaways(path: Path, entries: list[tuple[str, str]]) -> None:
+    """Save (page, takeaway) pairs as JSON (text and claims; a plain string has no claims)."""
+    rows = [{"page": page, **(t.to_dict() if isinstance(t, Takeaway) else {"text": str(t), "claims": []})}
+            for page, t in entries if t]
+    path.write_text(takeaway_json(rows), encoding="utf-8")
+
+
+def _num(v: Any) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def fmt_number(v: float, fmt: str) -> str:
+    return format(int(round(v)), fmt) if fmt.endswith("d") else format(v, fmt)
+
+
+def q_text(q: float) -> str:
+    """q as a reader reads it: two significant digits, '< 0.001' below that."""
+    return "q < 0.001" if q < 0.001 else f"q = {q:.2g}"
+
+
+class TakeawayBuilder:
+    """Builds a `Takeaway` piece by piece; `source` and `key` are the defaults of every quote."""
+
+    def __init__(self, source: str = "table.csv", key: str | tuple[str, ...] = "site") -> None:
+        self.source, self.key = source, key
+        self._parts: list[str] = []
+        self._claims: list[Claim] = []
+        self._length = 0
+
+    def _emit(self, text: str, claim: Claim | None = None) -> int:
+        if claim is not None:
+            claim.start, claim.text = self._length, text
+            self._claims.append(claim)
+        self._parts.append(text)
+        self._length += len(text)
+        return len(self._claims) - 1
+
+    def say(self, text: str) -> TakeawayBuilder:
+        self._emit(text)
+        return self
+
+    def quote(self, row: Any, column: str, *, fmt: str = ".2f", name: bool | str = True, interval: bool = True,
+              q: bool = True, key: str | tuple[str, ...] | None = None, source: str | None = None,
+              after: str = "") -> int:
+        """A cell: '<name> <value> [<low>, <high>] (q ...)<after>'; `row` a table row (Series or dict) or a
+        JSON summary (key=()). name=False leaves the row's name out; a string is said instead of it."""
+        key = self.key if key is None else key
+        keys = (key,) if isinstance(key, str) else tuple(key)
+        value = _num(row[column])
+        low = _num(row.get(f"{column}_ci_low")) if interval else None
+        high = _num(row.get(f"{column}_ci_high")) if interval else None
+        qv = _num(row.get(f"{column}_q")) if q else None
+        text = fmt_number(value, fmt) if value is not None else "n/a"
+        if low is not None and high is not None:
+            text += f" [{fmt_number(low, fmt)}, {fmt_number(high, fmt)}]"
+        if qv is not None:
+            text += f" ({q_text(qv)})"
+        label = str(row[keys[-1]]) if name is True and keys else (name or "")
+        if label:
+            text = f"{label} {text}"
+        text += after
+        ids = {k: row[k] if isinstance(row[k], str) else _plain(row[k]) for k in keys} if keys else None
+        return self._emit(text, Claim("quote", text, source=source or self.source, row=ids, column=column,
+                                      value=value, low=low, high=high, q=qv, fmt=fmt))
+
+    def count(self, k: int, total: int, column: str, condition: str = "true", *, unit: str = "",
+              source: str | None = None) -> int:
+        """'<k> of <total> <unit>': the rows of `column` meeting `condition` ('true' for a boolean column,
+        '<=X' or '>X' for a number)."""
+        text = f"{k:,} of {total:,}" + (f" {unit}" if unit else "")
+        return self._emit(text, Claim("count", text, source=source or self.source, column=column, value=int(k),
+                                      total=int(total), condition=condition, fmt="d"))
+
+    def constant(self, value: Any, column: str, *, fmt: str = "d", unit: str = "", source: str | None = None) -> int:
+        """A column equal on every row (n_prompts, ci_level), said as '<value> <unit>'."""
+        v = float(value)
+        text = (format(int(v), ",") if fmt == "d" else fmt_number(v, fmt)) + (f" {unit}" if unit else "")
+        return self._emit(text, Claim("constant", text, source=source or self.source, column=column, value=v, fmt=fmt))
+
+    def setting(self, value: Any, path: str, *, fmt: str = "d", unit: str = "", source: str = "manifest.json") -> int:
+        """A setting of the run (a dotted path in its manifest.json's config: stats.fdr)."""
+        v = float(value)
+        text = (format(int(v), ",") if fmt == "d" else fmt_number(v, fmt)) + (f" {unit}" if unit else "")
+        return self._emit(text, Claim("setting", text, source=source, column=path, value=v, fmt=fmt))
+
+    def qualify(self, word: str, rule: str, refs: list[int] | None = None, holds: bool = True,
+                condition: str | None = None) -> int:
+        """A qualifier: `word` is said, and `rule` (docs/pages.md) holds on the claims at `refs` (which may
+        be given later, with `refer`, for a word said before the numbers it judges). condition: the rows a
+        ranking rule looks at, a boolean column (in_circuit) or column=value (kind=induction)."""
+        return self._emit(word, Claim("qualifier", word, word=word, rule=rule, holds=bool(holds), refs=list(refs or []),
+                                      condition=condition))
+
+    def refer(self, qualifier: int, refs: list[int]) -> None:
+        self._claims[qualifier].refs = list(refs)
+
+    def mark(self, row: Any, column: str, *, key: str | tuple[str, ...] | None = None,
+             source: str | None = None) -> int:
+        """A row named for a flag it has (`column` true: a fragile cell, an edge in the circuit)."""
+        key = self.key if key is None else key
+        keys = (key,) if isinstance(key, str) else tuple(key)
+        text = str(row[keys[-1]])
+        ids = {k: row[k] if isinstance(row[k], str) else _plain(row[k]) for k in keys}
+        return self._emit(text, Claim("flag", text, source=source or self.source, row=ids, column=column,
+                                      condition="true"))
+
+    def ranking(self, table: Any, column: str, k: int, *, fmt: str = ".2f", by_abs: bool = True, sep: str = "; ",
+                **quote: Any) -> list[int]:
+        """The k rows of largest |column| (or largest column), quoted one after the other."""
+        order = (table[column].abs() if by_abs else table[column]).sort_values(ascending=False, kind="stable").index
+        refs = []
+        for i, idx in enumerate(order[:k]):
+            if i:
+                self.say(sep)
+            refs.append(self.quote(table.loc[idx], column, fmt=fmt, **quote))
+        return refs
+
+    def separation(self, first: int, second: int, *, above: str, overlap: str) -> bool:
+        """Says `above` ("stands out": the first quote's |interval| lies above the second's, rule
+        `separated`) or `overlap` (rule `overlaps`); returns which."""
+        a, b = self._claims[first], self._claims[second]
+        apart = separated((a.low, a.high), (b.low, b.high))  # type: ignore[arg-type]
+        self.qualify(above if apart else overlap, "separated" if apart else "overlaps", [first, second])
+        return apart
+
+    def include(self, other: str, prefix: str | None = None) -> TakeawayBuilder:
+        """Another takeaway's text and claims (its sources under `prefix`, the folder it was saved in)."""
+        if isinstance(other, Takeaway):
+            base = len(self._claims)
+            moved = other.rebased(prefix) if prefix else other
+            for c in moved.claims:
+                self._claims.append(replace(c, start=c.start + self._length,
+                                            refs=[r + base for r in c.refs]))
+        self._parts.append(str(other))
+        self._length += len(other)
+        return self
+
+    def build(self) -> Takeaway:
+        return Takeaway("".join(self._parts), self._claims)
+
+
+def join(takeaways: list[str], sep: str = " ") -> Takeaway:
+    """Takeaways one after the other (claims kept)."""
+    b = TakeawayBuilder()
+    for i, t in enumerate(x for x in takeaways if x):
+        if i:
+            b.say(sep)
+        b.include(t)
+    return b.build()
