@@ -69,7 +69,7 @@ def test_equal_lengths_keep_token_indices_and_labels_follow_one_spelling(demo):
     mixed = Sites(activation="resid_post", over=["layer", "position"], positions=[1, -1, -3])
     s = mixed.resolve(adapt(demo), [9, 12])
     assert list(s.frame()["position"].unique()) == ["1", "END", "END-2"]  # one column of labels
-    assert {u.label for u in s.units} >= {"L0 p1", "L0 END", "L2 END-2"}
+    assert {u.label for u in s.units} >= {"resid_post.0@1", "resid_post.0@END", "resid_post.2@END-2"}
     assert [position_text(p) for p in (0, 4, -1, -2, -10)] == ["0", "4", "END", "END-1", "END-9"]
 
 
