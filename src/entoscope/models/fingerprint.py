@@ -201,6 +201,37 @@ def _tensor_key(t: torch.Tensor) -> tuple:
     return (id(t), t.data_ptr(), t.storage_offset(), t.shape, t.stride(), t.dtype, t.device, t._version)
 
 
+def weights_stamp(model: torch.nn.Module) -> tuple:
+    """Which version of the weights `model` holds now: each parameter's and buffer's key as the fingerprint
+    memo keys it (its object, storage, offset, shape, stride, dtype, device and version counter), so an
+    in-place edit, a replaced tensor or a move gives another stamp. Costs microseconds per tensor: the
+    one-time checks (guards.py) and the fingerprint are redone only when it changes."""
+    keys = []
+    for _, mod in _walk(model):
+        d = mod.__dict__
+        for store in (d["_parameters"], d["_buffers"]):
+            if store:
+                keys.extend(_tensor_key(t) for t in store.values() if t is not None)
+    return tuple(keys)
+
+
+def deferred_fingerprint(model: Any) -> Any:
+    """A function of no arguments giving `model`'s fingerprint, hashed when it is first called (a run's
+    manifest hashes the weights when it is written or read, not during the run: the hash reads every byte).
+    It answers for the weights as they were when this was made: if they changed since (or the model was
+    freed), it gives None rather than the fingerprint of other weights. Holds no reference to the model."""
+    module = _unwrap(model)
+    ref = weakref.ref(module)
+    stamp = (weights_stamp(module), json.dumps(_config_doc(module), sort_keys=True))
+
+    def fingerprint() -> str | None:
+        now = ref()
+        if now is None or (weights_stamp(now), json.dumps(_config_doc(now), sort_keys=True)) != stamp:
+            return None
+        return inspect_model(now).fingerprint
+    return fingerprint
+
+
 def tensor_bytes(t: torch.Tensor) -> Any:
     """The raw bytes of a tensor (row-major) as a NumPy uint8 array; copies only when it must."""
     t = t.detach()
