@@ -396,8 +396,18 @@ def _interrupted() -> str:
     return "interrupted; nothing was saved"
 
 
+def _idle_threads_sleep() -> None:
+    """Let torch's OpenMP threads sleep when idle instead of spinning (OMP_WAIT_POLICY=PASSIVE, unless set),
+    read when torch loads. Spinning threads on a machine whose cores other jobs share made the demo report
+    ten times slower (docs/speed.md); the threads and their split of the work are the same, so are
+    the numbers."""
+    if "torch" not in sys.modules:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    _idle_threads_sleep()
     debug = "--debug" in argv or os.environ.get("ENTOSCOPE_DEBUG") == "1"
     argv = [a for a in argv if a != "--debug"]
     SAVED.clear()

@@ -12,6 +12,11 @@ sits on another storage, offset, shape, stride, dtype or device (`p.data = new`,
 a replaced Parameter). The memo holds a reference to each hashed storage, so a freed address cannot
 be reused by a new tensor and mistaken for the old one.
 
+`weights_stamp(model)` is the cheap half of that key (no bytes read): the one-time checks of a model
+(models/guards.py) are redone only when it changes. A run's manifest records the fingerprint through
+`deferred_fingerprint`, hashed when the manifest is first read or saved rather than during the run (on
+GPT-2 small the hash is several times a short run), and only for the weights the run used.
+
 The one blind spot is PyTorch's own: a write through `p.data` (`p.data[0, 0] = 1`, `p.data.add_()`)
 or through a NumPy view bypasses the version counter, so nothing short of re-reading every byte can
 see it. `model_fingerprint(model, full=True)` (and `CachedModel(..., verify="full")`) re-hashes every
