@@ -98,8 +98,8 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(args.child, args.repeat, args.loaded)))
         return
-    print(f"GPT-2-small-sized random bridge, 1 thread; model {'loaded by entoscope' if args.loaded else 'not seen'}"
-          f" by entoscope; warm = median of {args.repeat}")
+    seen = "loaded by entoscope (checks at load)" if args.loaded else "not seen by entoscope (checks in the first call)"
+    print(f"GPT-2-small-sized random bridge, 1 thread; model {seen}; warm = median of {args.repeat}")
     print(f"{'operation':<12} {'import wall/cpu':>16} {'first wall/cpu':>16} {'warm wall/cpu':>16} "
           f"{'first/warm wall':>16} {'first/warm cpu':>15}")
     for name in args.only:
