@@ -18,7 +18,12 @@ Compared, in this one process, with the thread count set and printed (default 1)
       bridge: a batched run_with_hooks sweep, every (pair, layer, position) its own row, 16 patched
       rows per forward (hooks that write each row's clean value at its own layer and position);
   (c) entoscope.patching.Patching(method="exact"), prefix reuse "auto" (layers and positions) and, for
-      reference, prefix_reuse "off" (batched full forwards).
+      reference, prefix_reuse "off" (batched full forwards);
+  floor (bridge): the same partial forwards unpatched, through models/partial.py: one walk per start
+      position p, every (pair, layer L) row joining at block L, computing blocks L.. at positions p..
+      only (the prefix's keys/values frozen, recorded from one run) and unembedding the answer row at the
+      two metric tokens: the least token work a prefix-reusing sweep can do (a sweep may still beat it
+      by grouping start positions into fewer block calls). "vs floor" is the time over the floor's.
 on one pair and on a dataset of 32 pairs (on the dataset, (a) runs only with --loop-dataset and "off"
 only with --full-off: each costs about as much as (b)). Times are the median of --repeat runs (one
 pair) and of --repeat-dataset runs (the dataset); "max |diff|" is the largest difference of the
@@ -144,6 +149,29 @@ def entoscope_patching(model, clean: torch.Tensor, corrupt: torch.Tensor, reuse:
     return torch.tensor(table.pivot(index="layer", columns="position", values="value").values, dtype=torch.float32)
 
 
+def floor_walks(model, clean: torch.Tensor, corrupt: torch.Tensor) -> torch.Tensor:
+    """floor (bridge): unpatched partial forwards of every (pair, layer, position) cell, batched per start
+    position; [layer, pos] grid of the mean over pairs of the (unpatched) metric."""
+    from entoscope.models.adapter import adapt
+    from entoscope.models.partial import logits_at, prefix_reads, read_run, record_past, slice_start
+
+    a = adapt(model)
+    N, T = corrupt.shape
+    L = a.structure.n_layers
+    columns = torch.tensor([ANSWER, WRONG])
+    with torch.no_grad():
+        _, acts = read_run(a, corrupt, prefix_reads(a, list(range(L)), positions=True))
+        record_past(a, acts, 0)
+        rows = torch.arange(N).repeat(L)  # (pair, layer) rows, sorted by layer
+        layers = torch.arange(L).repeat_interleave(N)
+        out = torch.zeros(N, L, T)
+        for p in range(T):
+            start = slice_start(acts, rows.to(a.device), layers, p, L)
+            logits = logits_at(a, torch.full((len(rows),), T - 1 - p), start=start, columns=columns)
+            out[rows, layers, p] = (logits[:, 0] - logits[:, 1]).float().cpu()
+    return out.mean(0)
+
+
 def measure(fn, repeat: int) -> tuple[float, torch.Tensor, int]:
     times, peak = [], 0
     out = None
@@ -158,7 +186,8 @@ def measure(fn, repeat: int) -> tuple[float, torch.Tensor, int]:
 
 def sweep_table(args, model) -> None:
     vocab = 300  # ids the tiny tokenizer knows; the model's own vocabulary is 50257
-    head = f"{'pairs':>5}  {'method':<44} {'time':>9} {'vs (b)':>8} {'vs (a)':>8} {'max |diff|':>11} {'peak mem':>10}"
+    head = (f"{'pairs':>5}  {'method':<44} {'time':>9} {'vs (b)':>8} {'vs (a)':>8} {'vs floor':>9} {'max |diff|':>11} "
+            f"{'peak mem':>10}")
     print()
     print(head)
     print("-" * len(head), flush=True)
@@ -174,6 +203,10 @@ def sweep_table(args, model) -> None:
             runs["(c) entoscope exact, prefix reuse off"] = lambda: entoscope_patching(model, clean, corrupt, "off")
         entoscope_patching(model, clean[:1], corrupt[:1], "auto")  # warm-up (vocabulary strings, kernels, check)
         repeat = args.repeat if n == 1 else args.repeat_dataset
+        floor_t = floor_peak = None
+        if args.backend == "bridge":
+            floor_walks(model, clean[:1], corrupt[:1])  # warm-up
+            floor_t, _, floor_peak = measure(lambda: floor_walks(model, clean, corrupt), repeat)
         ref = ref_t = loop_t = None
         for label, fn in runs.items():
             t, out, peak = measure(fn, repeat)
@@ -182,8 +215,13 @@ def sweep_table(args, model) -> None:
             if label.startswith("(a)"):
                 loop_t = t
             vs_loop = f"{loop_t / t:>7.2f}x" if loop_t else f"{'-':>8}"
-            print(f"{n:>5}  {label:<44} {t:>8.2f}s {ref_t / t:>7.2f}x {vs_loop} {float((out - ref).abs().max()):>11.2e} "
-                  f"{peak / 2**20:>8.0f}MiB", flush=True)
+            vs_floor = f"{t / floor_t:>8.2f}x" if floor_t else f"{'-':>9}"
+            print(f"{n:>5}  {label:<44} {t:>8.2f}s {ref_t / t:>7.2f}x {vs_loop} {vs_floor} "
+                  f"{float((out - ref).abs().max()):>11.2e} {peak / 2**20:>8.0f}MiB", flush=True)
+        if floor_t:
+            print(f"{n:>5}  {'floor: unpatched partial forwards':<44} {floor_t:>8.2f}s {ref_t / floor_t:>7.2f}x "
+                  f"{(f'{loop_t / floor_t:>7.2f}x' if loop_t else f'{chr(45):>8}')} {1:>8.2f}x {'(unpatched)':>11} "
+                  f"{floor_peak / 2**20:>8.0f}MiB", flush=True)
 
 
 def curves(args) -> None:

@@ -637,6 +637,7 @@ def _hammer(cache_dir: str, worker: int, barrier, queue) -> None:
         queue.put((worker, 0, 0, 0, f"{type(err).__name__}: {err}"))
 
 
+@pytest.mark.slow
 def test_eight_processes_hammering_the_same_keys(tmp_path, quick):
     # forkserver: each worker starts from a clean process that imported torch and TransformerLens
     # once (spawn semantics: no inherited threads or locks), without paying 8 imports on 2 cores.

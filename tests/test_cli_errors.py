@@ -1,12 +1,16 @@
 """The command line never shows a traceback: every mistake a user can type is one line with a code.
 
-Each case runs the real `entoscope` command in a subprocess (the cases run three at a time, each
-subprocess on one torch thread) and checks the outcome: exit status 2, exactly one line on stderr of
-the form `entoscope: error: [code] ... Remedy: ...`, the expected code, and no traceback.
+Each case runs `entoscope.cli.main` on the case's arguments, in this process (stderr captured, in the
+cases' folder), and checks the outcome: exit status 2, exactly one line on stderr of the form
+`entoscope: error: [code] ... Remedy: ...`, the expected code, and no traceback. The same cases run as
+real `entoscope` commands in subprocesses (three at a time, one torch thread each) in the slow set
+(`-m slow`, CI), where an interpreter-level failure would show too.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import signal
@@ -125,11 +129,41 @@ if not has_hooked_transformer():
     CASES.append(("hooked-on-tl4", ["lens", "--data", IOI, "--backend", "hooked"], "hooked_needs_tl3"))
 
 
-@pytest.fixture(scope="module")
-def outcomes(tmp_path_factory):
+def _cases_folder(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("cli_cases")
     _folders(root)
     _files(root)
+    return root
+
+
+def in_process(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """`entoscope.cli.main(args)` run here in `cwd`: its exit status and what it wrote to stderr."""
+    from entoscope.cli import main
+
+    err, here = io.StringIO(), Path.cwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            try:
+                code = main(list(args))
+            except SystemExit as done:  # argparse's --help; never a case here
+                code = done.code
+    finally:
+        os.chdir(here)
+    return subprocess.CompletedProcess(args, code, "", err.getvalue())
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory):
+    root = _cases_folder(tmp_path_factory)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ENTOSCOPE_QUIET", "1")
+        return {name: in_process(args, root) for name, args, _ in CASES}
+
+
+@pytest.fixture(scope="module")
+def process_outcomes(tmp_path_factory):
+    root = _cases_folder(tmp_path_factory)
     with ThreadPoolExecutor(max_workers=3) as pool:
         done = dict(zip([c[0] for c in CASES], pool.map(lambda c: entoscope(*c[1], cwd=root), CASES)))
     return done
@@ -137,7 +171,16 @@ def outcomes(tmp_path_factory):
 
 @pytest.mark.parametrize("case, args, code", CASES, ids=[c[0] for c in CASES])
 def test_a_mistake_is_one_line_with_its_code(outcomes, case, args, code):
-    proc = outcomes[case]
+    _one_line_with(outcomes[case], code)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case, args, code", CASES, ids=[c[0] for c in CASES])
+def test_a_mistake_is_one_line_with_its_code_as_a_command(process_outcomes, case, args, code):
+    _one_line_with(process_outcomes[case], code)
+
+
+def _one_line_with(proc: subprocess.CompletedProcess, code: str) -> None:
     lines = proc.stderr.strip().splitlines()
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
@@ -196,6 +239,18 @@ def test_an_unforeseen_exception_is_one_line_and_debug_shows_the_traceback(tmp_p
     assert "Traceback" in capsys.readouterr().err
 
 
+def test_an_interrupt_is_one_line_and_exit_130(monkeypatch, capsys):
+    from entoscope import cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_info", interrupted)
+    assert cli.main(["info"]) == 130
+    assert capsys.readouterr().err.strip().splitlines() == ["entoscope: interrupted; nothing was saved"]
+
+
+@pytest.mark.slow
 def test_ctrl_c_is_one_line_and_exit_130(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "entoscope.cli", "report", "--model", "demo", "--out",
                              str(tmp_path / "report")], cwd=tmp_path, env=ENV, stderr=subprocess.PIPE, text=True)

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # a kernel executing the notebook: tens of seconds (CI runs it: -m slow)
+
 nbformat = pytest.importorskip("nbformat", reason="nbformat is not installed (pip install -e '.[test]')")
 nbclient = pytest.importorskip("nbclient", reason="nbclient is not installed (pip install -e '.[test]')")
 pytest.importorskip("ipykernel", reason="ipykernel is not installed (pip install -e '.[test]')")

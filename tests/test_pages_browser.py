@@ -23,7 +23,8 @@ if os.environ.get("ENTOSCOPE_REQUIRE_BROWSER") == "1":  # CI: a missing browser 
     assert CHROMIUM is not None, "ENTOSCOPE_REQUIRE_BROWSER=1 but no Chromium is installed (apt-get install chromium)"
 else:
     playwright = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (pip install playwright)")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on this machine (apt-get install chromium)")
+pytestmark = [pytest.mark.slow,  # a browser reading every page: minutes (CI runs them: -m slow)
+              pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on this machine (apt-get install chromium)")]
 
 CHECKS = """() => {
   const figures = [...document.querySelectorAll('.plotly-graph-div')];

@@ -18,6 +18,8 @@ import pandas as pd
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # a local Ray cluster: a minute and more (CI runs them: -m slow)
+
 if os.environ.get("ENTOSCOPE_REQUIRE_RAY") == "1":
     import ray
 else:

@@ -309,6 +309,7 @@ def test_a_failed_save_leaves_the_previous_run_untouched(tmp_path, demo, monkeyp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no partial folder left behind
 
 
+@pytest.mark.slow
 def test_four_processes_save_sibling_runs_under_one_new_parent(tmp_path):
     script = (
         "import sys, pandas as pd\n"

@@ -8,6 +8,8 @@ import os
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # sae-lens, installed in its own CI pass (CI runs them: -m slow)
+
 if os.environ.get("ENTOSCOPE_REQUIRE_SAE_LENS") == "1":  # CI's sae-lens pass: a failed import fails
     import sae_lens  # noqa: F401
 else:

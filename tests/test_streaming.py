@@ -113,6 +113,7 @@ def _traced_peak(fn):
         tracemalloc.stop()
 
 
+@pytest.mark.slow
 def test_summarising_stored_shards_allocates_a_small_share_that_does_not_grow_with_the_prompts(tmp_path, monkeypatch):
     # blocks of 2^16 values and buckets of 1 MiB (the defaults, 2^22 and 64 MiB, are sized for real runs
     # and would not be a small share of this 50 MiB test)

@@ -5,28 +5,51 @@
     data = es.tasks.ioi(n=64)
     result = es.Lens(sites=es.Sites(activation="resid_post", over=["layer", "position"])).run(model, data)
     result.save("runs/ioi_lens")
+
+Every public name is imported on first use (`_lazy.py`): `import entoscope` itself loads no torch.
+A new public name is one line of `_EXPORTS`.
 """
 
-from . import errors
-from .circuits import Circuits, DirectLogitAttribution, HeadScores, InformationFlowRoutes
-from .data import Dataset, DataSpec, Example, load_data
-from .data import tasks
-from .dictionaries import DecoderLens, FeatureDLA, FeatureGraph
-from .errors import EntoscopeError
-from .executors import InProcess, Ray
-from .lens import Lens, ParameterLens, TunedLens
-from .metrics import Metric
-from .models import ActName, CachedModel, Intervention, ModelAdapter, adapt, load_model
-from .operation import Operation, Plan
-from .patching import Patching
-from .probing import Probing
-from .registry import register
-from .results import Result
-from .sites import Sites
-from .steering import Direction, Steering
+from ._lazy import lazy_exports
 
 __version__ = "0.1.0.dev0"
-__all__ = ["ActName", "CachedModel", "Circuits", "Dataset", "DataSpec", "DecoderLens", "Direction", "DirectLogitAttribution", "EntoscopeError", "Example", "FeatureDLA", "FeatureGraph", "HeadScores",
-           "InProcess", "InformationFlowRoutes", "Intervention", "Lens",
-           "Metric", "ModelAdapter", "Operation", "ParameterLens", "Patching", "Plan", "Probing", "Ray", "Result", "Sites", "Steering", "TunedLens", "adapt",
-           "errors", "load_data", "load_model", "register", "tasks"]
+
+_EXPORTS = {  # public name -> the module it lives in ("module:" is the module itself)
+    "ActName": ".models.names",
+    "CachedModel": ".models.cached",
+    "Circuits": ".circuits.operation",
+    "Dataset": ".data.examples",
+    "DataSpec": ".data.loading",
+    "DecoderLens": ".dictionaries.lens",
+    "Direction": ".steering.direction",
+    "DirectLogitAttribution": ".circuits.dla",
+    "EntoscopeError": ".errors",
+    "Example": ".data.examples",
+    "FeatureDLA": ".dictionaries.dla",
+    "FeatureGraph": ".dictionaries.graph:FeatureGraphOperation",
+    "HeadScores": ".circuits.head_scores",
+    "InProcess": ".executors.config",
+    "InformationFlowRoutes": ".circuits.ifr",
+    "Intervention": ".models.adapter",
+    "Lens": ".lens.operation",
+    "Metric": ".metrics",
+    "ModelAdapter": ".models.adapter",
+    "Operation": ".operation",
+    "ParameterLens": ".lens.parameter",
+    "Patching": ".patching.operation",
+    "Plan": ".operation",
+    "Probing": ".probing.operation",
+    "Ray": ".executors.config",
+    "Result": ".results.result",
+    "Sites": ".sites",
+    "Steering": ".steering.operation",
+    "TunedLens": ".lens.tuned",
+    "adapt": ".models.adapter",
+    "errors": ".errors:",
+    "load_data": ".data.loading",
+    "load_model": ".models.loading",
+    "register": ".registry",
+    "tasks": ".data.tasks:",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

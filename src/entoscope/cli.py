@@ -14,6 +14,8 @@ and mappings work) plus the model options; `--plan` prints the plan and runs not
 Errors are one line, `entoscope: error: [code] what. Remedy: what to do` (exit 2; 130 on Ctrl-C);
 `--debug` (anywhere on the line) also prints the traceback.
 """
+# Help and --version are printed from cli_snapshot.json (the parser below, written down), so they import
+# nothing heavy; this module itself imports only the standard library, errors.py and registry.py.
 
 from __future__ import annotations
 
@@ -25,8 +27,6 @@ import typing
 import warnings
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from .errors import ConfigError, EntoscopeError, EntoscopeWarning
 from .registry import lookup, names
@@ -115,6 +115,8 @@ def _load(args: argparse.Namespace, source: dict[str, Any] | None = None) -> Any
 
 
 def _yaml_value(text: str, key: str) -> Any:
+    import yaml
+
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as err:
@@ -306,16 +308,13 @@ def _train_lens(args: argparse.Namespace) -> int:
 
 
 def _version() -> str:
-    import importlib.metadata as md
-
     from . import __version__
+    from .versions import installed_version
 
     parts = []
     for pkg in ("transformer-lens", "torch", "transformers"):
-        try:
-            parts.append(f"{pkg} {md.version(pkg)}")
-        except md.PackageNotFoundError:
-            parts.append(f"{pkg} not installed")
+        version = installed_version(pkg)
+        parts.append(f"{pkg} {version}" if version else f"{pkg} not installed")
     return f"entoscope {__version__} ({', '.join(parts)})"
 
 
@@ -327,8 +326,7 @@ def _train_sae(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import circuits, lens, patching, probing  # noqa: F401  (register the operations)
-
+    """The real parser: every sub-command, with one flag per field of each operation (imports them all)."""
     p = _Parser(prog="entoscope", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=_version())
     p.add_argument("--debug", action="store_true", help="print the traceback of an error (anywhere on the line)")
@@ -378,6 +376,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def help_parser() -> argparse.ArgumentParser:
+    """The parser that prints help and the version: build_parser()'s, rebuilt from cli_snapshot.json."""
+    from .cli_snapshot import load, parser_from_snapshot
+
+    return parser_from_snapshot(load(), prog="entoscope", version=_version(), parser_class=_Parser)
+
+
+def _only_help(argv: list[str]) -> bool:
+    """Whether this command line only asks for help or the version (or nothing: a usage error)."""
+    return not argv or any(a in ("-h", "--help", "--version") for a in argv)
+
+
 def _show_warning(message: Any, category: type, filename: str, lineno: int, file: Any = None,
                   line: str | None = None) -> None:
     if isinstance(message, EntoscopeWarning):
@@ -395,14 +405,24 @@ def _interrupted() -> str:
     return "interrupted; nothing was saved"
 
 
+def _idle_threads_sleep() -> None:
+    """Let torch's OpenMP threads sleep when idle instead of spinning (OMP_WAIT_POLICY=PASSIVE, unless set),
+    read when torch loads. Spinning threads on a machine whose cores other jobs share made the demo report
+    ten times slower (docs/speed.md); the threads and their split of the work are the same, so are
+    the numbers."""
+    if "torch" not in sys.modules:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    _idle_threads_sleep()
     debug = "--debug" in argv or os.environ.get("ENTOSCOPE_DEBUG") == "1"
     argv = [a for a in argv if a != "--debug"]
     SAVED.clear()
     warnings.showwarning = _show_warning
     try:
-        parser = build_parser()
+        parser = help_parser() if _only_help(argv) else build_parser()
         args = parser.parse_args(argv)
         args.model_given = any(a == "--model" or a.startswith("--model=") for a in argv)
         return int(args.handler(args) or 0)

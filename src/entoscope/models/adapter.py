@@ -23,7 +23,8 @@ from torch import Tensor
 from ..errors import DataError, SiteError
 from . import features
 from .backend import Backend, BaseIntervention, backend_for
-from .guards import check_describable, check_finite_weights, evaluating, first_non_finite, raise_non_finite
+from .guards import (check_describable, check_finite_weights, evaluating, first_non_finite, non_finite,
+                     raise_non_finite)
 from .names import KINDS, ActName, parse_name
 
 InterventionFn = Callable[[Tensor], Tensor]
@@ -191,7 +192,7 @@ class ModelAdapter:
         """
         if not isinstance(text, str):
             return [int(t) for t in text]
-        ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        ids = list(_encoded(self.tokenizer, text))
         if prepend_bos:
             if self.bos_token_id is None:
                 raise DataError("this tokenizer has no BOS token to prepend", code="no_bos_token",
@@ -283,10 +284,10 @@ class ModelAdapter:
                       acts: dict[ActName, Tensor]) -> None:
         """NaN/inf in what a run returns is an error naming the first site where it appears."""
         # attention scores hold -inf above the diagonal (the causal mask) by design
-        bad = [str(a) for a, t in acts.items() if a.kind != "attn_scores" and t.is_floating_point()
-               and not bool(torch.isfinite(t.detach()).all())]
-        if logits is not None and not bool(torch.isfinite(logits.detach()).all()):
-            bad.append("logits")
+        named = [(str(a), t) for a, t in acts.items() if a.kind != "attn_scores"]
+        if logits is not None:
+            named.append(("logits", logits))
+        bad = [named[i][0] for i in non_finite([t for _, t in named])]
         if bad:
             raise_non_finite(f"this run's {', '.join(bad)}", first_non_finite(self, tokens, ivs))
 
@@ -377,6 +378,22 @@ _CONTROL.update({ord("\n"): "\\n", ord("\t"): "\\t"})
 
 def _printable(text: str) -> str:
     return text.translate(_CONTROL)
+
+
+_ENCODED_KEPT = 1 << 16  # texts whose ids a tokenizer keeps (datasets repeat names, answers and templates)
+
+
+def _encoded(tokenizer: Any, text: str) -> tuple[int, ...]:
+    """The tokenizer's ids for `text` without special tokens, remembered on the tokenizer (as vocab_strings
+    is) and forgotten when its vocabulary grows (added tokens)."""
+    size = len(tokenizer)
+    memo = tokenizer.__dict__.get("_entoscope_encoded")
+    if memo is None or memo[0] != size or len(memo[1]) >= _ENCODED_KEPT:
+        memo = tokenizer._entoscope_encoded = (size, {})
+    ids = memo[1].get(text)
+    if ids is None:
+        ids = memo[1][text] = tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return ids
 
 
 def adapt(model: Any) -> ModelAdapter:

@@ -12,6 +12,11 @@ sits on another storage, offset, shape, stride, dtype or device (`p.data = new`,
 a replaced Parameter). The memo holds a reference to each hashed storage, so a freed address cannot
 be reused by a new tensor and mistaken for the old one.
 
+`weights_stamp(model)` is the cheap half of that key (no bytes read): the one-time checks of a model
+(models/guards.py) are redone only when it changes. A run's manifest records the fingerprint through
+`deferred_fingerprint`, hashed when the manifest is first read or saved rather than during the run (on
+GPT-2 small the hash is several times a short run), and only for the weights the run used.
+
 The one blind spot is PyTorch's own: a write through `p.data` (`p.data[0, 0] = 1`, `p.data.add_()`)
 or through a NumPy view bypasses the version counter, so nothing short of re-reading every byte can
 see it. `model_fingerprint(model, full=True)` (and `CachedModel(..., verify="full")`) re-hashes every
@@ -199,6 +204,37 @@ def _config_doc(model: Any) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------- hashing
 def _tensor_key(t: torch.Tensor) -> tuple:
     return (id(t), t.data_ptr(), t.storage_offset(), t.shape, t.stride(), t.dtype, t.device, t._version)
+
+
+def weights_stamp(model: torch.nn.Module) -> tuple:
+    """Which version of the weights `model` holds now: each parameter's and buffer's key as the fingerprint
+    memo keys it (its object, storage, offset, shape, stride, dtype, device and version counter), so an
+    in-place edit, a replaced tensor or a move gives another stamp. Costs microseconds per tensor: the
+    one-time checks (guards.py) and the fingerprint are redone only when it changes."""
+    keys = []
+    for _, mod in _walk(model):
+        d = mod.__dict__
+        for store in (d["_parameters"], d["_buffers"]):
+            if store:
+                keys.extend(_tensor_key(t) for t in store.values() if t is not None)
+    return tuple(keys)
+
+
+def deferred_fingerprint(model: Any) -> Any:
+    """A function of no arguments giving `model`'s fingerprint, hashed when it is first called (a run's
+    manifest hashes the weights when it is written or read, not during the run: the hash reads every byte).
+    It answers for the weights as they were when this was made: if they changed since (or the model was
+    freed), it gives None rather than the fingerprint of other weights. Holds no reference to the model."""
+    module = _unwrap(model)
+    ref = weakref.ref(module)
+    stamp = (weights_stamp(module), json.dumps(_config_doc(module), sort_keys=True))
+
+    def fingerprint() -> str | None:
+        now = ref()
+        if now is None or (weights_stamp(now), json.dumps(_config_doc(now), sort_keys=True)) != stamp:
+            return None
+        return inspect_model(now).fingerprint
+    return fingerprint
 
 
 def tensor_bytes(t: torch.Tensor) -> Any:

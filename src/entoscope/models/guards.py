@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from ..errors import CheckFailedError, UnsupportedModelError, warn
+from .fingerprint import weights_stamp
 
 if TYPE_CHECKING:
     from .adapter import ModelAdapter
@@ -48,19 +49,47 @@ def evaluating(tl: Any) -> Iterator[None]:
 
 
 def check_finite_weights(tl: Any) -> None:
-    """Refuse NaN/inf in any parameter (checked again only after a parameter changes)."""
-    params = list(tl.named_parameters())
-    stamp = tuple((id(p), p._version) for _, p in params)
-    if getattr(tl, "_entoscope_finite_stamp", None) == stamp:
+    """Refuse NaN/inf in any parameter. Scanned once per weights version (`weights_stamp`: an in-place edit,
+    a replaced tensor or a move scans again), by `non_finite`: one read of the weights on their device."""
+    stamp = weights_stamp(tl)
+    if tl.__dict__.get("_entoscope_finite_stamp") == stamp:
         return
-    for name, p in params:
-        if not bool(torch.isfinite(p).all()):
-            bad = int((~torch.isfinite(p)).sum())
-            name = name.replace("_original_component.", "")  # the bridge's wrapper modules add nothing
-            raise CheckFailedError(f"the model's weight {name} holds {bad} non-finite value(s) (NaN or inf)",
-                                   code="non_finite_weights",
-                                   remedy="load the weights again, or find what wrote NaN/inf into them")
+    params = [(n, p) for n, p in tl.named_parameters() if p.numel() and not p.is_meta]
+    for i in non_finite([p for _, p in params]):
+        name, p = params[i]
+        name = name.replace("_original_component.", "")  # the bridge's wrapper modules add nothing
+        raise CheckFailedError(f"the model's weight {name} holds {_count_non_finite(p)} non-finite value(s) (NaN "
+                               "or inf)", code="non_finite_weights",
+                               remedy="load the weights again, or find what wrote NaN/inf into them")
     tl._entoscope_finite_stamp = stamp
+
+
+def non_finite(tensors: Sequence[Tensor]) -> list[int]:
+    """Indices of the floating-point tensors that hold NaN or inf, in order.
+
+    One sum per tensor (float32 or wider accumulation), one host sync per device: a sum is finite unless
+    the tensor holds NaN/inf or the sum overflowed, so only a tensor whose sum is not finite is then read
+    element by element (in chunks). A clean set of tensors costs one read of their values (an elementwise
+    isfinite pass costs several and a bool copy of each)."""
+    by_device: dict[torch.device, list[int]] = {}
+    for i, t in enumerate(tensors):
+        if t.is_floating_point() and t.numel():
+            by_device.setdefault(t.device, []).append(i)
+    suspects: list[int] = []
+    with torch.no_grad():
+        for idx in by_device.values():
+            sums = torch.stack([tensors[i].detach().sum(dtype=_accumulator(tensors[i].dtype)) for i in idx])
+            suspects += [i for i, ok in zip(idx, torch.isfinite(sums).tolist()) if not ok]
+    return [i for i in sorted(suspects) if _count_non_finite(tensors[i])]
+
+
+def _accumulator(dtype: torch.dtype) -> torch.dtype:
+    return dtype if dtype in (torch.float32, torch.float64) else torch.float32
+
+
+def _count_non_finite(t: Tensor, chunk: int = 1 << 22) -> int:
+    flat = t.detach().reshape(-1)
+    return sum(int((~torch.isfinite(flat[i:i + chunk])).sum()) for i in range(0, flat.numel(), chunk))
 
 
 def first_non_finite(adapter: ModelAdapter, tokens: Tensor, interventions: Sequence[tuple[Any, Any]]) -> str | None:
@@ -85,25 +114,34 @@ def raise_non_finite(what: str, where: str | None) -> None:
                            "a float16 model may overflow: load it in float32 or bfloat16")
 
 
+CHECK_COLUMNS = 4096  # vocabulary columns of the pre-norm logits check
+
+
 def check_describable(adapter: ModelAdapter) -> None:
-    """One 4-token forward: causal, additive residual stream, pre-norm logits. Run once per model object."""
+    """One forward of two 4-token prompts differing in their last token: causal, additive residual stream,
+    pre-norm logits. Run once per weights version (`weights_stamp`)."""
     tl = adapter.tl
-    if getattr(tl, "_entoscope_describable", False):
+    stamp = weights_stamp(tl)
+    if tl.__dict__.get("_entoscope_describable") == stamp:
         return
     s = adapter.structure
     n = min(4, s.n_ctx)
-    tokens = torch.arange(1, n + 1, device=adapter.device).remainder(s.d_vocab)[None]
-    other = tokens.clone()
-    other[0, -1] = (other[0, -1] + 1) % s.d_vocab
+    tokens = torch.arange(1, n + 1, device=adapter.device).remainder(s.d_vocab)[None].repeat(2, 1)
+    tokens[1, -1] = (tokens[1, -1] + 1) % s.d_vocab  # the second prompt: another last token
     last = s.n_layers - 1
     names = {k: adapter.resolve(k) for k in (f"resid_pre.{last}", f"attn_out.{last}", f"mlp_out.{last}",
                                              f"resid_post.{last}")}
     with torch.no_grad(), evaluating(tl):
-        logits, acts = adapter.impl.run(tokens, list(names.values()), [])
-        logits2, _ = adapter.impl.run(other, [], [])
-        resid = {k: acts[a].double() for k, a in names.items()}
-        final = adapter.weights.final_norm(resid[f"resid_post.{last}"]).double()
-        unembedded = final @ adapter.weights.W_U.double() + adapter.weights.b_U.double()
+        both, acts = adapter.impl.run(tokens, list(names.values()), [])
+        logits, logits2 = both[:1], both[1:]
+        resid = {k: acts[a][:1].double() for k, a in names.items()}
+        # unembedded by hand at the first CHECK_COLUMNS token ids (a post-norm model differs at every one); in
+        # float32 (no float64 copy of W_U): its rounding is far below the tolerance
+        cols = slice(0, min(s.d_vocab, CHECK_COLUMNS))
+        W_U, b_U = adapter.weights.W_U[:, cols], adapter.weights.b_U[cols]
+        wide = _accumulator(W_U.dtype)
+        final = adapter.weights.final_norm(acts[names[f"resid_post.{last}"]][:1]).to(wide)
+        unembedded = (final @ W_U.to(wide) + b_U.to(wide)).double()
     scale = float(logits.float().abs().max()) + 1e-6
     tol = 1e-3 if logits.dtype in (torch.float32, torch.float64) else 3e-2  # half precision rounds at ~1e-3
     problems = []
@@ -115,7 +153,7 @@ def check_describable(adapter: ModelAdapter) -> None:
     if not float((summed - resid[f"resid_post.{last}"]).abs().max()) <= tol * rscale:
         problems.append("resid_post is not resid_pre + attn_out + mlp_out: the residual stream is not additive "
                         "(a post-norm block?)")
-    elif not float((unembedded - logits.double()).abs().max()) <= tol * scale:
+    elif not float((unembedded - logits[..., cols].double()).abs().max()) <= tol * scale:
         problems.append("unembed(final_norm(last resid_post)) is not the model's logits")
     if problems:
         raise UnsupportedModelError(
@@ -123,4 +161,4 @@ def check_describable(adapter: ModelAdapter) -> None:
             code="not_a_decoder",
             remedy="entoscope supports pre-norm decoder-only transformers (GPT-2, GPT-NeoX/Pythia, Llama, Qwen2, "
             "Mistral, ...); encoders (BERT) and encoder-decoders (T5) are not supported")
-    tl._entoscope_describable = True
+    tl._entoscope_describable = stamp

@@ -37,6 +37,7 @@ Runs that start part-way are not offered (prefix support "none"): every patched 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -59,6 +60,8 @@ _LAYER_ORDER = ("resid_pre", "ln1_scale", "attn_in", "q", "k", "v", "rot_q", "ro
 
 
 def _is_nnsight(model: Any) -> bool:
+    if "nnsight" not in sys.modules:  # no nnsight model exists before nnsight is imported (a second of imports)
+        return False
     try:
         from nnsight.intervention.envoy import Envoy
     except ImportError:  # nnsight is an optional extra

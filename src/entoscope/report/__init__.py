@@ -9,8 +9,13 @@ the report; the report imports operations.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
+import os
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,30 +39,77 @@ TASK_MEANING = {
 
 
 def build_report(model: Any, out: str | Path, *, quick: bool = False, sections: list[str] | None = None,
-                 overwrite: bool = False) -> Path:
+                 overwrite: bool = False, quiet: bool = False) -> Path:
     """Write `out/index.html` (and one sub-folder per section). Returns the page path.
 
     The report is built in a hidden sibling folder and renamed into place when complete, so an
     interrupted report never leaves pages of two reports together; an existing report is replaced
-    only with `overwrite=True`.
+    only with `overwrite=True`. Progress goes to stdout (`Progress`) unless `quiet` (or ENTOSCOPE_QUIET=1).
     """
     a = adapt(model)
     final = Path(out)
     with writing_run(final, overwrite=overwrite) as folder, a.evaluating():
-        _write_report(model, a, folder, quick, sections)
+        _write_report(model, a, folder, quick, sections, quiet)
     return final / "index.html"
 
 
-def _write_report(model: Any, a: Any, folder: Path, quick: bool, sections: list[str] | None) -> None:
-    from ..results.manifest import model_identity, package_versions
+class Progress:
+    """The report's steps as they run: when stdout is a terminal, a progress bar naming the step; otherwise
+    (a log, a pipe, CI) one line when a step starts and one when it ends, with its time, so a log shows
+    where a long report is."""
 
+    def __init__(self, steps: int, quiet: bool = False) -> None:
+        self.total, self.done = steps, 0
+        self.quiet = quiet or os.environ.get("ENTOSCOPE_QUIET") == "1"
+        self.bar = None
+        if not self.quiet and sys.stdout.isatty():
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=steps, desc="report", file=sys.stdout, leave=False)
+
+    @contextlib.contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        where = f"report [{self.done + 1}/{self.total}] {name}"
+        start = time.perf_counter()
+        if self.bar is not None:
+            self.bar.set_description(f"report: {name}")
+        elif not self.quiet:
+            print(f"{where}: started", flush=True)
+        yield
+        self.done += 1
+        if self.bar is not None:
+            self.bar.update(1)
+        elif not self.quiet:
+            print(f"{where}: done in {time.perf_counter() - start:.1f} s", flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _write_report(model: Any, a: Any, folder: Path, quick: bool, sections: list[str] | None,
+                  quiet: bool = False) -> None:
     ensure_plotly_js(folder)
-    scores = task_scores(model, n=32 if quick else 128)
     chosen = sections if sections is not None else [s for s in SECTION_ORDER if s in names("report_section")]
     chosen += [s for s in names("report_section") if s not in chosen and sections is None]
-    built: list[tuple[str, Section]] = []
-    for name in chosen:
-        built.append((name, lookup("report_section", name)(model, folder / name, quick)))
+    progress = Progress(len(chosen) + 2, quiet)
+    try:
+        with progress.step("task scores"):
+            scores = task_scores(model, n=32 if quick else 128)
+        built: list[tuple[str, Section]] = []
+        for name in chosen:
+            with progress.step(f"section {name}"):
+                built.append((name, lookup("report_section", name)(model, folder / name, quick)))
+        with progress.step("summary page"):
+            _write_summary(a, folder, quick, chosen, scores, built)
+    finally:
+        progress.close()
+
+
+def _write_summary(a: Any, folder: Path, quick: bool, chosen: list[str], scores: dict[str, Any],
+                   built: list[tuple[str, Section]]) -> None:
+    from ..results.manifest import model_identity, package_versions
+
     parts = [("at a glance", _glance(built)),
              ("the model", f"<pre>{html.escape(a.structure.describe())}</pre>"),
              ("how it does the built-in tasks", _scores_html(scores))]

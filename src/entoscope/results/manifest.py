@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import functools
-import importlib.metadata as md
 import platform
 from typing import Any
 
@@ -25,28 +24,23 @@ def package_versions() -> dict[str, str]:
 
 @functools.cache
 def _versions() -> tuple[tuple[str, str], ...]:
-    """Read once per process (each lookup reads package metadata from disk: tens of ms in all)."""
+    """Read once per process."""
+    from ..versions import installed_version
+
     out = {"python": platform.python_version()}
     for pkg in ("entoscope", "torch", "transformer-lens", "transformers", "numpy", "pandas", "plotly"):
-        try:
-            out[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            out[pkg] = "not installed"
+        out[pkg] = installed_version(pkg) or "not installed"
     return tuple(out.items())
 
 
 def model_identity(model: ModelAdapter) -> dict[str, Any]:
-    try:
-        from ..models.fingerprint import model_fingerprint
-        fingerprint: str | None = model_fingerprint(model.tl)
-    except ImportError:  # pragma: no cover - fingerprint ships with the cache
-        fingerprint = None
-    return {
-        "name": model.name,
-        "source": getattr(model.tl, "_entoscope_source", None),
-        "structure": model.structure.as_dict(),
-        "fingerprint": fingerprint,
-    }
+    """Name, source, structure and the weights' fingerprint; the fingerprint (a hash of every byte) is made
+    when first read, e.g. when the manifest is saved (models/fingerprint.py `deferred_fingerprint`)."""
+    from ..models.fingerprint import deferred_fingerprint
+    from .lazy import LazyDict
+
+    return LazyDict({"name": model.name, "source": getattr(model.tl, "_entoscope_source", None),
+                     "structure": model.structure.as_dict()}, {"fingerprint": deferred_fingerprint(model.tl)})
 
 
 def data_record(data: Dataset | None) -> dict[str, Any] | None:
