@@ -245,7 +245,7 @@ def test_the_run_made_direction_equals_the_python_one_and_is_saved_with_the_run(
 def test_directions_from_a_probe_a_feature_and_files_are_those_objects(demo, tmp_path):
     probe = es.Probing(sites=es.Sites(activation="resid_post", over=["layer"]), stats={"n_boot": 50}).run(
         demo, es.tasks.ioi(n=40, seed=3), quiet=True)
-    d = es.Direction.from_probe(probe, "L1")
+    d = es.Direction.from_probe(probe, "resid_post.1")
     fit = probe.extra["fit"]
     assert d.site == "resid_post.1" and torch.equal(d.vector, fit.directions[1, 0].float())
     assert d.provenance["points_to"] == str(fit.classes[1])
@@ -264,7 +264,7 @@ def test_directions_from_a_probe_a_feature_and_files_are_those_objects(demo, tmp
     # the config spellings read the same vectors
     probe.save(tmp_path / "probe")
     spec = es.steering.DirectionSpec(source="probe", path=str(tmp_path / "probe" / "directions.safetensors"),
-                                     probe_site="L1", site="resid_post.1")
+                                     probe_site="resid_post.1", site="resid_post.1")
     assert torch.allclose(spec.resolve(adapt(demo)).vector, d.vector)
     spec = es.steering.DirectionSpec(source="feature", dictionary="demo/resid_post.1", feature=5)
     assert torch.equal(spec.resolve(adapt(demo)).vector, f.vector)

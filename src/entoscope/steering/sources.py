@@ -101,7 +101,7 @@ def _data_record(dataset: Any, given: Any) -> dict[str, Any]:
 
 
 def from_probe(probing: Any, site: str | None = None, *, class_index: int | None = None) -> Direction:
-    """The unit direction a Probing result fitted at one probed site (its label in the table, e.g. "L1"; default:
+    """The unit direction a Probing result fitted at one probed site (its label in the table, e.g. "resid_post.1"; default:
     the only site, else the site with the best held-out score)."""
     table = getattr(probing, "table", None)
     fits = getattr(probing, "extra", {}).get("fits")
