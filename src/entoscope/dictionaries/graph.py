@@ -76,6 +76,7 @@ from ..operation import (
 )
 from ..results.result import Result
 from ..sites import Selection, Sites
+from ..stats import Stats, interval_columns, streamed_mean, summarise
 from .catalog import get_dictionary
 from .dictionary import Dictionary
 
@@ -204,10 +205,19 @@ class FeatureGraphOperation(Operation):
         points = self.steps if self.method == "eap_ig" else 1
         per_pass = 4 * K * T * (len(sites) * (s.d_model * 4 + 2 * sites[0].d.d_sae) + s.n_layers * 8 * s.d_model
                                 + s.d_vocab)
-        plan = Plan(self.name, rows=len(td), forward_passes=len(td) * (2 + points), backward_passes=len(td) * (1 + points),
+        # the dataset graph's nodes: each feature kept in some prompt, each dictionary's error, tokens, metric
+        rows = min(len(td) * self.max_features, sum(x.d.d_sae for x in sites)) + len(sites) + 2
+        # per prompt: its node values, its baseline's (counterfactual), one run for the total gradients, then at
+        # each point one run of K copies (a copy per target feature, the last for the metric), each with a backward
+        cf = int(self.baseline == "counterfactual")
+        plan = Plan(self.name, rows=rows, forward_passes=len(td) * (2 + cf + points * K),
+                    backward_passes=len(td) * (1 + points * K),
                     batch_sizes=[K] * len(td), examples=len(td), peak_memory_bytes=model_bytes(model) + per_pass,
                     notes=[f"sites: {', '.join(f'{x.hook_out} <- {x.key}' for x in sites)}",
-                           f"{self.method}, baseline {self.baseline}; {self.max_features} feature nodes per prompt"],
+                           f"{self.method}, baseline {self.baseline}; {self.max_features} feature nodes per prompt",
+                           "rows: at most (the features kept in some prompt, one node per dictionary's error, "
+                           "the tokens and the metric); forward and backward passes: at most (a prompt with fewer "
+                           "active features runs fewer copies)"],
                     files=["table.csv", "per_prompt.csv", "edges.csv", "scores.csv", "index.html", "manifest.json"])
         return Prepared(model, data, plan, {"sites": sites, "batches": batches, "n": len(td)})
 
@@ -217,6 +227,7 @@ class FeatureGraphOperation(Operation):
         for batch in progress(st["batches"], total=len(st["batches"]), desc="feature graph", quiet=quiet):
             graphs[batch.index[0]] = self.graph(model, st["sites"], batch)
         dataset = collapse(graphs)
+        dataset.nodes = attribution_intervals(dataset.nodes, graphs, self.stats, self.seed)
         scores = pd.DataFrame([{"example": i, **g.scores()} for i, g in enumerate(graphs)])
         whole = dataset.scores()
         per_prompt = pd.concat([g.nodes.assign(example=i) for i, g in enumerate(graphs)], ignore_index=True)
@@ -382,16 +393,37 @@ def _assemble(model: ModelAdapter, sites: list[Site], batch: Batch, clean: dict[
     return FeatureGraph(nodes, A)
 
 
+def attribution_intervals(nodes: pd.DataFrame, graphs: list[FeatureGraph], stats: Stats, seed: int) -> pd.DataFrame:
+    """The dataset nodes with the bootstrap interval over prompts of their `attribution` (the mean over prompts
+    of each prompt's attribution of the node, positions summed; 0 in a prompt without it)."""
+    index = {n: i for i, n in enumerate(nodes["node"])}
+    per_prompt = np.zeros((len(graphs), len(nodes)))
+    for e, g in enumerate(graphs):
+        ids = [index[_collapsed(r)] for r in g.nodes.itertuples()]
+        np.add.at(per_prompt[e], ids, np.nan_to_num(g.nodes["attribution"].to_numpy(dtype=float)))
+    summary = summarise(streamed_mean(len(graphs), len(nodes), lambda lo, hi: per_prompt[lo:hi], skip_nan=False),
+                        stats, seed)
+    out = nodes.copy()
+    at = out.columns.get_loc("attribution") + 1
+    for j, (col, values) in enumerate(interval_columns(summary, "attribution", stats).items()):
+        out.insert(at + j, col, values)
+    out["ci_level"] = stats.ci_level
+    return out
+
+
+def _collapsed(row: Any) -> str:
+    """The dataset graph's node of a prompt's node (positions summed)."""
+    if row.kind == "feature":
+        return f"{row.dictionary} f{row.feature}"
+    if row.kind == "error":
+        return f"{row.dictionary} error"
+    return "tokens" if row.kind == "token" else "metric"
+
+
 def collapse(graphs: list[FeatureGraph]) -> FeatureGraph:
     """The dataset's graph: positions summed into one node per (dictionary, feature), per dictionary's
     error, one token node and the metric; adjacencies averaged over prompts."""
-    def key(row: Any) -> str:
-        if row.kind == "feature":
-            return f"{row.dictionary} f{row.feature}"
-        if row.kind == "error":
-            return f"{row.dictionary} error"
-        return "tokens" if row.kind == "token" else "metric"
-
+    key = _collapsed
     info: dict[str, dict[str, Any]] = {}
     for g in graphs:
         for row in g.nodes.itertuples():

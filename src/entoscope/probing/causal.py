@@ -14,7 +14,7 @@ for a multi-class probe; `project_out`, as in amnesic probing, Elazar et al. 202
 Measured per site:
   metric_base / metric_ablated   the task metric (e.g. logit_diff) at each prompt's last token,
                                  averaged over prompts; metric_change = mean(ablated - base), with
-                                 its standard error over prompts
+                                 its standard error and bootstrap interval over prompts
   random_metric_change           the same for a seeded random direction of the same rank at the
                                  same site (what removing *a* direction of that size does)
   probe_<m>_ablated              the fitted probes' held-out score after their own direction is removed:
@@ -44,6 +44,7 @@ from ..errors import ConfigError
 from ..metrics import Metric
 from ..models.adapter import Intervention, ModelAdapter
 from ..sites import absolute_positions
+from ..stats import Stats, streamed_mean, summarise
 from .collect import MemberRead, UnitRead
 from .pooling import PoolFn
 from .project import project_out
@@ -163,17 +164,25 @@ def random_directions(like: Tensor, seed: int) -> Tensor:
 
 
 def summary_row(label: str, metric_name: str, base: Tensor, ablated: Tensor, random: Tensor | None,
-                rank: int) -> dict[str, Any]:
+                rank: int, stats: Stats, seed: int) -> dict[str, Any]:
+    """The site's causal columns: mean metrics, and the mean changes with their standard error (ddof 1) and
+    bootstrap interval over prompts (one resampling for both changes)."""
     diff = (ablated - base).double()
     n = diff.numel()
     row: dict[str, Any] = {"site": label, "metric": metric_name, "directions_removed": rank,
                            "metric_base": float(base.mean()), "metric_ablated": float(ablated.mean()),
                            "metric_change": float(diff.mean()),
                            "metric_change_se": float(diff.std(correction=1) / n**0.5) if n > 1 else float("nan")}
+    changes = {"metric_change": diff}
     if random is not None:
         rdiff = (random - base).double()
         row["random_metric_change"] = float(rdiff.mean())
         row["random_metric_change_se"] = float(rdiff.std(correction=1) / n**0.5) if n > 1 else float("nan")
+        changes["random_metric_change"] = rdiff
+    values = torch.stack(list(changes.values()), 1).cpu().numpy()
+    summary = summarise(streamed_mean(n, len(changes), lambda lo, hi: values[lo:hi]), stats, seed)
+    for j, name in enumerate(changes):
+        row[f"{name}_ci_low"], row[f"{name}_ci_high"] = float(summary.ci_low[j]), float(summary.ci_high[j])
     return row
 
 
@@ -209,7 +218,7 @@ def run_causal_check(model: ModelAdapter, batches: list[Batch], units: list[Unit
                      directions_of: Callable[[int], Tensor], fold_directions_of: Callable[[int], Tensor],
                      held_out: Callable[[int, Tensor], dict[str, Tensor]],
                      refit: Callable[[int, Tensor], dict[str, Tensor]], primary: str, check: CausalCheck,
-                     metric_fn: Callable[..., Tensor], metric_base: Tensor, seed: int,
+                     metric_fn: Callable[..., Tensor], metric_base: Tensor, seed: int, stats: Stats,
                      quiet: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Ablate each chosen unit's directions (and a random baseline); returns (summary per site, per prompt).
 
@@ -234,7 +243,7 @@ def run_causal_check(model: ModelAdapter, batches: list[Batch], units: list[Unit
                           desc=f"random {unit.label}")
             random_metric = rnd.metric
         row = summary_row(unit.label, check.metric.type, metric_base, ablated.metric, random_metric,
-                          int(torch.linalg.matrix_rank(dirs.double())))
+                          int(torch.linalg.matrix_rank(dirs.double())), stats, seed)
         X = ablated.features(0)
         row[f"probe_{primary}_ablated"] = _own_direction_scores(
             model, batches, unit, pool, at, head_pooling, n, fold_directions_of(u), X, lambda Xf: held_out(u, Xf),
