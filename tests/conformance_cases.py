@@ -196,6 +196,20 @@ LENS_DESCRIPTIVE = {
     **{f"{m}_std": f"the spread over prompts of {m}_mean (stats.moments)" for m in ("kl", "target_prob", "target_logit")},
 }
 WEIGHTS = "a projection of the weights (no prompts, so nothing to resample)"
+_TRANSLATORS: list[str] = []
+
+
+def tuned_translators() -> str:
+    """A folder of tuned-lens translators for the tiny model (plain activations), trained a few steps, once."""
+    if not _TRANSLATORS:
+        model = plain_model("tiny", "bridge")
+        lens = es.TunedLens.for_model(model)
+        lens.fit(model, pairs(8, seed=3), steps=3, quiet=True)
+        _TRANSLATORS.append(str(lens.save(tempfile.mkdtemp(prefix="entoscope-conformance-lens-"))))
+    return _TRANSLATORS[0]
+
+
+PROCESSED_REFUSED = "translators trained on the plain model's activations; this model gives processed ones"
 CIRCUIT_IDS = ("edge", "sender", "receiver")
 
 CASES: dict[str, dict[str, Case]] = {
@@ -203,6 +217,12 @@ CASES: dict[str, dict[str, Case]] = {
         "logit": Case(lambda s: es.Lens(sites=es.Sites(activation="resid_post", over=["layer"]), stats=FAST, seed=s,
                                         batch_size=4), pairs, ids=("site", "layer"), descriptive=LENS_DESCRIPTIVE,
                       random=("kl_mean_ci_low",)),
+        "tuned": Case(lambda s: es.Lens(method="tuned", translators=tuned_translators(),
+                                        sites=es.Sites(activation="resid_post", over=["layer"]), stats=FAST, seed=s,
+                                        batch_size=4), pairs, ids=("site", "layer"), descriptive=LENS_DESCRIPTIVE,
+                      random=("kl_mean_ci_low",),
+                      refused={"compat": ("tuned_lens_mismatch", PROCESSED_REFUSED),
+                               "hooked": ("tuned_lens_mismatch", PROCESSED_REFUSED)}),
     },
     "parameter_lens": {
         "neuron_out": Case(lambda s: es.ParameterLens(neurons="0:4", top_k=3, seed=s), None, ids=("layer", "neuron"),
@@ -233,9 +253,9 @@ CASES: dict[str, dict[str, Case]] = {
                                     "statistic of the resampling itself)"},
                        random=("score_ci_low", "inclusion")),
         "exact": Case(lambda s: es.Circuits(method="exact", n_edges=6, faithfulness=[], stats=FAST, seed=s,
-                                            batch_size=4), pairs, ids=CIRCUIT_IDS, random=("score_ci_low",)),
-        "acdc": Case(lambda s: es.Circuits(method="acdc", acdc_threshold=1e-4, stats=FAST, seed=s, batch_size=4),
-                     lambda: pairs(4), ids=CIRCUIT_IDS,
+                                            batch_size=2), lambda: pairs(4), ids=CIRCUIT_IDS, random=("score_ci_low",)),
+        "acdc": Case(lambda s: es.Circuits(method="acdc", acdc_threshold=1e-4, stats=FAST, seed=s, batch_size=2),
+                     lambda: pairs(2), ids=CIRCUIT_IDS,
                      descriptive={"score": "ACDC's damage when the edge was tried, on that step's circuit and the "
                                   "whole dataset (a decision of the greedy search, not a mean of per-prompt values)"},
                      at_most={"forward_passes": "edges into a receiver that no longer matters are dropped without a "

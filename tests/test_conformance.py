@@ -20,7 +20,11 @@ import conformance_cases as cc
 import entoscope as es
 from entoscope.errors import EntoscopeError
 
-PARAMS = [pytest.param(name, variant, kind, id=f"{name}-{variant or 'none'}-{kind}")
+# The fast core (default) runs every operation on a plain bridge, a HookedTransformer, an nnsight model and a
+# CachedModel over the bridge; the other kinds are marked slow (CI runs them).
+CORE_KINDS = ("bridge", "bridge+cached", "hooked", "nnsight")
+PARAMS = [pytest.param(name, variant, kind, id=f"{name}-{variant or 'none'}-{kind}",
+                       marks=() if kind in CORE_KINDS else pytest.mark.slow)
           for name, variant in cc.case_ids() for kind in cc.KINDS]
 CACHED = [p for p in PARAMS if p.values[2].endswith("+cached")]
 
@@ -140,7 +144,8 @@ def test_a_cached_model_gives_the_plain_models_results(name, variant, kind):
                           f"CachedModel over {plain} vs {plain}")
 
 
-REFUSALS = [pytest.param(name, variant, family, kind, id=f"{name}-{variant}-{family}-{kind}")
+REFUSALS = [pytest.param(name, variant, family, kind, id=f"{name}-{variant}-{family}-{kind}",
+                         marks=() if kind in CORE_KINDS else pytest.mark.slow)
             for name, variant in cc.case_ids() if cc.CASES.get(name, {}).get(variant)
             for family in ("tiny", "demo") for kind in cc.KINDS
             if cc.refusal(cc.CASES[name][variant], family, kind)
