@@ -34,6 +34,8 @@ from entoscope.data import Dataset, Example
 from entoscope.errors import EntoscopeError
 from entoscope.models.adapter import adapt
 
+from conftest import has_hooked_transformer
+
 FAST = {"n_boot": 40}  # few resamples: the checks compare runs with each other, not intervals with truth
 
 # ---------------------------------------------------------------------------------------------- model kinds
@@ -41,23 +43,14 @@ BACKENDS = ("bridge", "compat", "hooked", "nnsight")
 KINDS = tuple(k for b in BACKENDS for k in (b, f"{b}+cached"))
 
 
-def has_hooked_transformer() -> bool:
-    try:
-        from transformer_lens import HookedTransformer  # noqa: F401
-        return True
-    except ImportError:
-        return False
-
-
 def has_nnsight() -> bool:
     """nnsight where installed; CI sets ENTOSCOPE_REQUIRE_NNSIGHT=1 so that a missing nnsight fails instead."""
-    if os.environ.get("ENTOSCOPE_REQUIRE_NNSIGHT") == "1":
-        import nnsight  # noqa: F401
-        return True
     try:
         import nnsight  # noqa: F401
         return True
     except ImportError:
+        if os.environ.get("ENTOSCOPE_REQUIRE_NNSIGHT") == "1":
+            raise
         return False
 
 
@@ -166,8 +159,8 @@ PATCH_DESCRIPTIVE = {c: "descriptive mean over prompts (stats.moments) beside `v
                      for c in ("patched_mean", "difference_mean", "normalized_mean", "normalized_of_means",
                                "base_mean", "source_mean")}
 DICTIONARY_REFUSED = {
-    "tiny": ("dictionary_shape_mismatch", "the demo dictionaries read the demo model's activations (d_model 128); the tiny "
-             "model's are 64 wide"),
+    "tiny": ("dictionary_shape_mismatch", "the demo dictionaries read the demo model's activations (d_model "
+             "128); the tiny model's are 64 wide"),
     "compat": ("dictionary_space_mismatch", "the demo dictionaries were trained on plain activations; a compat "
                "bridge gives processed ones (folded norms, centred weights)"),
     "hooked": ("dictionary_space_mismatch", "the demo dictionaries were trained on plain activations; a "
@@ -193,7 +186,8 @@ PROBING_DESCRIPTIVE = {
 }
 LENS_DESCRIPTIVE = {
     **{f"top{i}_prob": "the top tokens of each site's mean lens distribution, listed for reading" for i in range(1, 6)},
-    **{f"{m}_std": f"the spread over prompts of {m}_mean (stats.moments)" for m in ("kl", "target_prob", "target_logit")},
+    **{f"{m}_std": f"the spread over prompts of {m}_mean (stats.moments)"
+       for m in ("kl", "target_prob", "target_logit")},
 }
 WEIGHTS = "a projection of the weights (no prompts, so nothing to resample)"
 _TRANSLATORS: list[str] = []
@@ -312,7 +306,8 @@ CASES: dict[str, dict[str, Case]] = {
                                  "that graph: no per-prompt values to resample)"},
                     random=("attribution_ci_low",), refused=DICTIONARY_REFUSED,
                     at_most={"rows": "the dataset graph's nodes are the features kept in some prompt",
-                             "forward_passes": "one copy of the prompt per target feature: fewer where fewer are active",
+                             "forward_passes": "one copy of the prompt per target feature: fewer where fewer are "
+                                               "active",
                              "backward_passes": "one copy of the prompt per target feature: fewer where fewer are "
                                                 "active"}),
     },

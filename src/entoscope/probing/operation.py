@@ -138,10 +138,10 @@ class Probing(Operation):
         notes.append(f"task: {task}{classes_note}; labels from {self.labels!r}; split {splits_kind} "
                      f"({len(splits)} fold(s)); control {self.control}")
         if check:
+            parts = ["ablated"] + (["random baseline"] if check.random_baseline else []) + \
+                ([f"{len(splits)} folds' own directions re-collected"] if len(splits) > 1 else [])
             notes.append(f"causal check: {n_checked} site(s) ablated, metric {check.metric.type}; per site "
-                         f"{per_site} pass(es) over the prompts (ablated" + (", random baseline" if check.random_baseline
-                                                                           else "") +
-                         (f", {len(splits)} folds' own directions re-collected" if len(splits) > 1 else "") + ")")
+                         f"{per_site} pass(es) over the prompts ({', '.join(parts)})")
         plan = Plan(self.name, rows=len(cs.units), forward_passes=forwards, backward_passes=0,
                     batch_sizes=[len(b) for b in batches], examples=N,
                     peak_memory_bytes=model_bytes(model) + bs * per_example + 4 * N * sum(sizes) + fit_bytes,
