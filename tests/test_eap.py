@@ -189,7 +189,8 @@ def test_plan_refuses_bad_configs_before_any_work():
     with pytest.raises(ValueError):
         Circuits(faithfulness=[0.5, 0.1])
     plan = Circuits(method="eap_ig", steps=3).plan(model, _tiny_pairs())
-    assert plan.backward_passes == 3 and plan.rows == ComponentGraph.from_model(model).n_edges
+    # prompt backwards: 4 prompts x 3 integration points
+    assert plan.backward_passes == 4 * 3 and plan.rows == ComponentGraph.from_model(model).n_edges
 
 
 def test_run_saves_a_loadable_circuit(tmp_path):

@@ -37,7 +37,12 @@ T = TypeVar("T")
 
 @dataclass
 class Plan:
-    """What a run will cost, worked out without running the model."""
+    """What a run will cost, worked out without running the model.
+
+    rows: the table's rows. forward_passes: prompt forwards (one prompt, or one copy of it, through the blocks
+    it runs: a batch of B prompts is B; a run started part-way is one per prompt). backward_passes: prompt
+    backwards. Where a number depends on the run's values the plan gives an upper bound and its notes say so
+    (docs/operations.md); tests/test_conformance.py counts the real passes."""
 
     operation: str
     rows: int

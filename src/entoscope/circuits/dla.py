@@ -151,7 +151,7 @@ class DirectLogitAttribution(Operation):
         notes = [f"identity checked per prompt: |sum of rows + constant - model's {self.metric}| <= "
                  f"{tol:g} * max(1, |{self.metric}|)",
                  "final norm scale frozen at its value on the final residual stream (apply_ln_to_stack)"]
-        plan = Plan(self.name, rows=len(comps) * len(td), forward_passes=len(td), backward_passes=0,
+        plan = Plan(self.name, rows=len(comps), forward_passes=len(td), backward_passes=0,
                     batch_sizes=[len(b) for b in batches], examples=len(td),
                     peak_memory_bytes=model_bytes(model) + bs * per_example, notes=notes,
                     files=["table.csv", "table.parquet", "per_prompt.csv", "per_prompt.parquet", "index.html",

@@ -58,7 +58,7 @@ from ..data.examples import Dataset
 from ..data.tokenized import make_batches, pad_id, tokenize_data
 from ..executors.shards import PerPrompt
 from ..results.lazy import LazyTable
-from ..stats.moments import column_moments
+from ..stats import Stats, interval_columns, streamed_mean, summarise
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
 from ..models.structure import Structure
@@ -446,7 +446,7 @@ class InformationFlowRoutes(Operation):
     def summarise(self, prepared: Prepared, merged: dict[str, Any], *, quiet: bool = False) -> Result:
         columns = merged["main"]
         graphs = RouteGraphs(columns)
-        table = _component_table(prepared.model.structure, self.granularity, columns)
+        table = _component_table(prepared.model.structure, self.granularity, columns, self.stats, self.seed)
         per_prompt = LazyTable(columns.n, lambda lo, hi: _edge_frame(graphs[lo:hi]), rows_per_prompt=64)
         return RoutesResult(self.name, table, per_prompt=per_prompt, figures=self._figures,
                             title=f"information flow routes (tau {self.tau:g}): what each prompt's prediction is built "
@@ -519,9 +519,10 @@ def _component_stats(imp: FlowImportances, routes: Routes, last: Tensor, idx: Te
     comp_last[idx, :, -1] = mlp_last
 
 
-def _component_table(s: Structure, granularity: str, columns: Any) -> pd.DataFrame:
-    """Per component: the share of prompts whose route uses it, and its mean edges and importances, read
-    block by block from the per-prompt component sums [n, layers, heads + 1]."""
+def _component_table(s: Structure, granularity: str, columns: Any, stats: Stats, seed: int) -> pd.DataFrame:
+    """Per component: the share of prompts whose route uses it, and its mean edges and importances, each
+    with its bootstrap interval over prompts (one resampling for every column), read block by block from
+    the per-prompt component sums [n, layers, heads + 1]."""
     heads = s.n_heads if granularity == "head" else 1
     rows = []
     for L in range(s.n_layers):
@@ -541,12 +542,14 @@ def _component_table(s: Structure, granularity: str, columns: Any) -> pd.DataFra
         return np.concatenate([(edges > 0), edges, b["comp_sum"][:, layer, col], b["comp_last"][:, layer, col]],
                               axis=1).astype(np.float64)
     R = len(rows)
-    means = column_moments(columns.n, 4 * R, values).mean
-    frame["in_route"] = means[:R]
-    frame["edges_mean"] = means[R:2 * R]
-    frame["importance_mean"] = means[2 * R:3 * R]
-    frame["last_position_importance_mean"] = means[3 * R:]
+    summary = summarise(streamed_mean(columns.n, 4 * R, values, skip_nan=False), stats, seed)
+    for j, name in enumerate(("in_route", "edges_mean", "importance_mean", "last_position_importance_mean")):
+        part = slice(j * R, (j + 1) * R)
+        frame[name] = summary.value[part]
+        for key, value in interval_columns(summary, name, stats).items():
+            frame[key] = value[part]
     frame["n_prompts"] = columns.n
+    frame["ci_level"] = stats.ci_level
     return frame
 
 

@@ -27,7 +27,8 @@ from ..executors.columns import PromptColumns
 from ..executors.shards import PerPrompt
 from ..metrics import Metric
 from ..models.adapter import ModelAdapter
-from ..models.split_inputs import check_split, refuse_unsplittable
+from ..models.partial import prefix_support
+from ..models.split_inputs import check_split_once, refuse_unsplittable
 from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
 from ..results.page import figure_div, write_page
 from ..results.result import Result
@@ -123,30 +124,11 @@ class Circuits(Operation):
         for b in batches:
             if b.answers is None:  # kl needs no answers
                 b.answers = b.wrong_answers = torch.full((len(b), 1), -1, dtype=torch.long)
-        nb = len(batches)
-        fwd, bwd, notes = 0, 0, []
-        if self.method in ("eap", "eap_ig"):
-            n_points = 1 if self.method == "eap" else self.steps + (1 if self.rule == "trapezoid" else 0)
-            fwd, bwd = nb * (2 + n_points), nb * n_points
-            if self.method == "eap" and is_kl:
-                notes.append("EAP with kl: the gradient of KL(clean || model) is zero on the clean run, so every "
-                             "score is 0; use eap_ig")
-        patching = self.method in ("exact", "acdc") or bool(self.faithfulness)
-        if patching:
-            fwd += 2 * nb
-        if self.method == "exact":
-            fwd += graph.n_edges * nb
-            notes.append(f"exact: one forward pass per edge ({graph.n_edges}) per batch")
-        if self.method == "acdc":
-            budget = self.max_forward_passes or graph.n_edges * nb
-            fwd += budget
-            notes.append(f"ACDC: at most {budget} forward passes (one per tried edge per batch)")
-        fwd += nb * (len(self.faithfulness) + 1 if self.method != "acdc" else 1)
-        if self.stability:
-            fwd += nb * (1 if patching else 3)  # the stable circuit's faithfulness (and the patcher's runs)
-            notes.append(f"stability: {self.stability} bootstrap resamples of the per-prompt edge scores (no gradient "
-                         f"recomputed), the circuit chosen again on each; the stable circuit keeps edges found in >= "
-                         f"{self.stability_share:.0%} of them")
+        nb, E = len(batches), len(td)
+        check_split_once(model, batches[0].tokens)  # once per model: the senders add up (models/split_inputs.py)
+        if self._needs_patcher():
+            prefix_support(model)  # once per model: whether patched runs may start part-way (models/partial.py)
+        fwd, bwd, notes = self._passes(graph, nb, E, is_kl)
         rows = bs
         if self.method == "eap_ig":  # integration points stacked in one pass, up to 32 rows
             rows = max(bs, min(ROWS_PER_PASS, bs * (self.steps + 1)) // bs * bs)
@@ -158,6 +140,38 @@ class Circuits(Operation):
                     + (["faithfulness.csv"] if self.faithfulness and self.method != "acdc" else [])
                     + (["acdc_decisions.csv"] if self.method == "acdc" else []))
         return Prepared(model, data, plan, {"batches": batches, "graph": graph, "metric": metric_fn, "kl": is_kl})
+
+    def _passes(self, graph: ComponentGraph, nb: int, E: int, is_kl: bool) -> tuple[int, int, list[str]]:
+        """Prompt forwards and backwards of a run (Plan's unit: a prompt through the model once), and notes.
+
+        EAP / EAP-IG: each prompt's clean and corrupt runs, then its n_points gradient runs (points stacked
+        in one pass) and their backward. An edge patcher (exact, ACDC, faithfulness, stability) runs each
+        prompt's corrupt and clean runs once per phase it serves, then one run per circuit evaluated: exact,
+        one per edge; faithfulness, the curve's circuits, the chosen one and the stable one. ACDC: at most
+        one run per edge tried (edges into a receiver that no longer matters are dropped without a run)."""
+        fwd, bwd, notes = 0, 0, []
+        if self.method in ("eap", "eap_ig"):
+            n_points = 1 if self.method == "eap" else self.steps + (1 if self.rule == "trapezoid" else 0)
+            fwd, bwd = E * (2 + n_points), E * n_points
+            if self.method == "eap" and is_kl:
+                notes.append("EAP with kl: the gradient of KL(clean || model) is zero on the clean run, so every "
+                             "score is 0; use eap_ig")
+        if self.method == "exact":
+            fwd += E * (2 + graph.n_edges)
+            notes.append(f"exact: one forward pass per edge ({graph.n_edges}) per prompt")
+        if self.method == "acdc":
+            tried = graph.n_edges if self.max_forward_passes is None else min(graph.n_edges,
+                                                                              self.max_forward_passes // nb)
+            fwd += E * (2 + tried + 1)
+            notes.append(f"ACDC: at most {tried} edges tried, one forward pass per prompt each (the forward passes "
+                         "are an upper bound: edges into a receiver that no longer matters are dropped without one)")
+        elif self._needs_patcher():
+            fwd += E * (2 + len(self.faithfulness) + 1 + int(bool(self.stability)))
+        if self.stability:
+            notes.append(f"stability: {self.stability} bootstrap resamples of the per-prompt edge scores (no gradient "
+                         f"recomputed), the circuit chosen again on each; the stable circuit keeps edges found in >= "
+                         f"{self.stability_share:.0%} of them")
+        return fwd, bwd, notes
 
     # ------------------------------------------------------------------ execute (sharded: docs/scale.md)
     # phase "scores": per-prompt edge scores of some batches; on the driver, the circuit is chosen from their
@@ -197,7 +211,6 @@ class Circuits(Operation):
         model, st = prepared.model, prepared.state
         graph: ComponentGraph = st["graph"]
         mine = [st["batches"][i] for i in batches]
-        check_split(model, mine[0].tokens)
         examples = sorted(i for b in mine for i in b.index)  # the per-prompt helpers return ascending index
         if phase == "acdc":
             raise AssertionError("ACDC is not sharded")
@@ -217,7 +230,6 @@ class Circuits(Operation):
         if self.method != "acdc":
             return super().execute(prepared, quiet=quiet)
         model, st = prepared.model, prepared.state
-        check_split(model, st["batches"][0].tokens)
         patcher = EdgePatcher(model, st["graph"], st["batches"], st["metric"])
         outcome = acdc(patcher, self.acdc_threshold, kl=st["kl"], absolute=self.absolute,
                        max_forward_passes=self.max_forward_passes, quiet=quiet)

@@ -38,6 +38,7 @@ from ..circuits.dla import (
     DirectLogitAttribution,
     DLAResult,
     answer_direction,
+    dla_summary,
     frozen_norm_direction,
 )
 from ..data.examples import Dataset
@@ -47,6 +48,7 @@ from ..models.names import ActName
 from ..operation import Prepared, progress, register_operation
 from ..results.result import Result
 from ..sites import Selection, Sites
+from ..stats import Stats, interval_columns, streamed_mean, summarise
 from .catalog import get_dictionary
 
 WRITTEN = ("resid_post", "mlp_out", "attn_out")
@@ -96,6 +98,9 @@ class FeatureDLA(DirectLogitAttribution):
                  if not any(replaced(c, self.activation, L) for L, _ in bases)]
         prepared.state.update(bases=bases, kept=comps)
         prepared.plan.operation = self.name
+        # a table row per kept component, per dictionary its error and each feature active in some prompt
+        prepared.plan.rows = len(comps) + sum(1 + get_dictionary(key).d_sae for _, key in bases)
+        prepared.plan.notes.append("rows: at most (a feature gets a row where it is active in some prompt)")
         prepared.plan.notes.append("dictionary sites: " + ", ".join(f"{self.activation}.{L} <- {k}" for L, k in bases))
         return prepared
 
@@ -113,8 +118,7 @@ class FeatureDLA(DirectLogitAttribution):
         rest_rows = torch.zeros(len(bases), n, dtype=torch.float64)
         top_val = torch.zeros(len(bases), n, k, dtype=torch.float64)
         top_idx = torch.zeros(len(bases), n, k, dtype=torch.long)
-        moments = {m: [torch.zeros(get_dictionary(key).d_sae, dtype=torch.float64) for _, key in bases]
-                   for m in ("sum", "sumsq", "abs", "active")}
+        active: list[list[tuple[Tensor, Tensor, Tensor]]] = [[] for _ in bases]  # (prompts, features, rows)
         ident = {x: torch.zeros(n, dtype=torch.float64) for x in ("value", "constant", "sum", "decoder_bias")}
         for batch in progress(st["batches"], total=len(st["batches"]), desc="feature dla", quiet=quiet):
             out = model.run(batch.tokens, reads)
@@ -136,12 +140,12 @@ class FeatureDLA(DirectLogitAttribution):
                     top_val[j, idx] = f_rows.gather(1, top).cpu()
                     rest_rows[j, idx] = (f_rows.sum(1) - f_rows.gather(1, top).sum(1)).cpu()
                     fr = f_rows.cpu()
-                    for m, v in (("sum", fr), ("sumsq", fr ** 2), ("abs", fr.abs()), ("active", (fr != 0).double())):
-                        moments[m][j] += v.sum(0)
+                    at = fr.nonzero()  # an inactive feature's row is exactly zero: kept sparse
+                    active[j].append((idx[at[:, 0]], at[:, 1], fr[at[:, 0], at[:, 1]]))
             ident["value"][idx], ident["constant"][idx], ident["sum"][idx] = value.cpu(), constant.cpu(), total.cpu()
         identity = self._check(ident, st["tol"])
         kept = st["kept"]
-        table = _table(kept, comp_rows, bases, err_rows, moments, n)
+        table = _table(kept, comp_rows, bases, err_rows, active, n, self.stats, self.seed)
         per_prompt = _per_prompt(kept, comp_rows, bases, err_rows, rest_rows, top_idx, top_val)
         return DLAResult(self.name, table, per_prompt=per_prompt, figures=self._figures,
                          title=f"direct logit attribution per feature ({self.metric}, {self.activation} dictionaries)",
@@ -184,24 +188,50 @@ def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
 
 
 def _table(comps: list[Component], comp_rows: Tensor, bases: list[tuple[int, str]], err_rows: Tensor,
-           moments: dict[str, list[Tensor]], n: int) -> pd.DataFrame:
+           active: list[list[tuple[Tensor, Tensor, Tensor]]], n: int, stats: Stats, seed: int) -> pd.DataFrame:
+    """One row per kept component, per dictionary its error and each feature active in some prompt: DLA's
+    summary (`dla_summary`: mean with its interval and p/q, std, mean |contribution|) of the per-prompt
+    contributions, and `active_share`, the share of prompts where the feature is active, with its interval."""
     rows = _component_rows(comps)
-    stats = [(comp_rows[i].mean().item(), comp_rows[i].std(unbiased=False).item(), comp_rows[i].abs().mean().item(),
-              1.0) for i in range(len(comps))]
+    entries: list[tuple[Tensor, Tensor, Tensor]] = []  # (prompt, column, contribution) of active features
+    width = len(comps)
+    err_cols, feature_cols = [], []
     for j, (L, key) in enumerate(bases):
         rows.append({"component": f"{key} error", "kind": "error", "layer": L, "head": None, "dictionary": key,
                      "feature": None})
-        e = err_rows[j]
-        stats.append((e.mean().item(), e.std(unbiased=False).item(), e.abs().mean().item(), 1.0))
-        s, sq, ab, act = (moments[m][j] for m in ("sum", "sumsq", "abs", "active"))
-        for i in act.nonzero().flatten().tolist():
-            mean = s[i].item() / n
-            rows.append({"component": _feature_label(key, i), "kind": "feature", "layer": L, "head": None,
-                         "dictionary": key, "feature": i})
-            stats.append((mean, max(sq[i].item() / n - mean ** 2, 0.0) ** 0.5, ab[i].item() / n, act[i].item() / n))
-    frame = _frame(rows)
-    frame["mean"], frame["std"], frame["mean_abs"], frame["active_share"] = (np.array(c) for c in zip(*stats))
-    frame["n_prompts"] = n
+        err_cols.append(width)
+        width += 1
+        prompts, feats, vals = (torch.cat(x) for x in zip(*active[j])) if active[j] else \
+            (torch.zeros(0, dtype=torch.long),) * 2 + (torch.zeros(0, dtype=torch.float64),)
+        used = torch.unique(feats)  # ascending feature index
+        rows += [{"component": _feature_label(key, i), "kind": "feature", "layer": L, "head": None,
+                  "dictionary": key, "feature": i} for i in used.tolist()]
+        entries.append((prompts, width + torch.searchsorted(used, feats), vals))
+        feature_cols.append((width, width + len(used)))
+        width += len(used)
+    prompts, cols, vals = (torch.cat(x) for x in zip(*entries)) if entries else (torch.zeros(0, dtype=torch.long),) * 3
+    order = torch.argsort(prompts, stable=True)
+    prompts, cols, vals = prompts[order].numpy(), cols[order].numpy(), vals[order].double().numpy()
+
+    def contributions(lo: int, hi: int) -> np.ndarray:  # [hi - lo, width]
+        out = np.zeros((hi - lo, width))
+        out[:, : len(comps)] = comp_rows[:, lo:hi].T.numpy()
+        for j, c in enumerate(err_cols):
+            out[:, c] = err_rows[j, lo:hi].numpy()
+        a, b = np.searchsorted(prompts, [lo, hi])
+        out[prompts[a:b] - lo, cols[a:b]] = vals[a:b]
+        return out
+    is_feature = np.zeros(width, dtype=bool)
+    for a, b in feature_cols:
+        is_feature[a:b] = True
+
+    def activity(lo: int, hi: int) -> np.ndarray:  # a component or error row counts as active in every prompt
+        return np.where(is_feature, contributions(lo, hi) != 0, True).astype(np.float64)
+    frame = dla_summary(n, _frame(rows), contributions, stats, seed)
+    share = summarise(streamed_mean(n, width, activity, skip_nan=False), stats, seed)
+    frame.insert(frame.columns.get_loc("n_prompts"), "active_share", share.value)
+    for key, col in interval_columns(share, "active_share", stats).items():
+        frame.insert(frame.columns.get_loc("n_prompts"), key, col)
     return frame
 
 

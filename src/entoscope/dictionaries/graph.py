@@ -212,10 +212,19 @@ class FeatureGraphOperation(Operation):
         points = self.steps if self.method == "eap_ig" else 1
         per_pass = 4 * K * T * (len(sites) * (s.d_model * 4 + 2 * sites[0].d.d_sae) + s.n_layers * 8 * s.d_model
                                 + s.d_vocab)
-        plan = Plan(self.name, rows=len(td), forward_passes=len(td) * (2 + points), backward_passes=len(td) * (1 + points),
+        # the dataset graph's nodes: each feature kept in some prompt, each dictionary's error, tokens, metric
+        rows = min(len(td) * self.max_features, sum(x.d.d_sae for x in sites)) + len(sites) + 2
+        # per prompt: its node values, its baseline's (counterfactual), one run for the total gradients, then at
+        # each point one run of K copies (a copy per target feature, the last for the metric), each with a backward
+        cf = int(self.baseline == "counterfactual")
+        plan = Plan(self.name, rows=rows, forward_passes=len(td) * (2 + cf + points * K),
+                    backward_passes=len(td) * (1 + points * K),
                     batch_sizes=[K] * len(td), examples=len(td), peak_memory_bytes=model_bytes(model) + per_pass,
                     notes=[f"sites: {', '.join(f'{x.hook_out} <- {x.key}' for x in sites)}",
-                           f"{self.method}, baseline {self.baseline}; {self.max_features} feature nodes per prompt"],
+                           f"{self.method}, baseline {self.baseline}; {self.max_features} feature nodes per prompt",
+                           "rows: at most (the features kept in some prompt, one node per dictionary's error, "
+                           "the tokens and the metric); forward and backward passes: at most (a prompt with fewer "
+                           "active features runs fewer copies)"],
                     files=["table.csv", "per_prompt.csv", "edges.csv", "scores.csv", "index.html", "manifest.json"])
         return Prepared(model, data, plan, {"sites": sites, "batches": batches, "n": len(td)})
 

@@ -59,13 +59,14 @@ class DecoderLens(ParameterLens):
 
     def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared:
         d = get_dictionary(self.dictionary)
+        kind = d.hook_out.split(".")[0]
+        sites = Sites(activation=kind, dictionary=self.dictionary, over=["feature"], features=self.features)
+        resolved = sites.resolve(model)  # first: a dictionary of another model is refused as such
         if d.d_out != model.structure.d_model:
             raise DictionaryError(f"dictionary {self.dictionary!r} writes {d.hook_out} (width {d.d_out}), not the "
                                   "residual stream", code="dictionary_site_unsupported",
                                   remedy="read decoder rows of dictionaries that write d_model activations")
-        kind = d.hook_out.split(".")[0]
-        sites = Sites(activation=kind, dictionary=self.dictionary, over=["feature"], features=self.features)
-        units = [{"dictionary": self.dictionary, "feature": u.get("feature")} for u in sites.resolve(model).units]
+        units = [{"dictionary": self.dictionary, "feature": u.get("feature")} for u in resolved.units]
         s = model.structure
         plan = Plan(self.name, rows=len(units), forward_passes=0, backward_passes=0, batch_sizes=[],
                     peak_memory_bytes=model_bytes(model) + 4 * len(units) * (s.d_vocab + s.d_model))

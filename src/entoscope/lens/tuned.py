@@ -173,7 +173,7 @@ class TunedLens(nn.Module):
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
-                losses.append(float(loss))
+                losses.append(float(loss.detach()))
         finally:
             for p, flag in frozen:
                 p.requires_grad_(flag)

@@ -289,6 +289,10 @@ class Patching(Operation):
             sizes += [min(rows, E * self.ig_steps)] * max(1, -(-runs // rows))
             notes.append(f"integrated gradients: {self.ig_steps} points, {self.ig_rule} rule, alpha = "
                          f"{_alpha_text(self.ig_rule)}; {_path_note(model, setup.path, self.prefix_reuse)}")
+        if self._past_from(setup) is not None and model.backend == "bridge":
+            forward += E  # record_past: each base prompt walks blocks past_from.. once more for their keys and values
+            notes.append(f"the bridge's key/value prefix: each base prompt runs blocks {self._past_from(setup)}.. once "
+                         "more to record what their attention caches")
         if any(g.query_head for g in setup.groups):
             notes.append("k/v: each query head's own copy is patched (kv_mode query_head)")
         elif {g.act.kind for g in setup.groups} & {"k", "v"} and model.structure.group_size > 1:

@@ -129,14 +129,20 @@ class Probing(Operation):
         batches = make_batches(cs.td, bs, pad_id(model))
         sizes = [u.size for u in cs.units]
         n_checked = check.n_sites(len(cs.units)) if check else 0
-        forwards = N * (1 + n_checked * (2 if check and check.random_baseline else 1))
+        # per checked site: the ablated run, the random baseline's, and with several folds one read-only
+        # re-collection per fold with that fold's own direction removed (causal._own_direction_scores)
+        per_site = 1 + int(bool(check and check.random_baseline)) + (len(splits) if len(splits) > 1 else 0)
+        forwards = N * (1 + n_checked * per_site)
         fit_bytes = min(MEMORY_BUDGET, 8 * len(sizes) * (4 * N * max(sizes) + 12 * N * (K or 1)))
         notes = list(cs.notes)
         classes_note = f" ({len(classes)} classes)" if classes is not None else ""
         notes.append(f"task: {task}{classes_note}; labels from {self.labels!r}; split {splits_kind} "
                      f"({len(splits)} fold(s)); control {self.control}")
         if check:
-            notes.append(f"causal check: {n_checked} site(s) ablated, metric {check.metric.type}")
+            parts = ["ablated"] + (["random baseline"] if check.random_baseline else []) + \
+                ([f"{len(splits)} folds' own directions re-collected"] if len(splits) > 1 else [])
+            notes.append(f"causal check: {n_checked} site(s) ablated, metric {check.metric.type}; per site "
+                         f"{per_site} pass(es) over the prompts ({', '.join(parts)})")
         plan = Plan(self.name, rows=len(cs.units), forward_passes=forwards, backward_passes=0,
                     batch_sizes=[len(b) for b in batches], examples=N,
                     peak_memory_bytes=model_bytes(model) + bs * per_example + 4 * N * sum(sizes) + fit_bytes,
