@@ -475,33 +475,33 @@ def check_seed(case: Case, make_model: Callable[[], Any], first: Any) -> None:
 
 
 def load_saved(path: str | Path) -> Any:
-    """A saved run read back: table, per_prompt and manifest. (Result.load does this for users; this reads
-    the files with pandas and json so that the round trip is checked against the files themselves.)"""
-    path = Path(path)
-    table = pd.read_parquet(path / "table.parquet")
-    per_prompt = pd.read_parquet(path / "per_prompt.parquet") if (path / "per_prompt.parquet").exists() else None
-    manifest = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
-    return SimpleNamespace(table=table, per_prompt=per_prompt, manifest=manifest)
+    """A saved run read back as users read it: `es.Result.load` (table, per_prompt, takeaway, manifest)."""
+    return es.Result.load(path)
 
 
 def _same_saved_frame(saved: pd.DataFrame | None, held: pd.DataFrame | None, what: str) -> None:
-    from entoscope.results.result import _parquet_safe
-
     assert (saved is None) == (held is None), f"{what}: saved {saved is not None}, held {held is not None}"
     if held is not None:
-        pd.testing.assert_frame_equal(saved.reset_index(drop=True), _parquet_safe(held).reset_index(drop=True),
+        pd.testing.assert_frame_equal(saved.reset_index(drop=True), held.reset_index(drop=True),
                                       check_exact=True, obj=what)
 
 
 def check_round_trip(result: Any, folder: Path) -> None:
-    """save() then load_saved() gives back the table, the per-prompt table and the manifest."""
+    """save() then Result.load() gives back the table, the per-prompt table, the takeaway and the manifest
+    (the files' own tables are also read with pandas, so the round trip is checked against the files)."""
+    from entoscope.results.result import _parquet_safe
+
     result.save(folder)
     back = load_saved(folder)
-    _same_saved_frame(back.table, result.table, "saved table")
-    _same_saved_frame(back.per_prompt, result.per_prompt, "saved per_prompt")
+    _same_saved_frame(back.table, result.table, "loaded table")
+    _same_saved_frame(back.per_prompt, result.per_prompt, "loaded per_prompt")
+    pd.testing.assert_frame_equal(pd.read_parquet(folder / "table.parquet"), _parquet_safe(result.table),
+                                  check_exact=True, obj="table.parquet")
+    assert str(back.takeaway) == str(result.takeaway), "the loaded takeaway differs from the result's"
     expected = json.loads(json.dumps(result.manifest, default=str))
-    got = {k: v for k, v in back.manifest.items() if k != "files"}
+    got = {k: v for k, v in back.manifest.items() if k in expected}
     assert got == expected, "the saved manifest differs from the result's"
+    assert back.manifest["takeaway"] == str(result.takeaway)
     assert set(back.manifest["files"]) <= {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
 
 

@@ -29,7 +29,7 @@ PARAMS = [pytest.param(name, variant, kind, id=f"{name}-{variant or 'none'}-{kin
 CACHED = [p for p in PARAMS if p.values[2].endswith("+cached")]
 
 # Found by this suite in other branches' areas (kept failing here until they land; the lead removes the mark).
-NO_TAKEAWAY = {"parameter_lens", "decoder_lens", "feature_dla", "feature_graph"}  # claims-pages: takeaway texts
+NO_TAKEAWAY = {"parameter_lens", "decoder_lens", "feature_dla"}  # claims-pages: takeaway texts
 PREPARE_RUNS_A_FORWARD = {"nnsight"}  # speed (model checks): NNsightBackend.check_sites runs on every adapt()
 
 
