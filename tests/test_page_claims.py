@@ -238,6 +238,20 @@ def test_every_qualifier_follows_its_rule(report):
                 numeric = frame[frame["example"].astype(str).str.isdigit()]
                 ok = refs[0]["value"] > refs[1]["value"] and math.isclose(refs[1]["value"],
                                                                         numeric[refs[1]["column"]].max())
+            elif rule in ("smallest_effective", "none_effective"):
+                frame = tables(base / refs[0]["source"])
+                steered = frame[frame["direction"] == "direction"]
+                shown = steered[(steered["effect_ci_low"] > 0) | (steered["effect_ci_high"] < 0)]
+                if rule == "none_effective":
+                    ok = not len(shown)
+                else:
+                    first = shown.iloc[int(np.argmin(np.abs(shown["coefficient"].to_numpy(float))))]
+                    ok = str(first["condition"]) == refs[0]["row"]["condition"]
+            elif rule in ("beats_random", "not_beats_random"):
+                effect, minus = refs
+                shown = effect["low"] > 0 or effect["high"] < 0
+                same_side = minus["low"] > 0 if effect["value"] > 0 else minus["high"] < 0
+                ok = (shown and same_side) == (rule == "beats_random")
             else:
                 raise AssertionError(f"{where}: a rule docs/pages.md does not define")
             assert ok, where

@@ -124,7 +124,7 @@ class Operation(ConfigModel):
 
         executor = as_executor(executor)
         with recording_warnings() as warned:
-            check_executor(self, model, executor)
+            check_executor(self, model, executor, connect=False)
             prepared = self._prepare(model, data)
             plan = prepared.plan
             if not self.not_sharded_reason():

@@ -63,8 +63,8 @@ def circuit_blank_note(method: str) -> str:
 
 
 def routes_takeaway(result: Any, top: int = 4) -> Takeaway | str:
-    """The components the prompts' routes use most often: the share of prompts whose route uses each (an
-    exact count over these prompts, no interval)."""
+    """The components the prompts' routes use most often: the share of prompts whose route uses each, with
+    its bootstrap interval over prompts (a share of these prompts; the interval says how it would move on others)."""
     t = result.table
     if not len(t) or "in_route" not in t:
         return ""
@@ -75,11 +75,13 @@ def routes_takeaway(result: Any, top: int = 4) -> Takeaway | str:
     word = b.qualify("largest share", "top_by_value")
     b.say(" of the prompts' information flow routes (of ")
     b.constant(t["n_prompts"].iloc[0], "n_prompts", unit="prompts")
-    b.say("; an exact count, no interval): ")
+    b.say("; share of prompts with its ")
+    b.constant(t["ci_level"].iloc[0], "ci_level", fmt=".0%")
+    b.say(" interval): ")
     refs = []
     for i, (_, row) in enumerate(ranked.iterrows()):
         b.say("; " if i else "")
-        refs.append(b.quote(row, "in_route", fmt=".0%", interval=False, q=False))
+        refs.append(b.quote(row, "in_route", fmt=".0%", q=False))
     b.refer(word, refs)
     b.say(".")
     return b.build()

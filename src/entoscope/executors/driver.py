@@ -43,8 +43,9 @@ def streams_in_process(n_examples: int) -> bool:
     return n_examples > IN_MEMORY_PROMPTS
 
 
-def check_executor(op: Any, model: Any, executor: InProcess | Ray) -> ModelSpec | None:
-    """Before any work: the operation can be sharded, and a Ray worker can load the model."""
+def check_executor(op: Any, model: Any, executor: InProcess | Ray, *, connect: bool = True) -> ModelSpec | None:
+    """Before any work: the operation can be sharded, a Ray worker can load the model, and (connect=True, a
+    run; a plan starts and reaches no cluster, so it needs no ray package either) the cluster answers."""
     if isinstance(executor, InProcess):
         return None
     reason = op.not_sharded_reason()
@@ -52,6 +53,8 @@ def check_executor(op: Any, model: Any, executor: InProcess | Ray) -> ModelSpec 
         raise ConfigError(f"{op.name} cannot run on Ray: {reason}", code="executor_unsupported",
                           remedy="leave executor out (in-process) for this configuration")
     spec = ModelSpec.of(model, factory=executor.factory)
+    if not connect:
+        return spec
     from .ray_cluster import check_reachable
 
     check_reachable(executor)  # a cluster that does not answer is refused now, within connect_timeout_s

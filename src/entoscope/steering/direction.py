@@ -99,10 +99,14 @@ class Direction:
         return Direction(self.site, r.to(torch.float32), self.head, {"source": "random", "seed": int(seed),
                                                                      "norm_of": "the steering direction"})
 
+    @property
+    def where(self) -> str:
+        """The site it is written at, and its head where it is one head's."""
+        return self.site + (f" head {self.head}" if self.head is not None else "")
+
     def describe(self) -> str:
-        where = self.site + (f" head {self.head}" if self.head is not None else "")
         source = str(self.provenance.get("source", "given")).replace("_", "-")
-        return f"the {source} direction at {where} (norm {self.norm:.3g})"
+        return f"the {source} direction at {self.where} (norm {self.norm:.3g})"
 
     # ------------------------------------------------------------------ config form
     def as_spec(self) -> dict[str, Any]:

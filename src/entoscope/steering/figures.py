@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..stats import error_arrays
+from ..stats.columns import both_interval_bars, interval_bars
 
 COLOURS = {"direction": "#1f77b4", "random": "#7f7f7f"}
 NAMES = {"direction": "the direction", "random": "random direction (same norm)"}
@@ -68,8 +68,7 @@ def side_effects_vs_effect(result: Any) -> Any:
             x=sub["kl"], y=sub["effect"], mode="markers+text" if which == "direction" else "markers",
             text=[f"c={c:g}" for c in sub["coefficient"]], textposition="middle right",
             marker={"color": COLOURS[which], "size": 9},
-            name=f"{NAMES[which]} (bars: {_level(t)})", error_x=error_arrays(sub, "kl"),
-            error_y=error_arrays(sub, "effect"),
+            name=f"{NAMES[which]} (bars: {_level(t)})", **both_interval_bars(sub, "kl", "effect", "condition"),
             hovertemplate="KL %{x:.4g} nats<br>effect %{y:.4g}<extra>%{text}</extra>"))
     fig.update_layout(title="effect on the task against the side effect on held-out prompts",
                       xaxis_title="KL(steered || unsteered) on held-out prompts, nats per position",
@@ -107,7 +106,8 @@ def task_scores(result: Any) -> Any:
         for which, dash in (("direction", "solid"), ("random", "dot")):
             sub = t[t["direction"] == which].sort_values("coefficient")
             fig.add_trace(go.Scatter(x=sub["coefficient"], y=sub[f"{task}_change"], mode="lines+markers",
-                                     line={"color": colour, "dash": dash}, error_y=error_arrays(sub, f"{task}_change"),
+                                     line={"color": colour, "dash": dash},
+                                     **interval_bars(sub, f"{task}_change", "condition"),
                                      name=f"{task} ({'direction' if which == 'direction' else 'random'}; bars: "
                                      f"{_level(t)})"))
     fig.add_hline(y=0, line={"color": "#999", "dash": "dot"})

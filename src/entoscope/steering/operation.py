@@ -401,7 +401,8 @@ class Steering(Operation):
         direction = Direction(str(st["act"]), torch.from_numpy(context["vector"]), setup.head, context["provenance"])
         random = Direction(str(st["act"]), torch.from_numpy(context["random"]), setup.head,
                            {"source": "random", "seed": self.seed})
-        info = {"mode": self.mode, "site": ", ".join(map(str, setup.sites)), "metric": self.metric.type}
+        info = {"mode": self.mode, "site": ", ".join(map(str, setup.sites)), "metric": self.metric.type,
+                "direction_norm": direction.norm}
         with metric_where("summary"):
             table = steering_table(columns, st["sets"], setup.coefficients, info, self.stats, self.seed)
         per_prompt = None
@@ -411,7 +412,8 @@ class Steering(Operation):
             per_prompt = LazyTable(len(prepared.data), rows, rows_per_prompt=2 * len(setup.coefficients))
         extra: dict[str, Any] = {"direction": direction, "random": random, "sets": st["sets"],
                                  "written_at": setup.sites,
-                                 "direction_text": f"{direction.describe()}, mode {self.mode}"}
+                                 "direction_source": str(direction.provenance.get("source", "given")),
+                                 "direction_where": direction.where}
         if self.continuations is not None:
             extra["continuations"] = self._continuation_frame(prepared, columns, setup)
         title = f"steering {', '.join(map(str, setup.sites))} ({self.mode}): {self.metric.type}"

@@ -1,6 +1,8 @@
 """The steering table: one row per (direction or random baseline, coefficient), each number a mean over prompts
 with its bootstrap interval (stats/), read from the merged per-prompt columns block by block.
 
+    condition          the row's name: 'direction c=<c>' or 'random c=<c>' (figures and takeaways name rows by it)
+    direction_norm     |v| of the direction steered with (its random baseline has the same norm)
     metric_steered     mean task metric under steering (task prompts)
     metric_unsteered   mean task metric without (the same on every row)
     effect             mean over task prompts of (steered - unsteered)
@@ -44,7 +46,8 @@ def steering_table(columns: PromptColumns, sets: list[RowSet], coefficients: lis
     task = next(s for s in sets if s.name == TASK)
     held = [s for s in sets if s.held_out]
     rows = 2 * K
-    cols: dict[str, Any] = {"direction": ["direction"] * K + ["random"] * K, "coefficient": list(coefficients) * 2}
+    cols: dict[str, Any] = {"condition": [f"{d} c={c:g}" for d in ("direction", "random") for c in coefficients],
+                            "direction": ["direction"] * K + ["random"] * K, "coefficient": list(coefficients) * 2}
     cols.update({k: [v] * rows for k, v in info.items()})
 
     def put(name: str, summary: Any, cells: slice = slice(None), test: bool = False) -> None:

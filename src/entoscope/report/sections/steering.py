@@ -14,7 +14,7 @@ from typing import Any
 
 from ...registry import register
 from ...results.page import table_html
-from ..section import Section, result_html, run_saved
+from ..section import Section, lead_of, result_html, run_saved
 
 COLUMNS = ["direction", "coefficient", "effect", "effect_ci_low", "effect_ci_high", "minus_random",
            "minus_random_ci_low", "minus_random_ci_high", "beats_random", "kl", "kl_ci_low", "kl_ci_high",
@@ -47,7 +47,7 @@ def steering_section(model: Any, folder: Path, quick: bool) -> Section:
     if frame is not None:
         body += ('<p class="figtitle">continuations (greedy, 8 tokens), unsteered and steered</p>'
                  + table_html(frame[["prompt", "unsteered"] + [c for c in frame.columns if c.startswith("direction")]]))
-    return Section("steering: a contrastive direction of greater-than's start year", result.takeaway,
-                   body,
+    return Section("steering: a contrastive direction of greater-than's start year",
+                   lead_of(result, folder, folder.parent), body,
                    terms=("steering effect", "random baseline", "KL(steered || unsteered)", "loss change",
                           "probability difference", "95% interval"))
