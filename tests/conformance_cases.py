@@ -279,7 +279,10 @@ CASES: dict[str, dict[str, Case]] = {
     "steering": {
         "add": Case(lambda s: es.Steering(direction=es.Direction("resid_pre.1", _STEER), coefficients=[1.0, 2.0],
                                           side_effects=None, stats=FAST, seed=s, batch_size=4), pairs,
-                    ids=("direction", "coefficient", "mode", "site", "metric"), random=("minus_random",)),
+                    ids=("condition", "direction", "coefficient", "mode", "site", "metric"),
+                    descriptive={"direction_norm": "|v| of the direction steered with (a setting of the run, the "
+                                                   "same on every row)"},
+                    random=("minus_random",)),
     },
     "feature_dla": {
         "transcoders": Case(lambda s: es.FeatureDLA(dictionary="demo", activation="mlp_out", top_k_features=4,
