@@ -27,8 +27,9 @@ TERMS: dict[str, str] = {
     "(Wang et al. 2022; Zhang & Nanda 2024).",
     "95% interval": "a bias-corrected and accelerated bootstrap interval over prompts (1,000 resamples of the "
     "per-prompt table, never a re-run of the model; Efron 1987). docs/statistics.md says more.",
-    "significant": "different from 0 with the false discovery rate held at 5% over the table's cells "
-    "(Benjamini & Hochberg 1995).",
+    "significant": "survives a Benjamini-Hochberg screen at the run's false discovery rate (stats.fdr, 5% by "
+    "default) over the table's cells (Benjamini & Hochberg 1995): q <= fdr, an approximate control of the "
+    "false discovery rate with bootstrap p-values, not a guarantee (docs/statistics.md).",
     "fragile": "leaving one prompt out moves the cell by more than half its size: one prompt carries it.",
     "degenerate pair": "a pair whose clean and corrupt metric differ by under 10% of the median gap (the "
     "stats.degenerate_share setting): its per-pair ratio would explode, so it is left out of per-pair ratios (never out "
