@@ -31,6 +31,11 @@ from .resample import Resampler, resample_weights
 from .sums import SumsStat
 
 CELLS_PER_CHUNK = 1 << 23  # bootstrap values held at once (resamples x cells): 64 MiB of float64
+# a resample whose value is the estimate's up to float64 rounding is a tie (counted half in BCa's bias share):
+# the resamples that draw every prompt once equal the estimate exactly, but a many-row product rounds them
+# differently from the one-row estimate, and a share moved by those rounding errors moves the interval by
+# much of its width (4 prompts: 24 of 256 resamples). Weighted sums round at ~n 1e-16 of their scale.
+TIE_RELATIVE = 1e-10
 
 
 class StatFn(Protocol):
@@ -110,7 +115,9 @@ def _interval(boot: np.ndarray, value: np.ndarray, accel: np.ndarray | None, lev
     a = np.zeros(value.shape)
     if method == "bca" and accel is not None:
         with np.errstate(invalid="ignore", divide="ignore"):
-            share = (np.where(finite, boot < value, False).sum(0) + 0.5 * np.where(finite, boot == value, False).sum(0)
+            tie = np.abs(boot - value) <= TIE_RELATIVE * np.maximum(np.abs(value), np.nanmax(np.abs(boot), 0))
+            below = (boot < value) & ~tie
+            share = (np.where(finite, below, False).sum(0) + 0.5 * np.where(finite, tie, False).sum(0)
                      ) / finite.sum(0)
             bias = ndtri(share)
         ok = np.isfinite(bias) & np.isfinite(accel)  # degenerate distributions fall back to percentiles
