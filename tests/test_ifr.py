@@ -212,3 +212,62 @@ def test_report_section_saves_every_route(tmp_path):
         g = nx.read_graphml(path, force_multigraph=True)
         assert g.number_of_edges() > 0
         assert all(float(d["importance"]) > float(g.graph["tau"]) for _, _, d in g.edges(data=True))
+
+
+def test_in_route_interval_is_the_wilson_score_interval_of_the_prompts_counted_from_the_graphs():
+    """in_route's share, counted here from each prompt's saved graph, and its interval by the Wilson formula
+    written out here (z from the normal quantile), for every component."""
+    from statistics import NormalDist
+
+    m = load_model("demo")
+    result = InformationFlowRoutes(tau=0.04).run(m, es.tasks.ioi(n=6, seed=3), quiet=True)
+    graphs = list(result.extra["graphs"])
+    n = len(graphs)
+    z = NormalDist().inv_cdf(0.975)
+    seen_full = False
+    for _, row in result.table.iterrows():
+        used = sum(any(d["component"] == row.component for _, _, d in g.edges(data=True)) for g in graphs)
+        assert row.in_route == pytest.approx(used / n)
+        p = used / n
+        centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+        half = z / (1 + z * z / n) * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5
+        assert row.in_route_ci_low == pytest.approx(max(0.0, centre - half), abs=1e-12)
+        assert row.in_route_ci_high == pytest.approx(min(1.0, centre + half), abs=1e-12)
+        seen_full |= used == n
+    assert seen_full  # a component every route uses: the case a bootstrap collapses to [1, 1]
+    full = result.table[result.table.in_route == 1].iloc[0]
+    assert full.in_route_ci_low == pytest.approx(n / (n + z * z)) and full.in_route_ci_low < 0.75
+
+
+def test_link_graph_writes_what_networkx_writes_for_the_same_calls():
+    """LinkGraph against networkx itself: the same add_node / add_edge calls (nodes added implicitly by an
+    edge, an attribute set after adding, parallel keyed edges, a repeated key updating its edge, edges
+    added out of source order) give the same node-link data, order included."""
+    from entoscope.circuits.route_links import LinkGraph
+
+    calls = [("node", "a", {"x": 1}), ("node", "b", {"x": 2}), ("edge", "b", "a", "k1", {"w": 0.5}),
+             ("edge", "a", "c", "k1", {"w": 1.0}), ("edge", "a", "b", "k2", {"w": 2.0}),
+             ("edge", "a", "c", "k0", {"w": 3.0}), ("node", "a", {"y": 4}), ("edge", "a", "c", "k1", {"z": 5}),
+             ("edge", "d", "a", "r", {})]
+    ours, theirs = LinkGraph(example=3, tau=0.1), nx.MultiDiGraph(example=3, tau=0.1)
+    for call in calls:
+        for g in (ours, theirs):
+            if call[0] == "node":
+                g.add_node(call[1], **call[2])
+            else:
+                g.add_edge(call[1], call[2], key=call[3], **call[4])
+    ours.nodes["b"]["late"] = True
+    theirs.nodes["b"]["late"] = True
+    assert ("c" in ours) and ("e" not in ours)
+    assert json.dumps(ours.node_link_data()) == json.dumps(nx.node_link_data(theirs, edges="edges"))
+
+
+def test_stored_routes_are_networkx_node_link_data():
+    """Each prompt's stored route text is what networkx writes for the graph it reads back."""
+    m = load_model("demo")
+    result = InformationFlowRoutes(tau=0.04).run(m, es.tasks.ioi(n=3, seed=1), quiet=True)
+    texts = result.extra["graphs"].columns.read(0, 3, ["graph"])["graph"]
+    for text in texts:
+        g = nx.node_link_graph(json.loads(text), edges="edges")
+        assert g.number_of_edges() > 0
+        assert json.dumps(nx.node_link_data(g, edges="edges")) == text

@@ -91,3 +91,21 @@ def test_bca_interval_does_not_move_with_the_rounding_of_resamples_that_equal_th
     drift = summarise(FunctionStat(lambda W, c: mean(W, c, shift), n=4, n_cells=1), Stats(n_boot=1000), seed=2)
     assert (resample_weights(4, 1000, seed=2) == 1).all(1).sum() > 50  # the case is there: ~94 such resamples
     np.testing.assert_allclose([drift.ci_low[0], drift.ci_high[0]], [exact.ci_low[0], exact.ci_high[0]], atol=1e-12)
+
+
+@pytest.mark.parametrize("n", [1, 4, 16, 50])
+def test_wilson_interval_is_the_set_of_proportions_the_score_test_keeps(n):
+    """Brute force: on a fine grid of proportions pi, pi lies inside the interval exactly when the binomial
+    score statistic |k/n - pi| / sqrt(pi (1 - pi) / n) is at most z (Wilson 1927)."""
+    from statistics import NormalDist
+
+    from entoscope.stats import wilson_interval
+
+    z = NormalDist().inv_cdf(0.975)
+    k = np.arange(n + 1)
+    low, high = wilson_interval(k, n, 0.95)
+    grid = np.linspace(1e-6, 1 - 1e-6, 20001)
+    for kk, lo, hi in zip(k, low, high):
+        kept = np.abs(kk / n - grid) <= z * np.sqrt(grid * (1 - grid) / n)
+        assert grid[kept].min() == pytest.approx(lo, abs=1e-4) and grid[kept].max() == pytest.approx(hi, abs=1e-4)
+    assert low[-1] == pytest.approx(n / (n + z * z)) and high[-1] == 1.0 and low[0] == 0.0

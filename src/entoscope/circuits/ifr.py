@@ -58,12 +58,13 @@ from ..data.examples import Dataset
 from ..data.tokenized import make_batches, pad_id, tokenize_data
 from ..executors.shards import PerPrompt
 from ..results.lazy import LazyTable
-from ..stats import Stats, interval_columns, streamed_mean, summarise
+from ..stats import Stats, interval_columns, streamed_mean, summarise, wilson_interval
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
 from ..models.structure import Structure
 from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
 from ..results.result import Result
+from .route_links import LinkGraph
 from .takeaway import routes_takeaway
 
 Granularity = Literal["head", "token"]
@@ -308,11 +309,10 @@ def _level(state: str, layer: int, parallel: bool) -> int:
 
 
 def route_graph(imp: FlowImportances, routes: Routes, b: int, tokens: list[str], meta: dict[str, Any]) -> Any:
-    """The networkx MultiDiGraph of prompt b of the batch (kept edges and live nodes only)."""
-    import networkx as nx
-
+    """The route of prompt b of the batch (kept edges and live nodes only), as the node-link data of a
+    networkx MultiDiGraph (route_links.py)."""
     par = imp.parallel
-    g = nx.MultiDiGraph(**meta)
+    g = LinkGraph(**meta)
     L = imp.attn_residual.shape[0]
     attn_state = "resid_post" if par else "resid_mid"
 
@@ -408,8 +408,6 @@ class InformationFlowRoutes(Operation):
         return [list(b.index) for b in prepared.state["batches"]]
 
     def execute_shard(self, prepared: Prepared, phase: str, batches: list[int], *, quiet: bool = False) -> PerPrompt:
-        import networkx as nx
-
         model, st = prepared.model, prepared.state
         s = model.structure
         vocab = model.vocab_strings()
@@ -439,7 +437,7 @@ class InformationFlowRoutes(Operation):
                         "position": n - 1, "tau": self.tau, "granularity": self.granularity,
                         "parallel": s.parallel, "n_layers": s.n_layers, "tokens": json.dumps(tokens)}
                 g = route_graph(imp, routes, j, tokens, meta)
-                graphs[local[ex]] = json.dumps(nx.node_link_data(g, edges="edges"))
+                graphs[local[ex]] = json.dumps(g.node_link_data())
         return PerPrompt(examples, {"comp_sum": comp_sum.numpy(), "comp_edges": comp_edges.numpy(),
                                     "comp_last": comp_last.numpy(), "graph": np.asarray(graphs, dtype=object)})
 
@@ -520,9 +518,10 @@ def _component_stats(imp: FlowImportances, routes: Routes, last: Tensor, idx: Te
 
 
 def _component_table(s: Structure, granularity: str, columns: Any, stats: Stats, seed: int) -> pd.DataFrame:
-    """Per component: the share of prompts whose route uses it, and its mean edges and importances, each
-    with its bootstrap interval over prompts (one resampling for every column), read block by block from
-    the per-prompt component sums [n, layers, heads + 1]."""
+    """Per component: the share of prompts whose route uses it, with its Wilson score interval
+    (stats/proportion.py), and its mean edges and importances, each with its bootstrap interval over
+    prompts (one resampling for every column; `in_route_se` is the bootstrap's too), read block by block
+    from the per-prompt component sums [n, layers, heads + 1]."""
     heads = s.n_heads if granularity == "head" else 1
     rows = []
     for L in range(s.n_layers):
@@ -548,6 +547,9 @@ def _component_table(s: Structure, granularity: str, columns: Any, stats: Stats,
         frame[name] = summary.value[part]
         for key, value in interval_columns(summary, name, stats).items():
             frame[key] = value[part]
+    # a share of prompts: the Wilson score interval, not the bootstrap's (degenerate at 0 and n of n)
+    frame["in_route_ci_low"], frame["in_route_ci_high"] = wilson_interval(
+        np.rint(frame["in_route"].to_numpy() * columns.n), columns.n, stats.ci_level)
     frame["n_prompts"] = columns.n
     frame["ci_level"] = stats.ci_level
     return frame

@@ -40,7 +40,7 @@ def _arc(x0: float, y0: float, x1: float, y1: float, bend: float, n: int = 9) ->
 
 
 def route_figure(graph: Any, title: str | None = None) -> Any:
-    """A plotly figure of one route graph (a MultiDiGraph from `ifr.route_graph`)."""
+    """A plotly figure of one route graph (a MultiDiGraph from `ifr.RouteGraphs`)."""
     import plotly.graph_objects as go
 
     g = graph

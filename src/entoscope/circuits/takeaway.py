@@ -64,7 +64,7 @@ def circuit_blank_note(method: str) -> str:
 
 def routes_takeaway(result: Any, top: int = 4) -> Takeaway | str:
     """The components the prompts' routes use most often: the share of prompts whose route uses each, with
-    its bootstrap interval over prompts (a share of these prompts; the interval says how it would move on others)."""
+    its Wilson score interval (a share of these prompts; the interval says how it would move on others)."""
     t = result.table
     if not len(t) or "in_route" not in t:
         return ""
@@ -77,7 +77,7 @@ def routes_takeaway(result: Any, top: int = 4) -> Takeaway | str:
     b.constant(t["n_prompts"].iloc[0], "n_prompts", unit="prompts")
     b.say("; share of prompts with its ")
     b.constant(t["ci_level"].iloc[0], "ci_level", fmt=".0%")
-    b.say(" interval): ")
+    b.say(" Wilson interval): ")
     refs = []
     for i, (_, row) in enumerate(ranked.iterrows()):
         b.say("; " if i else "")
