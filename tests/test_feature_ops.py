@@ -167,9 +167,9 @@ def test_decoder_lens_is_the_decoder_row_times_W_U(demo, through_norm):
 
 # ---------------------------------------------------------------------- attribution graph
 def _graph(demo, data, **kw):
-    from entoscope.dictionaries.graph import FeatureGraphOperation
+    from entoscope.dictionaries.graph import FeatureGraph
 
-    return FeatureGraphOperation(**kw).run(demo, data, quiet=True)
+    return FeatureGraph(**kw).run(demo, data, quiet=True)
 
 
 def _bump_hook(vec, p, eps):

@@ -49,14 +49,14 @@ def test_import_entoscope_loads_nothing_heavy_and_every_public_name_resolves():
     import entoscope as es
     from entoscope.circuits.ifr import InformationFlowRoutes
     from entoscope.data import tasks
-    from entoscope.dictionaries.graph import FeatureGraphOperation
+    from entoscope.dictionaries.graph import FeatureGraph
     from entoscope.lens.operation import Lens
 
     assert set(es.__all__) <= set(dir(es))
     for name in es.__all__:
         assert getattr(es, name) is not None, name
     assert es.Lens is Lens and es.InformationFlowRoutes is InformationFlowRoutes and es.tasks is tasks
-    assert es.FeatureGraph is FeatureGraphOperation and es.errors.EntoscopeError is es.EntoscopeError
+    assert es.FeatureGraph is FeatureGraph and es.errors.EntoscopeError is es.EntoscopeError
     assert es.models.loading.DEMO_DIR  # a sub-package is an attribute, as after an eager import
     with pytest.raises(AttributeError):
         es.no_such_name  # noqa: B018

@@ -249,7 +249,7 @@ def test_directions_from_a_probe_a_feature_and_files_are_those_objects(demo, tmp
     fit = probe.extra["fit"]
     assert d.site == "resid_post.1" and torch.equal(d.vector, fit.directions[1, 0].float())
     assert d.provenance["points_to"] == str(fit.classes[1])
-    from entoscope.dictionaries.catalog import get_dictionary
+    from entoscope.models.dictionaries.catalog import get_dictionary
 
     f = es.Direction.from_feature("demo/resid_post.1", 5, model=demo)
     assert f.site == "resid_post.1" and torch.equal(f.vector, get_dictionary("demo/resid_post.1").W_dec[5].float())

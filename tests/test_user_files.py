@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 import entoscope as es
 from entoscope import files
 from entoscope.cli import main
-from entoscope.dictionaries.catalog import DEMO, get_dictionary
+from entoscope.models.dictionaries.catalog import DEMO, get_dictionary
 from entoscope.errors import EntoscopeError
 from entoscope.lens import TunedLens
 from entoscope.stats.config import Stats

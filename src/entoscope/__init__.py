@@ -26,7 +26,7 @@ _EXPORTS = {  # public name -> the module it lives in ("module:" is the module i
     "EntoscopeError": ".errors",
     "Example": ".data.examples",
     "FeatureDLA": ".dictionaries.dla",
-    "FeatureGraph": ".dictionaries.graph:FeatureGraphOperation",
+    "FeatureGraph": ".dictionaries.graph",
     "HeadScores": ".circuits.head_scores",
     "InProcess": ".executors.config",
     "InformationFlowRoutes": ".circuits.ifr",

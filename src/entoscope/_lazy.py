@@ -3,7 +3,7 @@ name's module is imported when the name is first used, so `import entoscope` (an
 no torch, transformers or pandas until something needs them.
 
     __getattr__, __dir__ = lazy_exports(__name__, {"Lens": ".lens.operation", "errors": ".errors:",
-                                                   "FeatureGraph": ".dictionaries.graph:FeatureGraphOperation"})
+                                                   "load_dictionary": ".dictionaries:get_dictionary"})
 
 A value is "module" (its attribute of the same name), "module:attr" (another attribute) or "module:" (the
 module itself); modules are relative to the package. Any other name that is a sub-module of the package is

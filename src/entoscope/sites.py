@@ -240,7 +240,7 @@ class Sites(ConfigModel):
     def _feature_basis(self, model: ModelAdapter, written: Kind, fixed_layer: int | None,
                        ) -> tuple[Kind, int | None, tuple[tuple[int, str], ...], int]:
         """features sites: (the features kind, the fixed layer, each layer's dictionary key, their width)."""
-        from .dictionaries.catalog import for_site, get_dictionary, is_release, writers
+        from .models.dictionaries.catalog import for_site, get_dictionary, is_release, writers
 
         if not written.per_layer:
             raise SiteError(f"a dictionary on {written.name} has no layer", code="dictionary_site_unsupported",

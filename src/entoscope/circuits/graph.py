@@ -18,7 +18,7 @@ J*g .. J*g+g-1). Query receivers stay per head. With g = 1 the names are MIB's `
 
 Scores and circuits are dense [n_senders, n_receivers] tensors (`Circuit`); `Node`/`Edge` are thin
 views for reading them. Saving: MIB/EAP-IG's JSON (`cfg`, `nodes`, `edges` with `score` and
-`in_graph`), GraphML (networkx), and the HTML drawing (`page.py`).
+`in_graph`), GraphML (networkx), and the HTML drawing (`figures.py`, `circuit_figure`).
 """
 
 from __future__ import annotations

@@ -11,12 +11,12 @@ with feature, error and token nodes, replacement and completeness scores). Probi
 See docs/features.md.
 """
 
-from .catalog import DEMO, as_dictionary, for_site, get_dictionary, register_dictionary, release_members
-from .dictionary import ARCHITECTURES, Dictionary
+from ..models.dictionaries import (ARCHITECTURES, DEMO, Dictionary, as_dictionary, for_site, from_sae_lens,
+                                   get_dictionary, read_folder, register_dictionary, release_members,
+                                   write_folder)
 from .dla import FeatureDLA
-from .graph import FeatureGraphOperation as FeatureGraph
+from .graph import FeatureGraph
 from .lens import DecoderLens
-from .saelens import from_sae_lens, read_folder, write_folder
 
 
 load_dictionary = get_dictionary

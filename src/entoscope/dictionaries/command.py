@@ -79,7 +79,7 @@ def check_args(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace, model: Any, data_spec: Any) -> int:
     from ..models.adapter import adapt
     from ..results.folder import DICTIONARY, writing_run
-    from .saelens import write_folder
+    from ..models.dictionaries.saelens import write_folder
     from .train import prompts_of, task_data, task_prompts, train_dictionary
 
     check_args(args)

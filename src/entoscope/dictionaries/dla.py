@@ -49,7 +49,7 @@ from ..operation import Prepared, progress, register_operation
 from ..results.result import Result
 from ..sites import Selection, Sites
 from ..stats import Stats, interval_columns, streamed_mean, summarise
-from .catalog import get_dictionary
+from ..models.dictionaries.catalog import get_dictionary
 
 WRITTEN = ("resid_post", "mlp_out", "attn_out")
 

@@ -23,7 +23,7 @@ from ..data.examples import Dataset
 from ..data.tokenized import make_batches, pad, pad_id, tokenize_data
 from ..metrics import at_positions
 from ..models.adapter import Intervention, adapt
-from .dictionary import Dictionary
+from ..models.dictionaries.dictionary import Dictionary
 
 
 def quality(d: Dictionary, x_in: Tensor, x_out: Tensor) -> dict[str, float]:

@@ -77,8 +77,8 @@ from ..operation import (
 )
 from ..results.result import Result
 from ..sites import Selection, Sites
-from .catalog import get_dictionary
-from .dictionary import Dictionary
+from ..models.dictionaries.catalog import get_dictionary
+from ..models.dictionaries.dictionary import Dictionary
 from .graph_page import READING, graph_figures, graph_takeaway
 from .graph_stats import attribution_columns, score_table, stacked
 
@@ -102,7 +102,7 @@ class Site:
 
 
 @dataclass
-class FeatureGraph:
+class AttributionGraph:
     """One attribution graph. Nodes in order: features, errors (site-major), tokens, the metric.
 
     nodes: one row per node (kind, layer, dictionary, position, feature, value, attribution, influence,
@@ -168,7 +168,7 @@ def node_influence(A: Tensor, kinds: np.ndarray) -> Tensor:
 
 
 @register_operation
-class FeatureGraphOperation(Operation):
+class FeatureGraph(Operation):
     """An attribution graph over dictionary features and error nodes, per prompt and for the dataset.
 
     dictionary, activation, layers: the dictionary sites, as Sites(activation=..., dictionary=..., layers=...)
@@ -230,7 +230,7 @@ class FeatureGraphOperation(Operation):
 
     def execute(self, prepared: Prepared, *, quiet: bool = False) -> Result:
         model, st = prepared.model, prepared.state
-        graphs: list[FeatureGraph] = [None] * st["n"]  # type: ignore[list-item]
+        graphs: list[AttributionGraph] = [None] * st["n"]  # type: ignore[list-item]
         for batch in progress(st["batches"], total=len(st["batches"]), desc="feature graph", quiet=quiet):
             graphs[batch.index[0]] = self.graph(model, st["sites"], batch)
         nodes, mats, attribution = stacked(graphs)
@@ -251,7 +251,7 @@ class FeatureGraphOperation(Operation):
         return result
 
     # ------------------------------------------------------------------ one prompt
-    def graph(self, model: ModelAdapter, sites: list[Site], batch: Batch) -> FeatureGraph:
+    def graph(self, model: ModelAdapter, sites: list[Site], batch: Batch) -> AttributionGraph:
         clean = _node_values(model, sites, batch.tokens)
         if self.baseline == "counterfactual":
             assert batch.cf_tokens is not None
@@ -359,7 +359,7 @@ def _top_features(sites: list[Site], attribution: dict[tuple, Tensor], k: int) -
 
 def _assemble(model: ModelAdapter, sites: list[Site], batch: Batch, clean: dict[tuple, Tensor],
               base: dict[tuple, Tensor], attribution: dict[tuple, Tensor], chosen: list[tuple[int, int, int]],
-              edges: dict[tuple, Tensor], metric: Any) -> FeatureGraph:
+              edges: dict[tuple, Tensor], metric: Any) -> AttributionGraph:
     T = int(batch.lengths[0])
     tokens = model.token_strs(batch.tokens[0, :T].tolist())
     rows: list[dict[str, Any]] = []
@@ -406,23 +406,23 @@ def _assemble(model: ModelAdapter, sites: list[Site], batch: Batch, clean: dict[
     nodes["target_change"] = change + [np.nan] * (N - n_f - 1) + [np.nan]
     for col in ("layer", "position", "feature"):
         nodes[col] = pd.array(nodes[col], dtype="Int64")
-    return FeatureGraph(nodes, A)
+    return AttributionGraph(nodes, A)
 
 
-def collapse(graphs: list[FeatureGraph]) -> FeatureGraph:
+def collapse(graphs: list[AttributionGraph]) -> AttributionGraph:
     """The dataset's graph: positions summed into one node per (site, feature), per site's error, one
     token node and the metric; adjacencies averaged over prompts (graph_stats.py)."""
     return _dataset_graph(*stacked(graphs))
 
 
-def _dataset_graph(nodes: pd.DataFrame, mats: list[Tensor], attribution: np.ndarray) -> FeatureGraph:
+def _dataset_graph(nodes: pd.DataFrame, mats: list[Tensor], attribution: np.ndarray) -> AttributionGraph:
     A = torch.stack(mats).mean(0)
     nodes = nodes.copy()
     nodes.insert(nodes.columns.get_loc("prompts"), "attribution", attribution.mean(0))
     nodes["influence"] = node_influence(A, nodes["kind"].to_numpy()).numpy()
     for col in ("layer", "feature"):
         nodes[col] = pd.array(nodes[col], dtype="Int64")
-    return FeatureGraph(nodes, A)
+    return AttributionGraph(nodes, A)
 
 
 class GraphResult(Result):

@@ -27,7 +27,7 @@ from ..lens.parameter import ParameterLens
 from ..models.adapter import ModelAdapter
 from ..operation import Plan, Prepared, model_bytes, register_operation
 from ..sites import Selection, Sites
-from .catalog import get_dictionary
+from ..models.dictionaries.catalog import get_dictionary
 
 
 def logit_directions(model: ModelAdapter, W_dec: Tensor, through_norm: bool = True) -> Tensor:

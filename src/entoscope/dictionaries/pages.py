@@ -37,7 +37,7 @@ from ..results.page import (
     table_html,
     write_page,
 )
-from .catalog import get_dictionary
+from ..models.dictionaries.catalog import get_dictionary
 
 FeatureKey = tuple[str, int]  # (dictionary key, feature index)
 

@@ -34,7 +34,7 @@ from ..errors import ConfigError, DictionaryError
 from ..models.adapter import adapt
 from ..models.names import ActName, parse_name
 from ..models.features import space_of
-from .dictionary import Dictionary
+from ..models.dictionaries.dictionary import Dictionary
 from .evaluate import loss_recovered, quality
 
 

@@ -9,7 +9,7 @@ backend never sees them.
 A site is read and written in its canonical layout (names.KINDS). Interventions at one site apply
 in the order given, and a read at that site sees the value after them.
 
-Adding a kind of model is one file: a `Backend` subclass, listed in `BACKENDS` below.
+Adding a kind of model is one file: a `Backend` subclass, listed in `backend_classes()` below.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from ..errors import DictionaryError, SiteError
 from .names import ActName, parse_name
 
 if TYPE_CHECKING:
-    from ..dictionaries.dictionary import Dictionary
+    from .dictionaries.dictionary import Dictionary
     from .adapter import ModelAdapter
 
 _SPACE_OF_MODE = {"plain": "plain", "unprocessed": "plain", "compat": "processed", "processed": "processed"}
@@ -32,7 +32,7 @@ READABLE_SPACES = ("d_model", "neuron")  # last axis of a kind a dictionary may 
 
 
 def dictionary(act: ActName) -> Dictionary:
-    from ..dictionaries.catalog import get_dictionary  # the dictionaries package imports models.names
+    from .dictionaries.catalog import get_dictionary
 
     if act.basis is None:
         raise SiteError(f"{act} names no dictionary", code="features_name",

@@ -143,7 +143,7 @@ def from_probe(probing: Any, site: str | None = None, *, class_index: int | None
 def from_feature(dictionary: Any, feature: int, model: Any = None) -> Direction:
     """Row `feature` of a dictionary's decoder, at the site the dictionary writes; with `model`, the dictionary is
     checked against it (layer, width, activation space)."""
-    from ..dictionaries.catalog import get_dictionary
+    from ..models.dictionaries.catalog import get_dictionary
     from ..models.names import parse_name
 
     d = get_dictionary(dictionary)

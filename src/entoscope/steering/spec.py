@@ -74,7 +74,7 @@ class DirectionSpec(ConfigModel):
     def site_name(self) -> str:
         """The site the direction lives at (a feature's: the site its dictionary writes)."""
         if self.source == "feature":
-            from ..dictionaries.catalog import get_dictionary
+            from ..models.dictionaries.catalog import get_dictionary
             from ..models.names import parse_name
 
             assert self.dictionary is not None

@@ -41,7 +41,7 @@ def _top(table: pd.DataFrame, k: int) -> pd.DataFrame:
 def features_section(model: Any, folder: Path, quick: bool) -> Section:
     """Attribution patching over the demo dictionaries' features for IOI and induction, feature pages for the
     strongest, and one attribution graph's scores; the IOI Result is saved in `folder`, induction below it."""
-    from ...dictionaries.graph import FeatureGraphOperation
+    from ...dictionaries.graph import FeatureGraph
     from ...dictionaries.pages import feature_name, page_name, write_feature_pages
     from ...patching import Patching
     from ...results.page import table_html, write_page
@@ -101,7 +101,7 @@ def features_section(model: Any, folder: Path, quick: bool) -> Section:
                      f"q-values over all {n_sites} sites; {int(table['significant'].sum())} of them pass the false "
                      f"discovery control{full}:</p>"
                      + table_html(shown) + f"<p>Feature pages: {links}</p>")
-    graph = FeatureGraphOperation(dictionary=RELEASE, activation="resid_post", max_features=24).run(
+    graph = FeatureGraph(dictionary=RELEASE, activation="resid_post", max_features=24).run(
         model, {"task": "ioi", "n": 4 if quick else 16, "seed": 21}, quiet=True)
     graph.save(folder / "graph", assets_dir=folder.parent)
     parts.append(f"<h3>attribution graph (IOI, {len(graph.extra['scores'])} prompts)</h3>"

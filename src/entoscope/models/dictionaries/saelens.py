@@ -26,9 +26,9 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from ..errors import DictionaryError, EntoscopeError, UnknownNameError
-from ..files import read_tensors
-from ..models.names import parse_name
+from ...errors import DictionaryError, EntoscopeError, UnknownNameError
+from ...files import read_tensors
+from ..names import parse_name
 from .dictionary import ARCHITECTURES, SPACES, Dictionary
 
 CFG = "cfg.json"

@@ -14,12 +14,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..errors import DictionaryError
-from ..registry import lookup, names, register
+from ...errors import DictionaryError
+from ...registry import lookup, names, register
 from .dictionary import Dictionary
 from .saelens import from_sae_lens, is_folder, read_folder
 
-DEMO = Path(__file__).resolve().parent.parent / "demo" / "dictionaries"
+DEMO = Path(__file__).resolve().parents[2] / "demo" / "dictionaries"
 _LOADED: dict[tuple[str, float], Dictionary] = {}
 
 
