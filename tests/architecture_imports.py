@@ -197,5 +197,6 @@ def check_against_known(found: set, known: set, what: str) -> None:
     """What is found is exactly what is known: a new case fails, and so does a known one that is gone (remove
     it from the list, so the list stays true)."""
     new, gone = sorted(found - known), sorted(known - found)
-    assert not new, f"new {what}: {new}"
-    assert not gone, f"listed as known {what} but no longer found (remove them from the list): {gone}"
+    problems = ([f"new {what}: {new}"] if new else []) + \
+        ([f"listed as known {what} but no longer found (remove them from the list): {gone}"] if gone else [])
+    assert not problems, "; ".join(problems)
