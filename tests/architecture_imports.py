@@ -183,7 +183,8 @@ def upward_imports(imports: Iterable[Import], floors: dict[str, int], rooms: set
     return out
 
 
-def backend_imports_outside(imports: Iterable[Import], rooms: set[str], allowed: str = "models") -> set[tuple[str, str]]:
+def backend_imports_outside(imports: Iterable[Import], rooms: set[str],
+                            allowed: str = "models") -> set[tuple[str, str]]:
     """(importer, imported) of every import of transformer_lens or nnsight from a room other than `allowed`."""
     return {(imp.importer, imp.imported) for imp in imports
             if imp.imported.split(".")[0] in BACKENDS and room(imp.importer, rooms) != allowed}

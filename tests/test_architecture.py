@@ -54,8 +54,9 @@ def _edges_of(cycle: list[str], imports: list[ai.Import], rooms: set[str]) -> li
 
 def test_every_room_is_on_one_floor_of_the_doc(house):
     _, rooms, floors = house
-    assert not rooms - set(floors), f"rooms that docs/architecture.md's floors table leaves out: {sorted(rooms - set(floors))}"
-    assert not set(floors) - rooms, f"the floors table names rooms src/entoscope lacks: {sorted(set(floors) - rooms)}"
+    left_out, stale = sorted(rooms - set(floors)), sorted(set(floors) - rooms)
+    assert not left_out, f"rooms that docs/architecture.md's floors table leaves out: {left_out}"
+    assert not stale, f"the floors table names rooms src/entoscope lacks: {stale}"
 
 
 def test_the_rooms_import_no_cycle(house):
@@ -88,7 +89,8 @@ def test_the_reader_sees_imports_inside_functions_and_relative_ones():
     found = {i.imported for i in ai.imports_of("entoscope.models.features", files["entoscope.models.features"], files)}
     assert "entoscope.dictionaries.catalog" in found
     assert "entoscope.errors" in found  # a top-level `from ..errors import ...`
-    assert ai._absolute("entoscope.models.features", False, 2, "dictionaries.catalog") == "entoscope.dictionaries.catalog"
+    assert ai._absolute("entoscope.models.features", False, 2, "dictionaries.catalog") == \
+        "entoscope.dictionaries.catalog"
     assert ai._absolute("entoscope.models", True, 1, "names") == "entoscope.models.names"  # in models/__init__.py
     assert ai._absolute("entoscope.cli", False, 1, None) == "entoscope"  # from . import __version__
 
@@ -133,7 +135,8 @@ def test_a_new_case_and_a_vanished_known_one_both_fail():
 
 
 def test_the_floors_table_is_read_and_refused_when_broken():
-    doc = "# A\n\n## Floors\n\n| floor | rooms | what |\n|---|---|---|\n| 1 | `mid/`, `top.py` | x |\n| 0 | `low/` | y |\n\n## Rules\n| 9 | `not_a_floor` | z |\n"
+    doc = ("# A\n\n## Floors\n\n| floor | rooms | what |\n|---|---|---|\n| 1 | `mid/`, `top.py` | x |\n"
+           "| 0 | `low/` | y |\n\n## Rules\n| 9 | `not_a_floor` | z |\n")
     assert ai.floors_from_doc(doc) == {"mid": 1, "top": 1, "low": 0}
     with pytest.raises(AssertionError, match="two floors"):
         ai.floors_from_doc(doc.replace("`low/`", "`mid/`"))
