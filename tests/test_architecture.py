@@ -15,12 +15,6 @@ import architecture_imports as ai
 
 # Imports that run up the house today, (importing module, imported module).
 KNOWN_UPWARD = {
-    # The dictionary format (Dictionary, the catalog) lives in dictionaries/ (floor 4, beside the feature
-    # operations), but models/features.py reads and writes feature sites with it and sites.py resolves each
-    # layer's dictionary. Being fixed by moving the format to models/dictionaries/.
-    ("entoscope.models.features", "entoscope.dictionaries.dictionary"),
-    ("entoscope.models.features", "entoscope.dictionaries.catalog"),
-    ("entoscope.sites", "entoscope.dictionaries.catalog"),
     # cli_snapshot.write() (`python -m entoscope.cli_snapshot`, a maintainer's command) writes the snapshot from
     # the real parser; the rest of cli_snapshot imports nothing of entoscope, as cli.py's --help needs.
     ("entoscope.cli_snapshot", "entoscope.cli"),
@@ -84,10 +78,10 @@ def test_no_module_is_over_600_lines():
 
 def test_the_reader_sees_imports_inside_functions_and_relative_ones():
     """The reader against imports written out by hand: models/features.py imports the catalog inside a
-    function, relatively (`from ..dictionaries.catalog import get_dictionary`)."""
+    function, relatively (`from .dictionaries.catalog import get_dictionary`)."""
     files = ai.module_files()
     found = {i.imported for i in ai.imports_of("entoscope.models.features", files["entoscope.models.features"], files)}
-    assert "entoscope.dictionaries.catalog" in found
+    assert "entoscope.models.dictionaries.catalog" in found
     assert "entoscope.errors" in found  # a top-level `from ..errors import ...`
     assert ai._absolute("entoscope.models.features", False, 2, "dictionaries.catalog") == \
         "entoscope.dictionaries.catalog"
