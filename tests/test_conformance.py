@@ -30,7 +30,6 @@ CACHED = [p for p in PARAMS if p.values[2].endswith("+cached")]
 
 # Found by this suite in other branches' areas (kept failing here until they land; the lead removes the mark).
 NO_TAKEAWAY = {"parameter_lens", "decoder_lens", "feature_dla"}  # claims-pages: takeaway texts
-PREPARE_RUNS_A_FORWARD = {"nnsight"}  # speed (model checks): NNsightBackend.check_sites runs on every adapt()
 
 
 def _case(name: str, variant: str) -> cc.Case:
@@ -85,11 +84,8 @@ def test_the_plan_states_what_the_run_does(name, variant, kind):
 
 
 @pytest.mark.parametrize("name, variant, kind", PARAMS)
-def test_preparing_again_runs_no_model(name, variant, kind, request):
+def test_preparing_again_runs_no_model(name, variant, kind):
     case = _usable(name, variant, kind)
-    if kind.split("+")[0] in PREPARE_RUNS_A_FORWARD:
-        request.applymarker(pytest.mark.xfail(strict=True, reason="speed branch: NNsightBackend.check_sites runs a "
-                                              "4-token forward each time a model is adapted (every plan and run)"))
     cc.check_prepare_runs_no_model(case.op(0), cc.model_for(case.family, kind), case.dataset())
 
 

@@ -384,3 +384,26 @@ def test_remote_is_passed_to_every_trace(monkeypatch):
     adapt(nn).run(TOKENS, ["resid_post.0"])
     assert seen and all(r == "local" for r in seen)
 
+
+
+def test_the_heads_check_runs_once_per_weights_version():
+    """NNsightBackend.check_sites' 4-token forward, counted with a forward pre-hook on the last attention module (the check stops inside it):
+    not repeated when the same model is adapted again, made again after an in-place weight edit, and its
+    verdict (pattern @ v is z, so rotated q/k and the pattern are served) the same both times."""
+    model = from_hf(tiny_hf_model("gpt2"), tiny_tokenizer(), backend="nnsight", name="tiny-gpt2-once")
+    module = adapt(model).tl
+    seen = []
+    handle = module.transformer.h[-1].attn.register_forward_pre_hook(lambda *_: seen.append(1))
+    try:
+        for _ in range(3):
+            a = adapt(model)
+        assert seen == [] and a.impl._heads_refused is None
+        with torch.no_grad():
+            next(module.transformer.h[0].parameters()).mul_(1.0)  # an in-place edit bumps the version counter
+        a = adapt(model)
+        assert len(seen) == 2  # the heads check and the describability check, once each
+        assert a.impl._heads_refused is None
+        adapt(model)
+        assert len(seen) == 2
+    finally:
+        handle.remove()

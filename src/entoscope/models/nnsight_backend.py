@@ -48,6 +48,7 @@ from torch import Tensor
 
 from ..errors import SiteError
 from .backend import Backend, BaseIntervention
+from .fingerprint import weights_stamp
 from .hf_families import HFWeights, family_of, get, structure_of, unembed_path
 from .names import KINDS, ActName, parse_name
 from .nnsight_remote import trace_kwargs, use_remote  # noqa: F401  (use_remote: the public spelling, here too)
@@ -165,7 +166,19 @@ class NNsightBackend(Backend):
                             remedy="use q, k, v, z or attn_out here, or wrap the model in a TransformerBridge")
 
     def check_sites(self, structure: Structure) -> None:
-        """A 4-token forward: z recomputed from the pattern entoscope derives must be the model's own z."""
+        """A 4-token forward: z recomputed from the pattern entoscope derives must be the model's own z.
+        Its verdict is kept on the module once per weights version (`weights_stamp`), as the other one-time
+        checks are (guards.py), so adapting the same model again runs no forward."""
+        stamp = weights_stamp(self.module)
+        known = self.module.__dict__.get("_entoscope_heads_check")
+        if known is not None and known[0] == stamp:
+            self._heads_refused = known[1]
+            return
+        self._heads_refused = self._pattern_gap(structure)
+        self.module._entoscope_heads_check = (stamp, self._heads_refused)
+
+    def _pattern_gap(self, structure: Structure) -> str | None:
+        """Why rotated q/k, scores and pattern cannot be served (the first layer where pattern @ v is not z)."""
         n = min(4, structure.n_ctx)
         tokens = torch.arange(1, n + 1, device=self.device).remainder(structure.d_vocab)[None]
         reads = [ActName(k, L) for L in range(structure.n_layers) for k in ("pattern", "v", "z")]
@@ -178,8 +191,8 @@ class NNsightBackend(Backend):
             z = acts[ActName("z", L)]
             gap = float((mine.double() - z.double()).abs().max())
             if not gap <= 1e-3 * (1 + float(z.abs().max())):
-                self._heads_refused = f"layer {L}: pattern @ v is {gap:.3g} away from the model's z"
-                return
+                return f"layer {L}: pattern @ v is {gap:.3g} away from the model's z"
+        return None
 
     @property
     def device(self) -> torch.device:
