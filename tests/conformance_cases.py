@@ -583,6 +583,8 @@ _COMPONENT = re.compile(r"(?<![\w.>-])(?:a(\d+)(?:\.h(\d+))?|m(\d+))(?![\w-]|\.\
 _ACTIVATION = re.compile(r"(?<![\w.])(resid_pre|resid_mid|resid_post|attn_out|mlp_out|mlp_pre|mlp_post|z|q|k|v|"
                          r"pattern|attn_scores|result|attn_in|mlp_in)\.(\d+)(?![\w.])")
 _LAYER = re.compile(r"(?<![\w.])(?:L|layer )(\d+)(?![\w.])")
+_NEURON = re.compile(r"(?<![\w.>-])m(\d+)\.n(\d+)(?![\w-]|\.\w|->)")  # m1.n13: neuron 13 of MLP 1
+_FEATURE = re.compile(r"(?<![\w.>-])(?:m(\d+)|a(\d+)|[a-z_]+\.(\d+))\.f(\d+)(?![\w-]|\.\w|->)")  # m1.f3, resid_post.1.f256
 
 
 def mentioned_ids(text: str) -> list[tuple[str, dict[str, Any]]]:
@@ -590,6 +592,11 @@ def mentioned_ids(text: str) -> list[tuple[str, dict[str, Any]]]:
     id the text mentions."""
     found: list[tuple[str, dict[str, Any]]] = [(m.group(1), {}) for m in _EDGE.finditer(text)]
     rest = _EDGE.sub(" ", text)
+    found += [(m.group(0), {"layer": int(m.group(1)), "neuron": int(m.group(2))}) for m in _NEURON.finditer(rest)]
+    rest = _NEURON.sub(" ", rest)
+    found += [(m.group(0), {"layer": int(next(g for g in m.groups()[:3] if g is not None)),
+                            "feature": int(m.group(4))}) for m in _FEATURE.finditer(rest)]
+    rest = _FEATURE.sub(" ", rest)
     for m in _COMPONENT.finditer(rest):
         if m.group(3) is not None:
             found.append((m.group(0), {"layer": int(m.group(3)), "kind": "mlp"}))
@@ -605,9 +612,18 @@ def _names_a_row(case: Case, table: pd.DataFrame, written: str, what: dict[str, 
     """Whether an id names a row: it is in one of the case's id columns, or the row's coordinates are it."""
     if any(col in table and written in set(table[col].astype(str)) for col in case.ids):
         return True
+    if "feature" in what:  # a feature of the dictionary at that layer's site (the table may have no layer column)
+        if "feature" not in table:
+            return False
+        rows = table["feature"].astype("float") == what["feature"]
+        if "layer" in table and table["layer"].notna().any():
+            rows &= table["layer"].astype("float") == what["layer"]
+        return bool(rows.any())
     if "layer" not in what or "layer" not in table:
         return False
     rows = table["layer"].astype("float") == what["layer"]
+    if "neuron" in what:
+        return "neuron" in table and bool((rows & (table["neuron"].astype("float") == what["neuron"])).any())
     if "head" in what:
         if "head" not in table:
             return False

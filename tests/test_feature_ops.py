@@ -329,3 +329,23 @@ def test_report_features_section_says_so_on_a_model_without_dictionaries(tmp_pat
 
     body = features_section(get_tiny("gpt2", "bridge", False), tmp_path / "features", quick=True).body
     assert "No dictionaries fit" in body and (tmp_path / "features" / "index.html").exists()
+
+
+def test_feature_dla_takeaway_says_first_whether_any_row_passes_the_fdr_and_ranks_features_by_abs_mean(demo):
+    """Counted here from the table: when no row is significant the takeaway opens by saying so; the features
+    it quotes are the feature rows of largest |mean| (sorted here), each with its interval and q."""
+    result = FeatureDLA(dictionary="demo", activation="mlp_out", top_k_features=4).run(
+        demo, es.tasks.ioi(n=8, seed=2), quiet=True)
+    t, text = result.table, result.takeaway
+    n_sig = int(t["significant"].sum())
+    if n_sig == 0:
+        assert text.startswith("No row differs from zero") and f"0 of {len(t)} rows" in text
+    else:
+        assert text.startswith(f"{n_sig} of {len(t)} rows")
+    feats = t[t["kind"] == "feature"]
+    top = feats.loc[feats["mean"].abs().sort_values(ascending=False, kind="stable").index[:3]]
+    quoted = [c for c in text.claims if c.type == "quote" and c.row["component"] in set(feats["component"])]
+    assert [c.row["component"] for c in quoted] == list(top["component"])
+    for c, (_, row) in zip(quoted, top.iterrows()):
+        assert c.low == pytest.approx(row["mean_ci_low"]) and c.q == pytest.approx(row["mean_q"])
+        assert f"{row['component']} {row['mean']:+.3f} [{row['mean_ci_low']:+.3f}, {row['mean_ci_high']:+.3f}]" in text

@@ -164,3 +164,22 @@ def test_tuned_lens_loads_the_tuned_lens_package_format(tmp_path):
     lens = TunedLens.load(tmp_path)
     h = torch.randn(5, d, generator=g)
     torch.testing.assert_close(lens.transform(h, 1), h + h @ state["1.weight"].T + state["1.bias"])
+
+
+def test_parameter_lens_takeaway_quotes_the_units_of_largest_top_score_computed_here():
+    """The takeaway's units are the three of largest max_t (v @ W_U)[t], found here by brute force over the
+    weights, each with its top and bottom token; no interval is claimed (weights only)."""
+    demo = load_model("demo")
+    a = adapt(demo)
+    r = es.ParameterLens(target="neuron_out", layers=[1, 2], neurons="0:6", top_k=2).run(demo, quiet=True)
+    best = sorted(((float((a.weights.W_out(L)[n] @ a.weights.W_U).max()), L, n) for L in (1, 2) for n in range(6)),
+                  reverse=True)[:3]
+    text = r.takeaway
+    quoted = [c for c in text.claims if c.type == "quote" and c.column == "top1_score"]
+    assert [(int(c.row["layer"]), int(c.row["neuron"])) for c in quoted] == [(L, n) for _, L, n in best]
+    vocab = a.vocab_strings()
+    for (score, L, n), c in zip(best, quoted):
+        assert c.value == pytest.approx(score, rel=1e-6) and c.low is None
+        top = int((a.weights.W_out(L)[n] @ a.weights.W_U).argmax())
+        assert f"m{L}.n{n}: {score:.3g} for {vocab[top]!r}" in text
+    assert "no interval" in text

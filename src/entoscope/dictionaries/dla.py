@@ -25,6 +25,7 @@ prompt's rows still add up.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Literal
 
 import numpy as np
@@ -50,6 +51,7 @@ from ..results.result import Result
 from ..sites import Selection, Sites
 from ..stats import Stats, interval_columns, streamed_mean, summarise
 from ..models.dictionaries.catalog import get_dictionary
+from .dla_takeaway import feature_dla_takeaway
 
 WRITTEN = ("resid_post", "mlp_out", "attn_out")
 
@@ -149,7 +151,8 @@ class FeatureDLA(DirectLogitAttribution):
         per_prompt = _per_prompt(kept, comp_rows, bases, err_rows, rest_rows, top_idx, top_val)
         return DLAResult(self.name, table, per_prompt=per_prompt, figures=self._figures,
                          title=f"direct logit attribution per feature ({self.metric}, {self.activation} dictionaries)",
-                         extra={"identity": identity, "bases": bases, "components": kept})
+                         extra={"identity": identity, "bases": bases, "components": kept},
+                         takeaway=partial(feature_dla_takeaway, metric=self.metric))
 
     def _direction(self, model: ModelAdapter, acts: dict[ActName, Tensor], batch: Any) -> Tensor:
         """The answer direction through the frozen final norm, as DLA's `_attribute` builds it."""

@@ -21,10 +21,12 @@ from typing import Any, Literal
 
 from torch import Tensor
 
+from .. import naming
 from ..data.examples import Dataset
 from ..errors import DictionaryError
 from ..lens.parameter import ParameterLens
 from ..models.adapter import ModelAdapter
+from ..models.names import parse_name
 from ..operation import Plan, Prepared, model_bytes, register_operation
 from ..sites import Selection, Sites
 from ..models.dictionaries.catalog import get_dictionary
@@ -71,6 +73,15 @@ class DecoderLens(ParameterLens):
         plan = Plan(self.name, rows=len(units), forward_passes=0, backward_passes=0, batch_sizes=[],
                     peak_memory_bytes=model_bytes(model) + 4 * len(units) * (s.d_vocab + s.d_model))
         return Prepared(model, data, plan, {"units": units})
+
+    def reading(self) -> str:
+        norm = "centred and scaled by the final norm's weight, its scale frozen" if self.through_norm else \
+            "raw, no final norm"
+        return f"as decoder rows W_dec[i] through W_U ({norm}; per unit of feature activation)"
+
+    def unit_name(self, row: Any) -> str:
+        out = parse_name(get_dictionary(self.dictionary).hook_out)
+        return naming.feature(out.kind, out.layer, int(row["feature"]))
 
     def vectors(self, model: ModelAdapter, units: list[dict[str, Any]]) -> Tensor:
         W_dec = get_dictionary(self.dictionary).W_dec

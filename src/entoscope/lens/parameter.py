@@ -17,6 +17,7 @@ differ between the two (and for GPT-2, whose W_U is W_E^T, the two spaces agree 
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Literal
 
 import pandas as pd
@@ -24,12 +25,14 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
+from .. import naming
 from ..data.examples import Dataset
 from ..errors import ConfigError
 from ..models.adapter import ModelAdapter
 from ..operation import Operation, Plan, Prepared, model_bytes, register_operation
 from ..results.result import Result
 from ..sites import Selection, Sites
+from .parameter_takeaway import SPACES, parameter_takeaway
 
 
 @register_operation
@@ -121,5 +124,21 @@ class ParameterLens(Operation):
                 rec[f"bottom{t + 1}_token"] = vocab[int(bot_i[j, t])]
                 rec[f"bottom{t + 1}_score"] = float(-bot_v[j, t])
             rows.append(rec)
+        keys = tuple(k for k in units[0] if k != "target") if units else ()
         return Result(self.name, pd.DataFrame(rows), title=f"parameter lens: {self.target} through {self.space}",
-                      extra={"scores": scores})
+                      extra={"scores": scores}, takeaway=partial(parameter_takeaway, name_of=self.unit_name,
+                                                                  keys=keys, reading=self.reading()))
+
+    def reading(self) -> str:
+        """How the vectors are read, as the takeaway says it."""
+        return SPACES[self.space]
+
+    def unit_name(self, row: Any) -> str:
+        """A table row's unit in the naming scheme (docs/pages.md): m1.n3, a2.h0 on ' Mary', a2.h0 OV direction 1."""
+        if self.target in ("neuron_out", "neuron_in"):
+            return naming.neuron(int(row["layer"]), int(row["neuron"]))
+        if self.target == "embedding":
+            return f"the embedding of {row['token']!r}"
+        head = naming.head(int(row["layer"]), int(row["head"]))
+        return f"{head} on {row['token']!r}" if "token" in row and isinstance(row["token"], str) else \
+            f"{head} OV direction {int(row['direction'])}"
