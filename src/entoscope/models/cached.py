@@ -11,8 +11,9 @@ An nnsight model has no `run_with_cache` of its own: the wrapper calls entoscope
 over canonical site names: `resid_pre.0`, `z.1`), keys it on the HuggingFace module's weights, and
 returns a plain dict of tensors.
 
-How a call is keyed is cache_key.py, the entry file format cache_entry.py, serving a subset request
-from a larger entry cache_select.py, storing and rebuilding a result cache_result.py.
+The parts: cache_key.py (how a call is keyed, and which calls are not cached), cache_entry.py (the
+entry file), cache_select.py (serving a subset request from a larger entry), cache_result.py
+(storing a result and rebuilding it).
 """
 
 from __future__ import annotations
