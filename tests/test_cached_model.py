@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from entoscope.errors import ConfigError, UnsupportedModelError
-from entoscope.models import cached as cached_mod
+from entoscope.models import cache_entry, cache_result
 from entoscope.models.cached import CachedModel, read_entry, write_entry
 from entoscope.models.fingerprint import forget, model_fingerprint
 
@@ -113,7 +113,7 @@ def test_entry_reads_back_bit_for_bit(tmp_path, monkeypatch, family, backend, co
     meta, tensors, _ = read_entry(entry, entry.name[: -len(".safetensors")])
     with safe_open(str(entry), "pt") as f:
         stored = {k: f.get_tensor(k) for k in f.keys()}
-        assert json.loads(f.metadata()["entoscope"])["format"] == cached_mod.FORMAT_VERSION
+        assert json.loads(f.metadata()["entoscope"])["format"] == cache_entry.FORMAT_VERSION
     assert len(stored) == len({tid for _, tid in meta["keys"]}) + 1  # + the logits
     for key, tid in meta["keys"]:
         assert torch.equal(stored[tid], fresh[1][key].contiguous())
@@ -481,7 +481,7 @@ def test_rows_that_differ_in_any_bit_are_all_kept(tmp_path, quick, monkeypatch):
 
 
 def test_rows_alike_compares_bits():
-    rows_alike = cached_mod._rows_alike
+    rows_alike = cache_result._rows_alike
     assert rows_alike(torch.tensor([[1.0, float("nan")], [1.0, float("nan")]]))
     assert not rows_alike(torch.tensor([[0.0, 1.0], [-0.0, 1.0]]))
     assert not rows_alike(torch.ones(1, 3)) and not rows_alike(torch.tensor(1.0))
@@ -528,19 +528,19 @@ def test_tiny_and_empty_files_are_recomputed(tmp_path, quick, caplog):
 
 def test_entry_from_an_older_format_is_recomputed(tmp_path, quick, caplog, monkeypatch):
     fresh = _fresh(quick, names_filter=NAMES)
-    monkeypatch.setattr(cached_mod, "FORMAT_VERSION", 0)  # a release that stored entries differently
+    monkeypatch.setattr(cache_entry, "FORMAT_VERSION", 0)  # a release that stored entries differently
     _cached(CachedModel(quick, tmp_path), names_filter=NAMES)
     [old] = _entries(tmp_path)
-    monkeypatch.setattr(cached_mod, "FORMAT_VERSION", 1)
+    monkeypatch.setattr(cache_entry, "FORMAT_VERSION", 1)
     cm = CachedModel(quick, tmp_path)
     _same(_cached(cm, names_filter=NAMES), fresh)
     assert cm.cache_stats()["misses"] == 1 and len(_entries(tmp_path)) == 2  # never looked up
     # and an old-format file found at the current name is not misread
     [new] = [p for p in _entries(tmp_path) if p != old]
-    monkeypatch.setattr(cached_mod, "FORMAT_VERSION", 0)
+    monkeypatch.setattr(cache_entry, "FORMAT_VERSION", 0)
     meta, tensors, _ = read_entry(old, old.name[:-12])
     write_entry(new, tensors, dict(meta, digest=new.name[:-12]))
-    monkeypatch.setattr(cached_mod, "FORMAT_VERSION", 1)
+    monkeypatch.setattr(cache_entry, "FORMAT_VERSION", 1)
     with caplog.at_level(logging.WARNING, logger="entoscope.cache"):
         _same(_cached(cm, names_filter=NAMES), fresh)
     assert "format 0" in caplog.text and cm.cache_stats()["misses"] == 2
@@ -565,7 +565,7 @@ def test_threads_writing_one_path(tmp_path):
     def writer(i: int) -> None:
         try:
             for _ in range(15):
-                write_entry(path, payloads[i], {"format": cached_mod.FORMAT_VERSION, "digest": "x-y"})
+                write_entry(path, payloads[i], {"format": cache_entry.FORMAT_VERSION, "digest": "x-y"})
         except BaseException as err:  # pragma: no cover - the assertion reports it
             errors.append(err)
 
@@ -692,10 +692,10 @@ def test_stale_temp_files_of_dead_writers_are_swept_and_counted(tmp_path, quick)
     _cached(cm, names_filter=NAMES)
     folder = cm.cache_folder
     dead = 2 ** 22 + 12345  # above any pid this machine hands out (pid_max is at most 2**22)
-    old = os.path.getmtime(next(folder.glob("*.safetensors"))) - 2 * cached_mod.STALE_AFTER_S
-    stale = folder / f".x.safetensors.{cached_mod._HOST}.{dead}.1.abc123.tmp"
-    mine = folder / f".y.safetensors.{cached_mod._HOST}.{os.getpid()}.1.abc123.tmp"  # a live writer
-    fresh = folder / f".z.safetensors.{cached_mod._HOST}.{dead}.1.abc124.tmp"  # too young to be sure
+    old = os.path.getmtime(next(folder.glob("*.safetensors"))) - 2 * cache_entry.STALE_AFTER_S
+    stale = folder / f".x.safetensors.{cache_entry._HOST}.{dead}.1.abc123.tmp"
+    mine = folder / f".y.safetensors.{cache_entry._HOST}.{os.getpid()}.1.abc123.tmp"  # a live writer
+    fresh = folder / f".z.safetensors.{cache_entry._HOST}.{dead}.1.abc124.tmp"  # too young to be sure
     legacy = folder / f".w.safetensors.{dead}.1.abc125.tmp"  # the name format before hosts were recorded
     for f in (stale, mine, fresh, legacy):
         f.write_bytes(b"\0" * 1000)
