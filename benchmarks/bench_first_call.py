@@ -14,6 +14,9 @@ or saved (models/fingerprint.py), not in the call. By default the model is one e
 load-time checks forgotten, as for a bridge a user built with TransformerLens); with --loaded the checks
 ran at load, as for entoscope.load_model. Wall and CPU time (this process's) are both printed.
 
+Baseline ("forward"): the bridge's own forward of the same 24-token prompt, no entoscope, first call at
+that shape vs warm: what torch and the bridge pay once per process and shape whatever runs on top (the
+model's load-time checks ran at a 4-token shape).
 Calls: one prompt of 24 random tokens for lens, DLA, head scores (a repeated random sequence) and IFR (tau
 0.04); one pair of 15 tokens for exact patching (resid_pre, layer x position) and EAP-IG circuits (5 steps);
 probing: 48 prompts of 12 tokens, resid_post of every layer, a binary label. Target: IFR's first call on
@@ -31,7 +34,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-OPERATIONS = ["lens", "patching", "dla", "head_scores", "ifr", "circuits", "probing"]
+OPERATIONS = ["forward", "lens", "patching", "dla", "head_scores", "ifr", "circuits", "probing"]
 
 
 def _operation(name: str):
@@ -69,7 +72,7 @@ def _operation(name: str):
 def child(name: str, repeat: int, loaded: bool) -> dict:
     """Run in a fresh process: the timings of one operation."""
     sys.path.insert(0, str(HERE))
-    from common import gpt2_small, set_threads
+    from common import gpt2_small, random_prompts, set_threads
 
     set_threads(1)
     model = gpt2_small("bridge")
@@ -77,12 +80,24 @@ def child(name: str, repeat: int, loaded: bool) -> dict:
         for key in ("_entoscope_finite_stamp", "_entoscope_describable"):
             model.__dict__.pop(key, None)
     t, c = time.perf_counter(), time.process_time()
-    op, data = _operation(name)
+    if name == "forward":  # the baseline: torch's own first forward at this shape vs a warm one, no entoscope
+        import torch
+
+        tokens = torch.tensor([random_prompts(1, 24)[0]])
+
+        def call() -> None:
+            with torch.no_grad():
+                model(tokens)
+    else:
+        op, data = _operation(name)
+
+        def call() -> None:
+            op.run(model, data, quiet=True)
     imported = (time.perf_counter() - t, time.process_time() - c)
     runs = []
     for _ in range(1 + repeat):
         t, c = time.perf_counter(), time.process_time()
-        op.run(model, data, quiet=True)
+        call()
         runs.append((time.perf_counter() - t, time.process_time() - c))
     warm = (statistics.median(r[0] for r in runs[1:]), statistics.median(r[1] for r in runs[1:]))
     return {"import": imported, "first": runs[0], "warm": warm}

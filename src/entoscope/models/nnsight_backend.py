@@ -168,8 +168,11 @@ class NNsightBackend(Backend):
     def check_sites(self, structure: Structure) -> None:
         """A 4-token forward: z recomputed from the pattern entoscope derives must be the model's own z.
         Its verdict is kept on the module once per weights version (`weights_stamp`), as the other one-time
-        checks are (guards.py), so adapting the same model again runs no forward."""
-        stamp = weights_stamp(self.module)
+        checks are (guards.py), and per remote setting (`use_remote`): adapting the same model again runs no
+        forward, and the first adapt after `use_remote` runs it remotely, so a host that refuses is found there."""
+        remote = (self.lm.__dict__.get("_entoscope_remote", False),
+                  repr(sorted((self.lm.__dict__.get("_entoscope_remote_options") or {}).items())))
+        stamp = (weights_stamp(self.module), remote)
         known = self.module.__dict__.get("_entoscope_heads_check")
         if known is not None and known[0] == stamp:
             self._heads_refused = known[1]
