@@ -84,7 +84,7 @@ def test_the_help_printed_is_the_real_parsers_and_the_snapshot_is_current():
 
     real, quick = cli.build_parser(), cli.help_parser()
     assert snapshot(real) == json.loads(json.dumps(snapshot(real))) == load(), \
-        "cli_snapshot.json is out of date: write it again with `python -m entoscope.cli_snapshot`"
+        "cli_snapshot.json is out of date: write it again with `python scripts/write_cli_snapshot.py`"
     assert quick.format_help() == real.format_help()
     real_sub = real._subparsers._group_actions[0].choices
     quick_sub = quick._subparsers._group_actions[0].choices

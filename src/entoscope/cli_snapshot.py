@@ -6,9 +6,9 @@ sub-command's `--help` start in a fraction of a second: building the parser itse
 `parser_from_snapshot()` rebuilds the same argparse parser from it without importing anything heavy. The CLI
 uses it only to print help or the version; every command that runs builds the real parser. A test keeps the
 file equal to the real parser (`tests/test_startup.py`); after changing an operation's fields or a command's
-options, write it again:
+options, write it again (a maintainer's script, which imports the real parser):
 
-    python -m entoscope.cli_snapshot
+    python scripts/write_cli_snapshot.py
 """
 
 from __future__ import annotations
@@ -112,15 +112,3 @@ def _resolve(value: Any) -> Any:
 
 def load() -> dict[str, Any]:
     return json.loads(PATH.read_text(encoding="utf-8"))
-
-
-def write() -> Path:
-    """Write cli_snapshot.json from the real parser (imports every operation)."""
-    from .cli import build_parser
-
-    PATH.write_text(json.dumps(snapshot(build_parser()), indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    return PATH
-
-
-if __name__ == "__main__":
-    print(f"wrote {write()}")
