@@ -220,7 +220,7 @@ def test_probing_weighted_metrics_equal_sklearn_on_the_resampled_rows(demo):
     for data, kw in cases:
         op = es.Probing(sites=es.Sites(activation="resid_post", over=["layer"], layers=[1, 2]), split="kfold", k=4,
                         C_grid=[1.0], alpha_grid=[1.0], **kw)
-        prepared = op._prepare(demo, data)
+        prepared = op.prepare_for(demo, data)
         result = op.execute(prepared, quiet=True)
         h = _held_out_from_result(prepared, result.extra["fit"])
         stat = probing_stat(h)

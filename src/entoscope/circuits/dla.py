@@ -48,6 +48,7 @@ from ..data.examples import Dataset
 from ..data.tokenized import make_batches, pad_id, tokenize_data
 from ..errors import CheckFailedError, ConfigError, DataError
 from ..executors.columns import PromptColumns
+from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
 from ..metrics import at_positions
 from ..metrics import logit as logit_metric
@@ -101,7 +102,7 @@ def default_tolerance(dtype: torch.dtype) -> float:
 
 
 @register_operation
-class DirectLogitAttribution(Operation):
+class DirectLogitAttribution(Sharded, Operation):
     """Direct logit attribution: every component's direct effect on the answer logit (difference).
 
     metric:        "logit_diff" (answers minus wrong answers, means over each set) or "logit".
@@ -160,8 +161,6 @@ class DirectLogitAttribution(Operation):
                                             "n": len(td), "tol": tol})
 
     # sharded (docs/scale.md): a shard returns its prompts' contributions and the identity's terms
-    sharded = True
-
     def shard_batches(self, prepared: Prepared) -> list[list[int]]:
         return [list(b.index) for b in prepared.state["batches"]]
 

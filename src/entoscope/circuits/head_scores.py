@@ -34,6 +34,7 @@ from .. import naming
 from ..data.examples import Dataset
 from ..data.tokenized import make_batches, pad_id, tokenize_data
 from ..errors import ConfigError, DataError, warn
+from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
@@ -94,7 +95,7 @@ def score_patterns(pattern: Tensor, det: Tensor, lengths: Tensor, exclude_bos: b
 
 
 @register_operation
-class HeadScores(Operation):
+class HeadScores(Sharded, Operation):
     """Previous-token, duplicate-token and induction scores of every head (a layer x head table).
 
     kinds:           which scores.
@@ -131,8 +132,6 @@ class HeadScores(Operation):
         return Prepared(model, data, plan, {"batches": batches, "n": len(td)})
 
     # sharded (docs/scale.md): a shard returns its prompts' scores; summarise has every prompt's
-    sharded = True
-
     def shard_batches(self, prepared: Prepared) -> list[list[int]]:
         return [list(b.index) for b in prepared.state["batches"]]
 

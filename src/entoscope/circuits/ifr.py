@@ -56,6 +56,7 @@ from torch import Tensor
 from .. import naming
 from ..data.examples import Dataset
 from ..data.tokenized import make_batches, pad_id, tokenize_data
+from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
 from ..results.lazy import LazyTable
 from ..stats import Stats, interval_columns, streamed_mean, summarise
@@ -364,7 +365,7 @@ def route_graph(imp: FlowImportances, routes: Routes, b: int, tokens: list[str],
 
 # ---------------------------------------------------------------------- operation
 @register_operation
-class InformationFlowRoutes(Operation):
+class InformationFlowRoutes(Sharded, Operation):
     """Information flow routes (Ferrando & Voita 2024): per prompt, the graph of important edges
     from the predicted token's last-layer node down to the embeddings.
 
@@ -402,8 +403,6 @@ class InformationFlowRoutes(Operation):
         return Prepared(model, data, plan, {"batches": batches, "n": len(td), "max_floats": max_floats})
 
     # sharded (docs/scale.md): each shard returns its prompts' component sums and route graphs (as JSON)
-    sharded = True
-
     def shard_batches(self, prepared: Prepared) -> list[list[int]]:
         return [list(b.index) for b in prepared.state["batches"]]
 

@@ -24,6 +24,7 @@ from ..data.examples import Dataset
 from ..data.tokenized import Batch, make_batches, pad_id, tokenize_data
 from ..errors import ConfigError
 from ..executors.columns import PromptColumns
+from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
 from ..metrics import Metric
 from ..models.adapter import ModelAdapter
@@ -48,7 +49,7 @@ ROWS_PER_PASS = 32  # EAP-IG: prompts x integration points in one forward/backwa
 
 
 @register_operation
-class Circuits(Operation):
+class Circuits(Sharded, Operation):
     """Circuit discovery: EAP / EAP-IG / exact edge scores or ACDC, with edge-patching faithfulness.
 
     method:         "eap" (Syed et al. 2023), "eap_ig" (Hanna et al. 2024), "exact" (patch each edge
@@ -177,8 +178,6 @@ class Circuits(Operation):
     # phase "scores": per-prompt edge scores of some batches; on the driver, the circuit is chosen from their
     # mean (and, with stability, from resamples); phase "faithfulness": per-prompt metrics of every circuit
     # needed (the curve's, the chosen one, the stable one) on the batches; summarise: tables and intervals.
-    sharded = True
-
     def not_sharded_reason(self) -> str:
         if self.method == "acdc":
             return "ACDC decides edge by edge on the whole dataset, each decision depending on the one before"
@@ -219,7 +218,7 @@ class Circuits(Operation):
             scores = self._scores(model, graph, mine, st["metric"], patcher, quiet)  # [n, S, R]
             order = graph.mask.T.nonzero()  # (receiver, sender) pairs in edges() order
             return PerPrompt(examples, {"scores": scores[:, order[:, 1], order[:, 0]].numpy()})
-        kept = st["contexts"][phase]["kept"]
+        kept = prepared.contexts[phase]["kept"]
         patcher = EdgePatcher(model, graph, mine, st["metric"])
         items = progress(list(kept), total=len(kept), desc="faithfulness", quiet=quiet)
         values = torch.stack([patcher.per_prompt(k) for k in items], 1)  # [n, circuits]

@@ -80,7 +80,8 @@ class FeatureDLA(DirectLogitAttribution):
     layers: Selection = "all"
     top_k_features: int = Field(default=10, ge=1)
 
-    sharded = False  # its own execute (not split into shards yet: docs/scale.md)
+    def not_sharded_reason(self) -> str:  # its own execute over every batch (not split into shards yet)
+        return "it does not split into shards of prompts"
 
     def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared:
         if self.neurons:

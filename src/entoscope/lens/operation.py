@@ -21,6 +21,7 @@ from torch import Tensor
 from ..data.examples import Dataset
 from ..data.tokenized import make_batches, pad_id, tokenize_data
 from ..errors import ConfigError
+from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
@@ -39,7 +40,7 @@ from .tuned import TunedLens
 
 
 @register_operation
-class Lens(Operation):
+class Lens(Sharded, Operation):
     """Logit lens or tuned lens over sites x prompts.
 
     method:          "logit" (nostalgebraist 2020) or "tuned" (Belrose et al. 2023; needs `translators`).
@@ -99,8 +100,6 @@ class Lens(Operation):
                                             "batches": batches, "lens": lens, "chunk": chunk})
 
     # sharded (docs/scale.md): a shard returns its prompts' rows and its sum of the decoded distributions
-    sharded = True
-
     def shard_batches(self, prepared: Prepared) -> list[list[int]]:
         return [list(b.index) for b in prepared.state["batches"]]
 

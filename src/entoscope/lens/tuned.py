@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from ..data.examples import Dataset
 from ..data.tokenized import make_batches, pad_id, tokenize_data
 from ..errors import ConfigError, ModelLoadError
+from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
 from ..files import read_tensors
 from ..models.adapter import ModelAdapter, adapt
@@ -188,14 +189,13 @@ class TunedLens(nn.Module):
         return torch.stack(out)
 
 
-class LensTrainingData(Operation):
+class LensTrainingData(Sharded, Operation):
     """The tuned lens's training data: every batch's residual states (resid_pre of each layer) and the
     model's logits at its real positions. Sharded (docs/scale.md): a shard returns its prompts' states and
     logits padded to the dataset's longest prompt; `summarise` cuts each batch back to its own length, so
     the batches equal an in-process collection's."""
 
     name = "tuned_lens_data"
-    sharded = True
 
     def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared:
         assert data is not None

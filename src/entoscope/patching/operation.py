@@ -24,6 +24,7 @@ from ..data.examples import Dataset
 from ..data.tokenized import length_batches, pad_id, tokenize_data
 from ..errors import ConfigError, DataError, SiteError
 from ..executors.columns import PromptColumns
+from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt, batch_cap
 from ..metrics import ANSWER_LOGITS_ONLY, Metric, metric_where
 from ..models.adapter import ModelAdapter
@@ -47,7 +48,7 @@ FLOAT = 4  # bytes per activation element assumed by the memory estimates
 
 
 @register_operation
-class Patching(Operation):
+class Patching(Sharded, Operation):
     """Activation patching over a dataset: exact, attribution or integrated gradients.
 
     method:          "exact" (run the patched model), "attribution" (gradient x activation difference,
@@ -312,8 +313,6 @@ class Patching(Operation):
         return "noising: the clean prompt runs; values come from the corrupt (counterfactual) prompt"
 
     # ------------------------------------------------------------------ execute (sharded: docs/scale.md)
-    sharded = True
-
     def shard_batches(self, prepared: Prepared) -> list[list[int]]:
         return prepared.state["chunks"]
 
@@ -334,7 +333,7 @@ class Patching(Operation):
         """Patched, base and source metrics of the examples of some chunks: [n, U], [n], [n]."""
         model, st = prepared.model, prepared.state
         setup: Setup = st["setup"]
-        context = st.get("contexts", {}).get(phase)
+        context = prepared.contexts.get(phase)
         if context is not None:
             setup.means = context["means"]
         ticks = sum(self._chunk_ticks(st, ci, setup.groups) for ci in batches)

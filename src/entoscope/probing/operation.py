@@ -28,6 +28,7 @@ from pydantic import Field
 from ..data.examples import Dataset
 from ..data.tokenized import make_batches, pad_id
 from ..errors import ConfigError, DataError
+from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt, as_numpy
 from ..models.adapter import ModelAdapter
 from ..operation import Operation, Plan, Prepared, model_bytes, register_operation
@@ -51,7 +52,7 @@ RESIDUAL_KINDS = ("embed", "pos_embed", "resid_pre", "resid_mid", "resid_post", 
 
 
 @register_operation
-class Probing(Operation):
+class Probing(Sharded, Operation):
     """Linear probes per site on held-out data, against a control task, with an optional causal check.
 
     sites:        where to read (default: every layer's resid_post). With a position axis each row reads
@@ -199,8 +200,6 @@ class Probing(Operation):
     # ------------------------------------------------------------------ execute (sharded: docs/scale.md)
     # a shard collects its prompts' features (and task metric); the probes are fitted on the driver from the
     # merged features (the global step: splits and folds need every prompt), then the causal check runs there.
-    sharded = True
-
     def shard_batches(self, prepared: Prepared) -> list[list[int]]:
         return [list(b.index) for b in prepared.state["batches"]]
 

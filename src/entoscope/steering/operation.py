@@ -27,6 +27,7 @@ from ..data.examples import Dataset
 from ..data.loading import DataSpec, load_data
 from ..data.tokenized import TokenizedData, length_batches, pad, pad_answers, pad_id, tokenize_data
 from ..errors import ConfigError, DataError, warn
+from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
 from ..metrics import Metric, metric_where
 from ..models.adapter import ModelAdapter
@@ -77,7 +78,7 @@ class Continuations(ConfigModel):
 
 
 @register_operation
-class Steering(Operation):
+class Steering(Sharded, Operation):
     """Steering: add a direction at a site (or clamp or project it out), with a dose-response and its side effects.
 
     direction:     where the vector comes from (DirectionSpec: mean_difference of pairs or two prompt sets, probe,
@@ -274,8 +275,6 @@ class Steering(Operation):
                     files=files)
 
     # ------------------------------------------------------------------ sharded phases (docs/scale.md)
-    sharded = True
-
     def shard_batches(self, prepared: Prepared) -> list[list[int]]:
         return prepared.state["batches"]
 
@@ -333,7 +332,7 @@ class Steering(Operation):
                 row += len(idx)
             return PerPrompt(examples, arrays)
         setup: SteerSetup = st["setup"]
-        context = st["contexts"][phase]
+        context = prepared.contexts[phase]
         setup.vectors = torch.stack([torch.from_numpy(context["vector"]), torch.from_numpy(context["random"])])
         C = setup.n_conditions
         arrays = {k: np.full((n, C), np.nan) for k in ("metric", "kl", "loss")}
@@ -396,7 +395,7 @@ class Steering(Operation):
     def summarise(self, prepared: Prepared, merged: dict[str, Any], *, quiet: bool = False) -> Result:
         st = prepared.state
         setup: SteerSetup = st["setup"]
-        context = st["contexts"]["steer"]
+        context = prepared.contexts["steer"]
         columns = merged["steer"]
         direction = Direction(str(st["act"]), torch.from_numpy(context["vector"]), setup.head, context["provenance"])
         random = Direction(str(st["act"]), torch.from_numpy(context["random"]), setup.head,
