@@ -23,7 +23,7 @@ from torch import Tensor
 
 from ..data.examples import Dataset
 from ..errors import DictionaryError
-from ..lens.parameter import ParameterLens
+from ..lens.parameter import ParameterLens, ParameterLensState
 from ..models.adapter import ModelAdapter
 from ..operation import Plan, Prepared, model_bytes, register_operation
 from ..sites import Selection, Sites
@@ -57,7 +57,7 @@ class DecoderLens(ParameterLens):
     features: Selection = "0:8"
     through_norm: bool = True
 
-    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared:
+    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[ParameterLensState]:
         d = get_dictionary(self.dictionary)
         kind = d.hook_out.split(".")[0]
         sites = Sites(activation=kind, dictionary=self.dictionary, over=["feature"], features=self.features)
@@ -70,7 +70,7 @@ class DecoderLens(ParameterLens):
         s = model.structure
         plan = Plan(self.name, rows=len(units), forward_passes=0, backward_passes=0, batch_sizes=[],
                     peak_memory_bytes=model_bytes(model) + 4 * len(units) * (s.d_vocab + s.d_model))
-        return Prepared(model, data, plan, {"units": units})
+        return Prepared(model, data, plan, ParameterLensState(units))
 
     def vectors(self, model: ModelAdapter, units: list[dict[str, Any]]) -> Tensor:
         W_dec = get_dictionary(self.dictionary).W_dec
