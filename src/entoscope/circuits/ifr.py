@@ -55,7 +55,7 @@ from torch import Tensor
 
 from .. import naming
 from ..data.examples import Dataset
-from ..data.tokenized import make_batches, pad_id, tokenize_data
+from ..data.tokenized import Batch, make_batches, pad_id, tokenize_data
 from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
 from ..results.lazy import LazyTable
@@ -364,6 +364,14 @@ def route_graph(imp: FlowImportances, routes: Routes, b: int, tokens: list[str],
 
 
 # ---------------------------------------------------------------------- operation
+@dataclass(frozen=True)
+class RoutesState:
+    """What IFR's prepare resolved: the batches and the attention parts computed per chunk (floats)."""
+
+    batches: list[Batch]
+    max_floats: int
+
+
 @register_operation
 class InformationFlowRoutes(Sharded, Operation):
     """Information flow routes (Ferrando & Voita 2024): per prompt, the graph of important edges
@@ -379,7 +387,7 @@ class InformationFlowRoutes(Sharded, Operation):
     granularity: Granularity = "head"
     drawn_routes: int = Field(default=3, ge=0)
 
-    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared:
+    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[RoutesState]:
         assert data is not None
         s = model.structure
         td = tokenize_data(model, data, prepend_bos=self.prepend_bos)
@@ -400,20 +408,18 @@ class InformationFlowRoutes(Sharded, Operation):
                     peak_memory_bytes=model_bytes(model) + bs * per_example + 3 * 4 * max_floats, notes=notes,
                     files=["table.csv", "table.parquet", "per_prompt.csv", "per_prompt.parquet", "index.html",
                            "graphs/*.graphml", "graphs/*.json", "manifest.json"])
-        return Prepared(model, data, plan, {"batches": batches, "n": len(td), "max_floats": max_floats})
+        return Prepared(model, data, plan, RoutesState(batches, max_floats))
 
     # sharded (docs/scale.md): each shard returns its prompts' component sums and route graphs (as JSON)
-    def shard_batches(self, prepared: Prepared) -> list[list[int]]:
-        return [list(b.index) for b in prepared.state["batches"]]
-
-    def execute_shard(self, prepared: Prepared, phase: str, batches: list[int], *, quiet: bool = False) -> PerPrompt:
+    def execute_shard(self, prepared: Prepared[RoutesState], phase: str, batches: list[int], *,
+                      quiet: bool = False) -> PerPrompt:
         import networkx as nx
 
         model, st = prepared.model, prepared.state
         s = model.structure
         vocab = model.vocab_strings()
         reads = flow_reads(s)
-        mine = [st["batches"][i] for i in batches]
+        mine = [st.batches[i] for i in batches]
         examples = [ex for b in mine for ex in b.index]
         local = {ex: j for j, ex in enumerate(examples)}
         graphs: list[str] = [""] * len(examples)
@@ -426,7 +432,7 @@ class InformationFlowRoutes(Sharded, Operation):
             with torch.no_grad():
                 last = batch.last
                 out = model.run(batch.tokens, reads, logits_at=last)
-                imp, routes = trace_routes(model, out.acts, last, self.tau, self.granularity, st["max_floats"])
+                imp, routes = trace_routes(model, out.acts, last, self.tau, self.granularity, st.max_floats)
                 imp, routes = _to_cpu(imp), _routes_to_cpu(routes)
                 predicted = out.logits.argmax(-1).cpu()
             idx = torch.tensor([local[ex] for ex in batch.index])
