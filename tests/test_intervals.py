@@ -247,11 +247,11 @@ def _held_out_from_result(prepared, fit):
     from entoscope.probing.collect import collect
 
     st = prepared.state
-    cs = st["cs"]
-    collected = collect(prepared.model, st["batches"], cs.units, cs.pool, cs.at, cs.head_pooling, len(cs.td),
+    cs = st.cs
+    collected = collect(prepared.model, st.batches, cs.units, cs.pool, cs.at, cs.head_pooling, len(cs.td),
                         metric=None, quiet=True)
     (F,) = collected.bucket_units
-    return held_out_values(fit, collected.buckets[F], label_codes(fit, st["labels"]))
+    return held_out_values(fit, collected.buckets[F], label_codes(fit, st.labels))
 
 
 def _sklearn_fold_mean(h, counts):
