@@ -61,6 +61,13 @@ class CircuitChoice:
     n_curve: int
 
 
+@dataclass(frozen=True)
+class FaithfulnessContext:
+    """The faithfulness phase's context: every circuit measured, as kept-edge masks [circuits, senders, receivers]."""
+
+    kept: Tensor
+
+
 @dataclass
 class CircuitsState:
     """What the circuits' prepare resolved, and (filled on the driver, once per run) what is computed from the
@@ -227,7 +234,7 @@ class Circuits(Sharded, Operation):
         if phase != "faithfulness":
             return None
         choice = self._choose(prepared, merged["scores"])
-        return {"kept": torch.stack(choice.circuits)}
+        return FaithfulnessContext(torch.stack(choice.circuits))
 
     def execute_shard(self, prepared: Prepared[CircuitsState], phase: str, batches: list[int], *,
                       quiet: bool = False) -> PerPrompt:
@@ -242,7 +249,8 @@ class Circuits(Sharded, Operation):
             scores = self._scores(model, graph, mine, st.metric, patcher, quiet)  # [n, S, R]
             order = graph.mask.T.nonzero()  # (receiver, sender) pairs in edges() order
             return PerPrompt(examples, {"scores": scores[:, order[:, 1], order[:, 0]].numpy()})
-        kept = prepared.contexts[phase]["kept"]
+        context: FaithfulnessContext = prepared.contexts[phase]
+        kept = context.kept
         patcher = EdgePatcher(model, graph, mine, st.metric)
         items = progress(list(kept), total=len(kept), desc="faithfulness", quiet=quiet)
         values = torch.stack([patcher.per_prompt(k) for k in items], 1)  # [n, circuits]

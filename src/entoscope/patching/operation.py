@@ -64,6 +64,13 @@ class PatchingState:
     past_from: int | None  # the first layer whose cached keys/values part-way runs need
 
 
+@dataclass(frozen=True)
+class MeanContext:
+    """The phase context of patch: mean (the driver's global step): the dataset mean of each patched activation."""
+
+    means: dict[ActName, torch.Tensor]
+
+
 @register_operation
 class Patching(Sharded, Operation):
     """Activation patching over a dataset: exact, attribution or integrated gradients.
@@ -340,7 +347,7 @@ class Patching(Sharded, Operation):
             return None
         means = dataset_means(model, st.pairs, reads["mean"], bool(setup.params.get("per_position", True)),
                               st.mean_chunk, st.pad)
-        return {"means": means}
+        return MeanContext(means)
 
     def global_step(self, prepared: Prepared[PatchingState]) -> str:
         return "the dataset mean of the patched activations (patch: mean)" if prepared.state.reads["mean"] else ""
@@ -350,9 +357,9 @@ class Patching(Sharded, Operation):
         """Patched, base and source metrics of the examples of some chunks: [n, U], [n], [n]."""
         model, st = prepared.model, prepared.state
         setup = st.setup
-        context = prepared.contexts.get(phase)
+        context: MeanContext | None = prepared.contexts.get(phase)
         if context is not None:
-            setup.means = context["means"]
+            setup.means = context.means
         ticks = sum(self._chunk_ticks(st, ci, setup.groups) for ci in batches)
         bar = iter(progress(range(ticks), total=ticks, desc="patching", quiet=quiet))
         tick = lambda: next(bar, None)  # noqa: E731  (one step per batched patched run)

@@ -95,6 +95,16 @@ class SteeringState:
     width: int  # its vectors' width
 
 
+@dataclass(frozen=True)
+class SteerContext:
+    """The steer phase's context (the driver's global step): the direction's vector, its random baseline's
+    (same norm) and the direction's provenance."""
+
+    vector: np.ndarray
+    random: np.ndarray
+    provenance: dict[str, Any]
+
+
 @register_operation
 class Steering(Sharded, Operation):
     """Steering: add a direction at a site (or clamp or project it out), with a dose-response and its side effects.
@@ -313,8 +323,7 @@ class Steering(Sharded, Operation):
         check_coefficients(direction.norm, st.setup.coefficients, self.mode, self.normalize, prepared.model,
                            where=" (the direction the run made)")
         random = direction.random_like(self.seed)
-        return {"vector": direction.vector.numpy(), "random": random.vector.numpy(),
-                "provenance": direction.provenance}
+        return SteerContext(direction.vector.numpy(), random.vector.numpy(), direction.provenance)
 
     def _made(self, prepared: Prepared[SteeringState], columns: Any) -> Direction:
         st, spec = prepared.state, self.direction
@@ -350,8 +359,8 @@ class Steering(Sharded, Operation):
                 row += len(idx)
             return PerPrompt(examples, arrays)
         setup = st.setup
-        context = prepared.contexts[phase]
-        setup.vectors = torch.stack([torch.from_numpy(context["vector"]), torch.from_numpy(context["random"])])
+        context: SteerContext = prepared.contexts[phase]
+        setup.vectors = torch.stack([torch.from_numpy(context.vector), torch.from_numpy(context.random)])
         C = setup.n_conditions
         arrays = {k: np.full((n, C), np.nan) for k in ("metric", "kl", "loss")}
         cont = self.continuations
@@ -413,10 +422,10 @@ class Steering(Sharded, Operation):
     def summarise(self, prepared: Prepared[SteeringState], merged: dict[str, Any], *, quiet: bool = False) -> Result:
         st = prepared.state
         setup = st.setup
-        context = prepared.contexts["steer"]
+        context: SteerContext = prepared.contexts["steer"]
         columns = merged["steer"]
-        direction = Direction(str(st.act), torch.from_numpy(context["vector"]), setup.head, context["provenance"])
-        random = Direction(str(st.act), torch.from_numpy(context["random"]), setup.head,
+        direction = Direction(str(st.act), torch.from_numpy(context.vector), setup.head, context.provenance)
+        random = Direction(str(st.act), torch.from_numpy(context.random), setup.head,
                            {"source": "random", "seed": self.seed})
         info = {"mode": self.mode, "site": ", ".join(map(str, setup.sites)), "metric": self.metric.type,
                 "direction_norm": direction.norm}
