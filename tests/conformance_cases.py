@@ -374,8 +374,8 @@ class PassCounter:
                          for i, b in enumerate(self.blocks)]
         self._grad = torch.autograd.grad
         torch.autograd.grad = self._counting_grad
-        self._prepare = Operation._prepare
-        counter, prepare = self, Operation._prepare
+        self._prepare = Operation.prepare_for
+        counter, prepare = self, Operation.prepare_for
 
         def preparing(op: Any, *args: Any, **kwargs: Any) -> Any:
             counter._preparing += 1
@@ -385,7 +385,7 @@ class PassCounter:
             finally:
                 counter._preparing -= 1
                 counter._last = None
-        Operation._prepare = preparing  # type: ignore[method-assign]
+        Operation.prepare_for = preparing  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -394,7 +394,7 @@ class PassCounter:
         for h in self._handles:
             h.remove()
         torch.autograd.grad = self._grad
-        Operation._prepare = self._prepare  # type: ignore[method-assign]
+        Operation.prepare_for = self._prepare  # type: ignore[method-assign]
 
     def _pre_hook(self, i: int) -> Callable[..., None]:
         def hook(module: Any, args: tuple, kwargs: dict) -> None:

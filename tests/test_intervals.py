@@ -220,7 +220,7 @@ def test_probing_weighted_metrics_equal_sklearn_on_the_resampled_rows(demo):
     for data, kw in cases:
         op = es.Probing(sites=es.Sites(activation="resid_post", over=["layer"], layers=[1, 2]), split="kfold", k=4,
                         C_grid=[1.0], alpha_grid=[1.0], **kw)
-        prepared = op._prepare(demo, data)
+        prepared = op.prepare_for(demo, data)
         result = op.execute(prepared, quiet=True)
         h = _held_out_from_result(prepared, result.extra["fit"])
         stat = probing_stat(h)
@@ -247,11 +247,11 @@ def _held_out_from_result(prepared, fit):
     from entoscope.probing.collect import collect
 
     st = prepared.state
-    cs = st["cs"]
-    collected = collect(prepared.model, st["batches"], cs.units, cs.pool, cs.at, cs.head_pooling, len(cs.td),
+    cs = st.cs
+    collected = collect(prepared.model, st.batches, cs.units, cs.pool, cs.at, cs.head_pooling, len(cs.td),
                         metric=None, quiet=True)
     (F,) = collected.bucket_units
-    return held_out_values(fit, collected.buckets[F], label_codes(fit, st["labels"]))
+    return held_out_values(fit, collected.buckets[F], label_codes(fit, st.labels))
 
 
 def _sklearn_fold_mean(h, counts):

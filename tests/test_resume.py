@@ -251,3 +251,24 @@ def test_the_streamed_merge_refuses_a_shard_changed_after_it_was_verified(tmp_pa
     with pytest.raises(Exception) as err:  # a sound file of another run at the merge: refused too
         StoredColumns([paths[0], other.path("main", shards[1])], shards, 3, expect)
     assert getattr(err.value, "code", "") == "shard_other_run"
+
+
+def test_a_phase_context_dataclass_has_the_digest_of_the_dict_it_replaced():
+    """Shard files record their phase context's digest; the typed contexts (steering, circuits, patching: mean)
+    digest as the dicts of their fields did, so a shard folder written before resumes after, and any changed
+    value still changes the digest."""
+    import torch
+
+    from entoscope.circuits.operation import FaithfulnessContext
+    from entoscope.executors.shards import digest
+    from entoscope.steering.operation import SteerContext
+
+    rng = np.random.default_rng(0)
+    vector, random = rng.normal(size=8).astype(np.float32), rng.normal(size=8).astype(np.float32)
+    provenance = {"source": "mean_difference", "n_positive": 10}
+    steer = SteerContext(vector, random, provenance)
+    assert digest(steer) == digest({"vector": vector, "random": random, "provenance": provenance})
+    assert digest(steer) != digest(SteerContext(vector, random * 2, provenance))
+    kept = torch.tensor([[[True, False], [False, True]]])
+    assert digest(FaithfulnessContext(kept)) == digest({"kept": kept})
+    assert digest(FaithfulnessContext(kept)) != digest(FaithfulnessContext(~kept))

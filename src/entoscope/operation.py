@@ -6,11 +6,12 @@ Subclasses implement `prepare` (every check `run` needs, plus the plan; runs no 
 `execute` (the batched work). `plan()` calls only `prepare`, so a plan that says OK has already
 passed every check on names, shapes and lengths that `run` makes.
 
-An operation that splits into shards of prompts (`sharded = True`; docs/scale.md) implements, instead
-of `execute`: `shard_batches` (its length-grouped batches), `execute_shard` (per-prompt arrays of some
-batches), optionally `phases` / `before_phase` (a global step on the driver between sharded phases),
-and `summarise` (the Result from the merged per-prompt arrays). Its `execute` is then "one shard,
-here"; `run(..., executor=es.Ray(...))` runs the same shards on Ray workers.
+An operation that splits into shards of prompts (docs/scale.md) takes the `Sharded` mixin
+(executors/contract.py: the sharding contract) and implements, instead of `execute`: `execute_shard`
+(per-prompt arrays of some batches), optionally `shard_batches` / `phases` / `before_phase` (a global
+step on the driver between sharded phases), and `summarise` (the Result from the merged per-prompt
+arrays). Its `execute` is then "one shard, here"; `run(..., executor=es.Ray(...))` runs the same shards
+on Ray workers. `Plan` and `Prepared` (what `prepare` returns) live in prepared.py.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from __future__ import annotations
 import time
 from abc import abstractmethod
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -28,72 +28,13 @@ from .config_model import ConfigModel
 from .data.examples import Dataset
 from .data.loading import load_data
 from .errors import ConfigError, recording_warnings, warn
+from .executors.contract import Sharded
 from .models.adapter import ModelAdapter, adapt
+from .prepared import Plan, Prepared
 from .registry import register
 from .stats import Stats
 
 T = TypeVar("T")
-
-
-@dataclass
-class Plan:
-    """What a run will cost, worked out without running the model.
-
-    rows: the table's rows. forward_passes: prompt forwards (one prompt, or one copy of it, through the blocks
-    it runs: a batch of B prompts is B; a run started part-way is one per prompt). backward_passes: prompt
-    backwards. Where a number depends on the run's values the plan gives an upper bound and its notes say so
-    (docs/operations.md); tests/test_conformance.py counts the real passes."""
-
-    operation: str
-    rows: int
-    forward_passes: int
-    backward_passes: int
-    batch_sizes: list[int]
-    peak_memory_bytes: int
-    files: list[str] = field(default_factory=lambda: ["table.csv", "table.parquet", "index.html", "manifest.json"])
-    notes: list[str] = field(default_factory=list)
-    examples: int = 0
-    executor: str = "in-process"
-    shards: int = 1
-    workers: int = 1
-    passes_per_worker: int | None = None  # forward + backward passes of the busiest worker (estimate)
-    memory_per_worker_bytes: int | None = None
-    global_step: str = ""  # what runs on the driver between sharded phases
-
-    def __str__(self) -> str:
-        sizes = sorted(set(self.batch_sizes))
-        lines = [
-            f"plan: {self.operation}",
-            f"  examples          {self.examples}",
-            f"  rows              {self.rows}",
-            f"  forward passes    {self.forward_passes} (batched: {len(self.batch_sizes)} batches of "
-            f"{', '.join(map(str, sizes)) or '-'})",
-            f"  backward passes   {self.backward_passes}",
-            f"  peak memory       ~{self.peak_memory_bytes / 2**20:.1f} MiB (estimate)",
-            f"  files             {', '.join(self.files)}",
-        ]
-        if self.executor != "in-process":
-            memory = (self.memory_per_worker_bytes or 0) / 2**20
-            lines += [f"  executor          {self.executor}: {self.shards} shards over {self.workers} workers",
-                      f"  passes/worker     ~{self.passes_per_worker} (the busiest worker, forward + backward)",
-                      f"  memory/worker     ~{memory:.1f} MiB (its replica and its batches)"]
-        if self.global_step:
-            lines.append(f"  on the driver     {self.global_step}")
-        lines += [f"  note: {n}" for n in self.notes]
-        return "\n".join(lines)
-
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-@dataclass
-class Prepared:
-    """What `prepare` hands to `execute`: the adapter, the data and whatever the operation resolved."""
-
-    model: ModelAdapter
-    data: Dataset | None
-    plan: Plan
-    state: dict[str, Any] = field(default_factory=dict)
 
 
 def register_operation(cls: type[T]) -> type[T]:
@@ -124,16 +65,18 @@ class Operation(ConfigModel):
 
         executor = as_executor(executor)
         with recording_warnings() as warned:
-            check_executor(self, model, executor, connect=False)
-            prepared = self._prepare(model, data)
+            check_executor(self.name, self.not_sharded_reason(), model, executor, connect=False)
+            prepared = self.prepare_for(model, data)
             plan = prepared.plan
-            if not self.not_sharded_reason():
-                plan.global_step = self.global_step(prepared)
+            sharding = self.sharding()
+            if sharding is not None:
+                plan.global_step = sharding.global_step(prepared)
                 if executor.type == "in_process" and streams_in_process(plan.examples):
                     plan.notes.append(f"more than {IN_MEMORY_PROMPTS} prompts: each batch's per-prompt values are "
                                       "written to a temporary shard folder and merged from there (docs/scale.md)")
             if executor.type == "ray":
-                shards = shards_of(self, prepared, executor)
+                assert sharding is not None  # check_executor refused it otherwise
+                shards = shards_of(sharding, prepared, executor)
                 biggest = sorted((len(s.examples) for s in shards), reverse=True)
                 busiest = sum(biggest[i] for i in range(0, len(biggest), executor.workers))
                 plan.executor, plan.shards, plan.workers = "ray", len(shards), executor.workers
@@ -160,8 +103,8 @@ class Operation(ConfigModel):
         from .results.manifest import build_manifest
 
         executor = as_executor(executor)
-        sharded = not self.not_sharded_reason()
-        if (shards_dir is not None or resume) and not sharded:
+        sharding = self.sharding()
+        if (shards_dir is not None or resume) and sharding is None:
             raise ConfigError(f"{self.name} does not split into shards, so it has nothing to resume",
                               code="resume_unsupported", remedy="run it again without --resume")
         if resume and shards_dir is None:
@@ -170,13 +113,13 @@ class Operation(ConfigModel):
         info = None
         with recording_warnings() as warned:
             t0 = time.perf_counter()
-            spec = check_executor(self, model, executor)
-            prepared = self._prepare(model, data)
+            spec = check_executor(self.name, self.not_sharded_reason(), model, executor)
+            prepared = self.prepare_for(model, data)
             t1 = time.perf_counter()
             with prepared.model.evaluating():
-                if sharded:
-                    result, info = run_sharded(self, prepared, executor, spec, quiet=quiet, shards_dir=shards_dir,
-                                               resume=resume)
+                if sharding is not None:
+                    result, info = run_sharded(sharding, prepared, executor, spec, quiet=quiet,
+                                               shards_dir=shards_dir, resume=resume)
                 else:
                     result = self.execute(prepared, quiet=quiet)
             t2 = time.perf_counter()
@@ -190,7 +133,9 @@ class Operation(ConfigModel):
             result.shards_dir = None if shards_dir is None else Path(shards_dir)
         return result
 
-    def _prepare(self, model: Any, data: Any) -> Prepared:
+    def prepare_for(self, model: Any, data: Any) -> Prepared[Any]:
+        """`prepare` on what the user passed: the model adapted (`adapt`) and the data loaded (`load_data`).
+        `plan` and `run` start here, and so does each Ray worker, on its own replica of the model."""
         rough = self.stats.rough_intervals()
         if rough:
             warn(rough, code="few_resamples")
@@ -205,50 +150,22 @@ class Operation(ConfigModel):
 
     # ------------------------------------------------------------------ to implement
     @abstractmethod
-    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared:
+    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[Any]:
         """Every check `execute` relies on, and the plan. Must not run the model."""
 
-    def execute(self, prepared: Prepared, *, quiet: bool = False) -> Any:
-        """The batched work; returns a Result. A sharded operation runs its shards here (one shard)."""
-        from .executors.config import InProcess
-        from .executors.driver import run_sharded
-
-        if self.not_sharded_reason():
-            raise NotImplementedError(f"{type(self).__name__} implements neither execute nor execute_shard")
-        result, _ = run_sharded(self, prepared, InProcess(), None, quiet=quiet, shards_dir=None, resume=False)
-        return result
+    def execute(self, prepared: Prepared[Any], *, quiet: bool = False) -> Any:
+        """The batched work; returns a Result. A sharded operation's (`Sharded.execute`) runs its shards here."""
+        raise NotImplementedError(f"{type(self).__name__} implements neither execute nor the sharding contract "
+                                  "(executors/contract.py)")
 
     # ------------------------------------------------------------------ sharding (docs/scale.md)
-    sharded: ClassVar[bool] = False
-
     def not_sharded_reason(self) -> str:
-        """Why this configuration cannot be split into shards ('' if it can)."""
-        return "" if self.sharded else "it does not split into shards of prompts"
+        """Why this configuration cannot be split into shards ('' if it can; `Sharded` says '')."""
+        return "it does not split into shards of prompts"
 
-    def shard_batches(self, prepared: Prepared) -> list[list[int]]:
-        """The dataset indices of each length-grouped batch, in the order they run (a shard is some of them)."""
-        raise NotImplementedError
-
-    def phases(self, prepared: Prepared) -> tuple[str, ...]:
-        """The sharded phases in order; a global step on the driver may sit before each (`before_phase`)."""
-        return ("main",)
-
-    def global_step(self, prepared: Prepared) -> str:
-        """What runs on the driver between phases, for the plan ('' if nothing)."""
-        return ""
-
-    def before_phase(self, prepared: Prepared, phase: str, merged: dict[str, dict[str, Any]]) -> Any:
-        """The driver's global step before `phase`, from the merged earlier phases; what it returns reaches
-        every shard of the phase as `prepared.state["contexts"][phase]` (keep it small: it travels to workers)."""
-        return None
-
-    def execute_shard(self, prepared: Prepared, phase: str, batches: list[int], *, quiet: bool = False) -> Any:
-        """The batched work on some batches: a PerPrompt (arrays whose rows follow those batches' examples)."""
-        raise NotImplementedError
-
-    def summarise(self, prepared: Prepared, merged: dict[str, dict[str, Any]], *, quiet: bool = False) -> Any:
-        """The Result from every phase's merged per-prompt arrays (prompt order)."""
-        raise NotImplementedError
+    def sharding(self) -> Sharded | None:
+        """This operation as its sharding contract, or None when this configuration runs unsharded."""
+        return self if isinstance(self, Sharded) and not self.not_sharded_reason() else None
 
     # ------------------------------------------------------------------ helpers for subclasses
     def choose_batch_size(self, bytes_per_example: int, n_examples: int, cap: int = 64) -> int:

@@ -34,6 +34,7 @@ table's rows (`mean_q`) and `significant` (q <= stats.fdr). `std` and `mean_abs`
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -45,9 +46,10 @@ from torch import Tensor
 
 from .. import naming
 from ..data.examples import Dataset
-from ..data.tokenized import make_batches, pad_id, tokenize_data
+from ..data.tokenized import Batch, make_batches, pad_id, tokenize_data
 from ..errors import CheckFailedError, ConfigError, DataError
 from ..executors.columns import PromptColumns
+from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
 from ..metrics import at_positions
 from ..metrics import logit as logit_metric
@@ -100,8 +102,19 @@ def default_tolerance(dtype: torch.dtype) -> float:
     return HALF_PRECISION_TOLERANCE if dtype in (torch.float16, torch.bfloat16) else FULL_PRECISION_TOLERANCE
 
 
+@dataclass(frozen=True)
+class DLAState:
+    """What DLA's prepare resolved."""
+
+    batches: list[Batch]
+    components: list[Component]  # the table's rows, in order
+    split: list[int]  # layers whose MLPs are split into neurons
+    n: int  # prompts
+    tol: float  # relative tolerance of the identity check
+
+
 @register_operation
-class DirectLogitAttribution(Operation):
+class DirectLogitAttribution(Sharded, Operation):
     """Direct logit attribution: every component's direct effect on the answer logit (difference).
 
     metric:        "logit_diff" (answers minus wrong answers, means over each set) or "logit".
@@ -119,7 +132,7 @@ class DirectLogitAttribution(Operation):
     top_k: int = Field(default=20, ge=1)
     answer_scoring: Literal["single", "first_token"] = "single"
 
-    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared:
+    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[DLAState]:
         assert data is not None
         s = model.structure
         if self.neuron_layers is not None and not self.neurons:
@@ -156,24 +169,19 @@ class DirectLogitAttribution(Operation):
                     peak_memory_bytes=model_bytes(model) + bs * per_example, notes=notes,
                     files=["table.csv", "table.parquet", "per_prompt.csv", "per_prompt.parquet", "index.html",
                            "identity.csv", "manifest.json"])
-        return Prepared(model, data, plan, {"batches": batches, "components": comps, "split": split,
-                                            "n": len(td), "tol": tol})
+        return Prepared(model, data, plan, DLAState(batches, comps, split, len(td), tol))
 
     # sharded (docs/scale.md): a shard returns its prompts' contributions and the identity's terms
-    sharded = True
-
-    def shard_batches(self, prepared: Prepared) -> list[list[int]]:
-        return [list(b.index) for b in prepared.state["batches"]]
-
-    def execute_shard(self, prepared: Prepared, phase: str, batches: list[int], *, quiet: bool = False) -> PerPrompt:
+    def execute_shard(self, prepared: Prepared[DLAState], phase: str, batches: list[int], *,
+                      quiet: bool = False) -> PerPrompt:
         model, st = prepared.model, prepared.state
-        reads = decomposition_reads(model.structure, st["split"]) + [ActName("final_scale")]
-        mine = [st["batches"][i] for i in batches]
+        reads = decomposition_reads(model.structure, st.split) + [ActName("final_scale")]
+        mine = [st.batches[i] for i in batches]
         parts: dict[str, list[Tensor]] = {"contrib": [], "value": [], "constant": [], "sum": []}
         for batch in progress(mine, total=len(mine), desc="dla", quiet=quiet):
             out = model.run(batch.tokens, reads)
             with torch.no_grad():
-                rows, const, value = self._attribute(model, out.acts, out.logits, batch, st["split"])
+                rows, const, value = self._attribute(model, out.acts, out.logits, batch, st.split)
             parts["contrib"].append(rows.T.cpu())
             parts["value"].append(value.cpu())
             parts["constant"].append(const.cpu())
@@ -181,11 +189,11 @@ class DirectLogitAttribution(Operation):
         return PerPrompt([i for b in mine for i in b.index],
                          {k: torch.cat(v).to(torch.float64).numpy() for k, v in parts.items()})
 
-    def summarise(self, prepared: Prepared, merged: dict[str, Any], *, quiet: bool = False) -> Result:
+    def summarise(self, prepared: Prepared[DLAState], merged: dict[str, Any], *, quiet: bool = False) -> Result:
         st, columns = prepared.state, merged["main"]
-        comps: list[Component] = st["components"]
+        comps = st.components
         ident = {k: torch.from_numpy(columns[k]) for k in ("value", "constant", "sum")}
-        identity = self._check(ident, st["tol"])
+        identity = self._check(ident, st.tol)
         frame = _component_frame(comps)
         read = _contributions(columns)
         table = dla_summary(columns.n, frame, read, self.stats, self.seed)

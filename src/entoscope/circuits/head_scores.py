@@ -22,6 +22,7 @@ position has no `score`), and each carries its bootstrap interval over prompts (
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -32,8 +33,9 @@ from torch import Tensor
 
 from .. import naming
 from ..data.examples import Dataset
-from ..data.tokenized import make_batches, pad_id, tokenize_data
+from ..data.tokenized import Batch, make_batches, pad_id, tokenize_data
 from ..errors import ConfigError, DataError, warn
+from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
@@ -93,8 +95,15 @@ def score_patterns(pattern: Tensor, det: Tensor, lengths: Tensor, exclude_bos: b
     return score, score_tl
 
 
+@dataclass(frozen=True)
+class HeadScoresState:
+    """What the head scores' prepare resolved: the batches."""
+
+    batches: list[Batch]
+
+
 @register_operation
-class HeadScores(Operation):
+class HeadScores(Sharded, Operation):
     """Previous-token, duplicate-token and induction scores of every head (a layer x head table).
 
     kinds:           which scores.
@@ -109,7 +118,7 @@ class HeadScores(Operation):
     exclude_bos: bool = False
     exclude_current: bool = False
 
-    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared:
+    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[HeadScoresState]:
         assert data is not None
         td = tokenize_data(model, data, prepend_bos=self.prepend_bos)
         if self.period is not None and {"duplicate_token", "induction"} & set(self.kinds):
@@ -128,19 +137,15 @@ class HeadScores(Operation):
         plan = Plan(self.name, rows=s.n_layers * s.n_heads * len(self.kinds), forward_passes=len(td),
                     backward_passes=0, batch_sizes=[len(b) for b in batches], examples=len(td),
                     peak_memory_bytes=model_bytes(model) + bs * per_example)
-        return Prepared(model, data, plan, {"batches": batches, "n": len(td)})
+        return Prepared(model, data, plan, HeadScoresState(batches))
 
     # sharded (docs/scale.md): a shard returns its prompts' scores; summarise has every prompt's
-    sharded = True
-
-    def shard_batches(self, prepared: Prepared) -> list[list[int]]:
-        return [list(b.index) for b in prepared.state["batches"]]
-
-    def execute_shard(self, prepared: Prepared, phase: str, batches: list[int], *, quiet: bool = False) -> PerPrompt:
+    def execute_shard(self, prepared: Prepared[HeadScoresState], phase: str, batches: list[int], *,
+                      quiet: bool = False) -> PerPrompt:
         model, st = prepared.model, prepared.state
         s = model.structure
         reads = [ActName("pattern", L) for L in range(s.n_layers)]
-        mine = [st["batches"][i] for i in batches]
+        mine = [st.batches[i] for i in batches]
         examples = [i for b in mine for i in b.index]
         n = len(examples)
         per_prompt = {k: torch.full((2, n, s.n_layers, s.n_heads), float("nan"), dtype=torch.float64)
@@ -159,7 +164,7 @@ class HeadScores(Operation):
                     per_prompt[kind][1, idx, L] = tl.double().cpu()
         return PerPrompt(examples, {k: v.transpose(0, 1).numpy() for k, v in per_prompt.items()})  # [n, 2, L, H]
 
-    def summarise(self, prepared: Prepared, merged: dict[str, Any], *, quiet: bool = False) -> Result:
+    def summarise(self, prepared: Prepared[HeadScoresState], merged: dict[str, Any], *, quiet: bool = False) -> Result:
         s, columns = prepared.model.structure, merged["main"]
         n = columns.n
         kinds = list(self.kinds)

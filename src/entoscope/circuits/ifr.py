@@ -55,7 +55,8 @@ from torch import Tensor
 
 from .. import naming
 from ..data.examples import Dataset
-from ..data.tokenized import make_batches, pad_id, tokenize_data
+from ..data.tokenized import Batch, make_batches, pad_id, tokenize_data
+from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
 from ..results.lazy import LazyTable
 from ..stats import Stats, interval_columns, streamed_mean, summarise, wilson_interval
@@ -363,8 +364,16 @@ def route_graph(imp: FlowImportances, routes: Routes, b: int, tokens: list[str],
 
 
 # ---------------------------------------------------------------------- operation
+@dataclass(frozen=True)
+class RoutesState:
+    """What IFR's prepare resolved: the batches and the attention parts computed per chunk (floats)."""
+
+    batches: list[Batch]
+    max_floats: int
+
+
 @register_operation
-class InformationFlowRoutes(Operation):
+class InformationFlowRoutes(Sharded, Operation):
     """Information flow routes (Ferrando & Voita 2024): per prompt, the graph of important edges
     from the predicted token's last-layer node down to the embeddings.
 
@@ -378,7 +387,7 @@ class InformationFlowRoutes(Operation):
     granularity: Granularity = "head"
     drawn_routes: int = Field(default=3, ge=0)
 
-    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared:
+    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[RoutesState]:
         assert data is not None
         s = model.structure
         td = tokenize_data(model, data, prepend_bos=self.prepend_bos)
@@ -399,20 +408,16 @@ class InformationFlowRoutes(Operation):
                     peak_memory_bytes=model_bytes(model) + bs * per_example + 3 * 4 * max_floats, notes=notes,
                     files=["table.csv", "table.parquet", "per_prompt.csv", "per_prompt.parquet", "index.html",
                            "graphs/*.graphml", "graphs/*.json", "manifest.json"])
-        return Prepared(model, data, plan, {"batches": batches, "n": len(td), "max_floats": max_floats})
+        return Prepared(model, data, plan, RoutesState(batches, max_floats))
 
     # sharded (docs/scale.md): each shard returns its prompts' component sums and route graphs (as JSON)
-    sharded = True
-
-    def shard_batches(self, prepared: Prepared) -> list[list[int]]:
-        return [list(b.index) for b in prepared.state["batches"]]
-
-    def execute_shard(self, prepared: Prepared, phase: str, batches: list[int], *, quiet: bool = False) -> PerPrompt:
+    def execute_shard(self, prepared: Prepared[RoutesState], phase: str, batches: list[int], *,
+                      quiet: bool = False) -> PerPrompt:
         model, st = prepared.model, prepared.state
         s = model.structure
         vocab = model.vocab_strings()
         reads = flow_reads(s)
-        mine = [st["batches"][i] for i in batches]
+        mine = [st.batches[i] for i in batches]
         examples = [ex for b in mine for ex in b.index]
         local = {ex: j for j, ex in enumerate(examples)}
         graphs: list[str] = [""] * len(examples)
@@ -425,7 +430,7 @@ class InformationFlowRoutes(Operation):
             with torch.no_grad():
                 last = batch.last
                 out = model.run(batch.tokens, reads, logits_at=last)
-                imp, routes = trace_routes(model, out.acts, last, self.tau, self.granularity, st["max_floats"])
+                imp, routes = trace_routes(model, out.acts, last, self.tau, self.granularity, st.max_floats)
                 imp, routes = _to_cpu(imp), _routes_to_cpu(routes)
                 predicted = out.logits.argmax(-1).cpu()
             idx = torch.tensor([local[ex] for ex in batch.index])

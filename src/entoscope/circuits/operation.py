@@ -11,6 +11,7 @@ entoscope.circuits.faithfulness; ACDC in entoscope.circuits.acdc.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,6 +25,7 @@ from ..data.examples import Dataset
 from ..data.tokenized import Batch, make_batches, pad_id, tokenize_data
 from ..errors import ConfigError
 from ..executors.columns import PromptColumns
+from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
 from ..metrics import Metric
 from ..models.adapter import ModelAdapter
@@ -32,13 +34,13 @@ from ..models.split_inputs import check_split_once, refuse_unsplittable
 from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
 from ..results.page import figure_div, write_page
 from ..results.result import Result
-from ..stats import significance_columns, streamed_mean, summarise
+from ..stats import Summary, significance_columns, streamed_mean, summarise
 from .acdc import acdc
 from .eap import Rule, edge_scores_per_prompt
 from .edge_patching import EdgePatcher
 from .faithfulness import (MIB_FRACTIONS, above, curve_circuits, curve_table, faithfulness, faithfulness_summary,
                            top_n)
-from .stability import circuit_stability
+from .stability import Stability, circuit_stability
 from .takeaway import circuit_blank_note, circuit_takeaway, sign_labels
 from .graph import Circuit, ComponentGraph
 from .figures import circuit_figure, faithfulness_figure
@@ -47,8 +49,40 @@ Method = Literal["eap", "eap_ig", "exact", "acdc"]
 ROWS_PER_PASS = 32  # EAP-IG: prompts x integration points in one forward/backward pass
 
 
+@dataclass(frozen=True)
+class CircuitChoice:
+    """The driver's global step: the circuit chosen from the merged edge scores, its stability, and every
+    circuit whose faithfulness is measured (the curve's `n_curve`, then the chosen one, then the stable one)."""
+
+    scores: PromptColumns  # the merged per-prompt edge scores it was chosen from
+    circuit: Circuit
+    stability: Stability | None
+    circuits: list[Tensor]
+    n_curve: int
+
+
+@dataclass(frozen=True)
+class FaithfulnessContext:
+    """The faithfulness phase's context: every circuit measured, as kept-edge masks [circuits, senders, receivers]."""
+
+    kept: Tensor
+
+
+@dataclass
+class CircuitsState:
+    """What the circuits' prepare resolved, and (filled on the driver, once per run) what is computed from the
+    merged edge scores: before the faithfulness phase, and again by summarise."""
+
+    batches: list[Batch]
+    graph: ComponentGraph
+    metric: Any  # the metric function
+    kl: bool  # the metric is kl
+    edge_summary: tuple[PromptColumns, Summary] | None = None  # (the scores, every edge's mean and interval)
+    choice: CircuitChoice | None = None
+
+
 @register_operation
-class Circuits(Operation):
+class Circuits(Sharded, Operation):
     """Circuit discovery: EAP / EAP-IG / exact edge scores or ACDC, with edge-patching faithfulness.
 
     method:         "eap" (Syed et al. 2023), "eap_ig" (Hanna et al. 2024), "exact" (patch each edge
@@ -94,7 +128,7 @@ class Circuits(Operation):
         return v
 
     # ------------------------------------------------------------------ prepare
-    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared:
+    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[CircuitsState]:
         assert data is not None
         metric_fn = self.metric.function()  # an unknown metric is refused here
         is_kl = self.metric.type == "kl"
@@ -139,7 +173,7 @@ class Circuits(Operation):
                            "circuit.graphml", "circuit.html", "summary.json"]
                     + (["faithfulness.csv"] if self.faithfulness and self.method != "acdc" else [])
                     + (["acdc_decisions.csv"] if self.method == "acdc" else []))
-        return Prepared(model, data, plan, {"batches": batches, "graph": graph, "metric": metric_fn, "kl": is_kl})
+        return Prepared(model, data, plan, CircuitsState(batches, graph, metric_fn, is_kl))
 
     def _passes(self, graph: ComponentGraph, nb: int, E: int, is_kl: bool) -> tuple[int, int, list[str]]:
         """Prompt forwards and backwards of a run (Plan's unit: a prompt through the model once), and notes.
@@ -177,15 +211,10 @@ class Circuits(Operation):
     # phase "scores": per-prompt edge scores of some batches; on the driver, the circuit is chosen from their
     # mean (and, with stability, from resamples); phase "faithfulness": per-prompt metrics of every circuit
     # needed (the curve's, the chosen one, the stable one) on the batches; summarise: tables and intervals.
-    sharded = True
-
     def not_sharded_reason(self) -> str:
         if self.method == "acdc":
             return "ACDC decides edge by edge on the whole dataset, each decision depending on the one before"
         return ""
-
-    def shard_batches(self, prepared: Prepared) -> list[list[int]]:
-        return [list(b.index) for b in prepared.state["batches"]]
 
     def _needs_patcher(self) -> bool:
         return self.method in ("exact", "acdc") or bool(self.faithfulness) or bool(self.stability)
@@ -201,58 +230,60 @@ class Circuits(Operation):
         return "the circuit chosen from the merged edge scores" + (" (and from their resamples)" if self.stability
                                                                   else "") + ", between scoring and faithfulness"
 
-    def before_phase(self, prepared: Prepared, phase: str, merged: dict[str, Any]) -> Any:
+    def before_phase(self, prepared: Prepared[CircuitsState], phase: str, merged: dict[str, Any]) -> Any:
         if phase != "faithfulness":
             return None
         choice = self._choose(prepared, merged["scores"])
-        return {"kept": torch.stack(choice["circuits"])}
+        return FaithfulnessContext(torch.stack(choice.circuits))
 
-    def execute_shard(self, prepared: Prepared, phase: str, batches: list[int], *, quiet: bool = False) -> PerPrompt:
+    def execute_shard(self, prepared: Prepared[CircuitsState], phase: str, batches: list[int], *,
+                      quiet: bool = False) -> PerPrompt:
         model, st = prepared.model, prepared.state
-        graph: ComponentGraph = st["graph"]
-        mine = [st["batches"][i] for i in batches]
+        graph = st.graph
+        mine = [st.batches[i] for i in batches]
         examples = sorted(i for b in mine for i in b.index)  # the per-prompt helpers return ascending index
         if phase == "acdc":
             raise AssertionError("ACDC is not sharded")
         if phase == "scores":
-            patcher = EdgePatcher(model, graph, mine, st["metric"]) if self.method == "exact" else None
-            scores = self._scores(model, graph, mine, st["metric"], patcher, quiet)  # [n, S, R]
+            patcher = EdgePatcher(model, graph, mine, st.metric) if self.method == "exact" else None
+            scores = self._scores(model, graph, mine, st.metric, patcher, quiet)  # [n, S, R]
             order = graph.mask.T.nonzero()  # (receiver, sender) pairs in edges() order
             return PerPrompt(examples, {"scores": scores[:, order[:, 1], order[:, 0]].numpy()})
-        kept = st["contexts"][phase]["kept"]
-        patcher = EdgePatcher(model, graph, mine, st["metric"])
+        context: FaithfulnessContext = prepared.contexts[phase]
+        kept = context.kept
+        patcher = EdgePatcher(model, graph, mine, st.metric)
         items = progress(list(kept), total=len(kept), desc="faithfulness", quiet=quiet)
         values = torch.stack([patcher.per_prompt(k) for k in items], 1)  # [n, circuits]
         return PerPrompt(examples, {"full": patcher.full.numpy(), "empty": patcher.empty.numpy(),
                                     "circuits": values.numpy()})
 
-    def execute(self, prepared: Prepared, *, quiet: bool = False) -> Result:
+    def execute(self, prepared: Prepared[CircuitsState], *, quiet: bool = False) -> Result:
         if self.method != "acdc":
             return super().execute(prepared, quiet=quiet)
         model, st = prepared.model, prepared.state
-        patcher = EdgePatcher(model, st["graph"], st["batches"], st["metric"])
-        outcome = acdc(patcher, self.acdc_threshold, kl=st["kl"], absolute=self.absolute,
+        patcher = EdgePatcher(model, st.graph, st.batches, st.metric)
+        outcome = acdc(patcher, self.acdc_threshold, kl=st.kl, absolute=self.absolute,
                        max_forward_passes=self.max_forward_passes, quiet=quiet)
-        summary = {"method": self.method, "metric": self.metric.type, "n_edges_total": st["graph"].n_edges,
+        summary = {"method": self.method, "metric": self.metric.type, "n_edges_total": st.graph.n_edges,
                    "acdc_forward_passes": outcome.forward_passes, "acdc_budget_exhausted": outcome.budget_exhausted}
         metrics = {"full": patcher.full, "empty": patcher.empty, "circuit": patcher.per_prompt(outcome.circuit.kept)}
         return self._result(prepared, outcome.circuit, summary, metrics, decisions=outcome.decisions)
 
-    def _edge_summary(self, prepared: Prepared, columns: PromptColumns) -> Any:
+    def _edge_summary(self, prepared: Prepared[CircuitsState], columns: PromptColumns) -> Summary:
         """Every edge's mean score over prompts with its interval (entoscope.stats), read block by block."""
         st = prepared.state
-        if st.get("edge_summary", (None,))[0] is not columns:
-            stat = streamed_mean(columns.n, st["graph"].n_edges, _scores_reader(columns), skip_nan=False)
-            st["edge_summary"] = (columns, summarise(stat, self.stats, self.seed))
-        return st["edge_summary"][1]
+        if st.edge_summary is None or st.edge_summary[0] is not columns:
+            stat = streamed_mean(columns.n, st.graph.n_edges, _scores_reader(columns), skip_nan=False)
+            st.edge_summary = (columns, summarise(stat, self.stats, self.seed))
+        return st.edge_summary[1]
 
-    def _choose(self, prepared: Prepared, columns: PromptColumns) -> dict[str, Any]:
+    def _choose(self, prepared: Prepared[CircuitsState], columns: PromptColumns) -> CircuitChoice:
         """The driver's global step: the merged per-prompt edge scores -> the circuit, stability, and the list of
         circuits whose faithfulness is measured (curve fractions, then the chosen one, then the stable one)."""
         st = prepared.state
-        if "choice" in st and st["choice"]["from"] is columns:
-            return st["choice"]
-        graph: ComponentGraph = st["graph"]
+        if st.choice is not None and st.choice.scores is columns:
+            return st.choice
+        graph = st.graph
         order = graph.mask.T.nonzero()  # (receiver, sender) pairs in edges() order
         dtype = torch.from_numpy(columns.read(0, min(1, columns.n), ["scores"])["scores"]).dtype
         scores = torch.zeros(graph.n_senders, graph.n_receivers, dtype=dtype)
@@ -266,15 +297,14 @@ class Circuits(Operation):
                                           circuit.kept, self.stability, self.stability_share, self.seed, graph.mask)
         curve = curve_circuits(graph, circuit.scores, self.faithfulness, self.absolute) if self.faithfulness else []
         circuits = curve + [circuit.kept] + ([stability.stable] if stability is not None else [])
-        st["choice"] = {"from": columns, "circuit": circuit, "stability": stability, "circuits": circuits,
-                        "n_curve": len(curve)}
-        return st["choice"]
+        st.choice = CircuitChoice(columns, circuit, stability, circuits, len(curve))
+        return st.choice
 
-    def summarise(self, prepared: Prepared, merged: dict[str, Any], *, quiet: bool = False) -> Result:
-        graph: ComponentGraph = prepared.state["graph"]
+    def summarise(self, prepared: Prepared[CircuitsState], merged: dict[str, Any], *, quiet: bool = False) -> Result:
+        graph = prepared.state.graph
         columns = merged["scores"]
         choice = self._choose(prepared, columns)
-        circuit, stability = choice["circuit"], choice["stability"]
+        circuit, stability = choice.circuit, choice.stability
         summary: dict[str, Any] = {"method": self.method, "metric": self.metric.type, "n_edges_total": graph.n_edges}
         extra_cols = self._edge_intervals(self._edge_summary(prepared, columns))
         order = graph.mask.T.nonzero()  # (receiver, sender) pairs in edges() order
@@ -291,9 +321,9 @@ class Circuits(Operation):
         if "faithfulness" in merged:
             f = merged["faithfulness"]  # a few metrics per prompt: read whole
             full, empty, values = (torch.from_numpy(f[k]) for k in ("full", "empty", "circuits"))
-            k = choice["n_curve"]
+            k = choice.n_curve
             if self.faithfulness:
-                curve, numbers = curve_table(graph, self.faithfulness, choice["circuits"][:k],
+                curve, numbers = curve_table(graph, self.faithfulness, choice.circuits[:k],
                                              [values[:, i].contiguous() for i in range(k)],
                                              full, empty, self.stats, self.seed)
                 summary.update(numbers)

@@ -25,6 +25,7 @@ prompt's rows still add up.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
 from functools import partial
 from typing import Any, Literal
 
@@ -38,6 +39,7 @@ from ..circuits.decompose import Component, components, decomposition_reads
 from ..circuits.dla import (
     DirectLogitAttribution,
     DLAResult,
+    DLAState,
     answer_direction,
     dla_summary,
     frozen_norm_direction,
@@ -65,6 +67,14 @@ def replaced(component: Component, activation: str, layer: int) -> bool:
     return component.layer is None or component.layer <= layer  # resid_post: everything up to layer
 
 
+@dataclass(frozen=True)
+class FeatureDLAState(DLAState):
+    """DLA's state, with the dictionary sites and the components they leave as DLA rows."""
+
+    bases: list[tuple[int, str]]  # (layer, dictionary key) of each dictionary site
+    kept: list[Component]  # the components no dictionary replaces
+
+
 @register_operation
 class FeatureDLA(DirectLogitAttribution):
     """Direct logit attribution with dictionary sites split into features (docs/features.md).
@@ -82,9 +92,10 @@ class FeatureDLA(DirectLogitAttribution):
     layers: Selection = "all"
     top_k_features: int = Field(default=10, ge=1)
 
-    sharded = False  # its own execute (not split into shards yet: docs/scale.md)
+    def not_sharded_reason(self) -> str:  # its own execute over every batch (not split into shards yet)
+        return "it does not split into shards of prompts"
 
-    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared:
+    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[FeatureDLAState]:
         if self.neurons:
             raise ConfigError("feature_dla splits dictionary sites into features, not MLPs into neurons",
                               code="config_invalid", remedy="drop neurons (use dla for neuron rows)")
@@ -95,10 +106,11 @@ class FeatureDLA(DirectLogitAttribution):
             raise ConfigError(f"resid_post dictionaries of {len(bases)} layers: each replaces everything up to its "
                               "layer, so one decomposition holds one of them", code="feature_dla_layers",
                               remedy="give one layer, e.g. layers: 2")
-        prepared = super().prepare(model, data)
-        comps = [c for c in prepared.state["components"]
-                 if not any(replaced(c, self.activation, L) for L, _ in bases)]
-        prepared.state.update(bases=bases, kept=comps)
+        prepared: Prepared[Any] = super().prepare(model, data)
+        dla = prepared.state
+        comps = [c for c in dla.components if not any(replaced(c, self.activation, L) for L, _ in bases)]
+        prepared.state = FeatureDLAState(**{f.name: getattr(dla, f.name) for f in fields(dla)}, bases=bases,
+                                         kept=comps)
         prepared.plan.operation = self.name
         # a table row per kept component, per dictionary its error and each feature active in some prompt
         prepared.plan.rows = len(comps) + sum(1 + get_dictionary(key).d_sae for _, key in bases)
@@ -106,14 +118,14 @@ class FeatureDLA(DirectLogitAttribution):
         prepared.plan.notes.append("dictionary sites: " + ", ".join(f"{self.activation}.{L} <- {k}" for L, k in bases))
         return prepared
 
-    def execute(self, prepared: Prepared, *, quiet: bool = False) -> Result:
+    def execute(self, prepared: Prepared[FeatureDLAState], *, quiet: bool = False) -> Result:
         model, st = prepared.model, prepared.state
-        bases: list[tuple[int, str]] = st["bases"]
+        bases = st.bases
         all_comps: list[Component] = components(model.structure)
-        keep = torch.tensor([c in st["kept"] for c in all_comps])
+        keep = torch.tensor([c in st.kept for c in all_comps])
         reads = decomposition_reads(model.structure) + [ActName("final_scale")]
         reads += [a for L, key in bases for a in (ActName("features", L, key), ActName(self.activation, L))]
-        n = st["n"]
+        n = st.n
         k = min(self.top_k_features, *(get_dictionary(key).d_sae for _, key in bases))
         comp_rows = torch.zeros(int(keep.sum()), n, dtype=torch.float64)
         err_rows = torch.zeros(len(bases), n, dtype=torch.float64)
@@ -122,7 +134,7 @@ class FeatureDLA(DirectLogitAttribution):
         top_idx = torch.zeros(len(bases), n, k, dtype=torch.long)
         active: list[list[tuple[Tensor, Tensor, Tensor]]] = [[] for _ in bases]  # (prompts, features, rows)
         ident = {x: torch.zeros(n, dtype=torch.float64) for x in ("value", "constant", "sum", "decoder_bias")}
-        for batch in progress(st["batches"], total=len(st["batches"]), desc="feature dla", quiet=quiet):
+        for batch in progress(st.batches, total=len(st.batches), desc="feature dla", quiet=quiet):
             out = model.run(batch.tokens, reads)
             idx = torch.tensor(batch.index)
             with torch.no_grad():
@@ -145,8 +157,8 @@ class FeatureDLA(DirectLogitAttribution):
                     at = fr.nonzero()  # an inactive feature's row is exactly zero: kept sparse
                     active[j].append((idx[at[:, 0]], at[:, 1], fr[at[:, 0], at[:, 1]]))
             ident["value"][idx], ident["constant"][idx], ident["sum"][idx] = value.cpu(), constant.cpu(), total.cpu()
-        identity = self._check(ident, st["tol"])
-        kept = st["kept"]
+        identity = self._check(ident, st.tol)
+        kept = st.kept
         table = _table(kept, comp_rows, bases, err_rows, active, n, self.stats, self.seed)
         per_prompt = _per_prompt(kept, comp_rows, bases, err_rows, rest_rows, top_idx, top_val)
         return DLAResult(self.name, table, per_prompt=per_prompt, figures=self._figures,

@@ -167,6 +167,15 @@ def node_influence(A: Tensor, kinds: np.ndarray) -> Tensor:
     return influence(normalize(A.double()), w)
 
 
+@dataclass(frozen=True)
+class FeatureGraphState:
+    """What feature_graph's prepare resolved: its dictionary sites and one-prompt batches."""
+
+    sites: list[Site]
+    batches: list[Batch]
+    n: int  # prompts
+
+
 @register_operation
 class FeatureGraph(Operation):
     """An attribution graph over dictionary features and error nodes, per prompt and for the dataset.
@@ -189,7 +198,7 @@ class FeatureGraph(Operation):
     max_features: int = Field(default=32, ge=1)
     metric: Literal["logit_diff", "logit"] = "logit_diff"
 
-    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared:
+    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[FeatureGraphState]:
         assert data is not None
         siteset = Sites(activation=self.activation, dictionary=self.dictionary, layers=self.layers,
                         over=["layer"]).resolve(model)
@@ -226,13 +235,13 @@ class FeatureGraph(Operation):
                            "the tokens and the metric); forward and backward passes: at most (a prompt with fewer "
                            "active features runs fewer copies)"],
                     files=["table.csv", "per_prompt.csv", "edges.csv", "scores.csv", "index.html", "manifest.json"])
-        return Prepared(model, data, plan, {"sites": sites, "batches": batches, "n": len(td)})
+        return Prepared(model, data, plan, FeatureGraphState(sites, batches, len(td)))
 
-    def execute(self, prepared: Prepared, *, quiet: bool = False) -> Result:
+    def execute(self, prepared: Prepared[FeatureGraphState], *, quiet: bool = False) -> Result:
         model, st = prepared.model, prepared.state
-        graphs: list[AttributionGraph] = [None] * st["n"]  # type: ignore[list-item]
-        for batch in progress(st["batches"], total=len(st["batches"]), desc="feature graph", quiet=quiet):
-            graphs[batch.index[0]] = self.graph(model, st["sites"], batch)
+        graphs: list[AttributionGraph] = [None] * st.n  # type: ignore[list-item]
+        for batch in progress(st.batches, total=len(st.batches), desc="feature graph", quiet=quiet):
+            graphs[batch.index[0]] = self.graph(model, st.sites, batch)
         nodes, mats, attribution = stacked(graphs)
         dataset = _dataset_graph(nodes, mats, attribution)
         scores = pd.DataFrame([{"example": i, **g.scores()} for i, g in enumerate(graphs)])

@@ -24,7 +24,7 @@ from torch import Tensor
 from .. import naming
 from ..data.examples import Dataset
 from ..errors import DictionaryError
-from ..lens.parameter import ParameterLens
+from ..lens.parameter import ParameterLens, ParameterLensState
 from ..models.adapter import ModelAdapter
 from ..models.names import parse_name
 from ..operation import Plan, Prepared, model_bytes, register_operation
@@ -59,7 +59,7 @@ class DecoderLens(ParameterLens):
     features: Selection = "0:8"
     through_norm: bool = True
 
-    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared:
+    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[ParameterLensState]:
         d = get_dictionary(self.dictionary)
         kind = d.hook_out.split(".")[0]
         sites = Sites(activation=kind, dictionary=self.dictionary, over=["feature"], features=self.features)
@@ -72,7 +72,7 @@ class DecoderLens(ParameterLens):
         s = model.structure
         plan = Plan(self.name, rows=len(units), forward_passes=0, backward_passes=0, batch_sizes=[],
                     peak_memory_bytes=model_bytes(model) + 4 * len(units) * (s.d_vocab + s.d_model))
-        return Prepared(model, data, plan, {"units": units})
+        return Prepared(model, data, plan, ParameterLensState(units))
 
     def reading(self) -> str:
         norm = "centred and scaled by the final norm's weight, its scale frozen" if self.through_norm else \

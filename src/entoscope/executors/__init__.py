@@ -1,5 +1,7 @@
 """Executors: where an operation's shards of prompts run (in this process, or on a Ray cluster).
 
+    contract.py   Sharded: the hooks a sharded operation states (prepare_for, shard_batches, phases,
+                  before_phase, execute_shard, summarise) and what passes between them
     config.py     InProcess (the default) and Ray (address, workers, resources_per_worker, shard_size, ...)
     spec.py       the model spec a worker loads its replica from (never the model itself)
     shards.py     shard planning (whole length-grouped batches), the PerPrompt intermediate, merge
@@ -9,6 +11,7 @@
 """
 
 from .config import Executor, InProcess, Ray, as_executor
+from .contract import Sharded
 from .shards import PerPrompt
 
 
@@ -19,4 +22,4 @@ def shutdown() -> None:
     _shutdown()
 
 
-__all__ = ["Executor", "InProcess", "PerPrompt", "Ray", "as_executor", "shutdown"]
+__all__ = ["Executor", "InProcess", "PerPrompt", "Ray", "Sharded", "as_executor", "shutdown"]

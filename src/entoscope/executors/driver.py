@@ -2,9 +2,12 @@
 
     for each phase of the operation:
         context = op.before_phase(...)          the global step, on the driver (probe fitting, circuit choice)
+        prepared.contexts[phase] = context      what every shard of the phase reads (here and on each worker)
         shards -> op.execute_shard(...)         per-prompt arrays of some prompts (here, or one per worker)
         merge(...)                              concatenation in prompt order, every prompt exactly once
     op.summarise(prepared, merged)              the aggregate and its intervals from the per-prompt values
+
+`op` is any operation with the sharding contract (`Sharded`, executors/contract.py).
 
 `merged` maps each phase to its PromptColumns (executors/columns.py): in memory for a run in one
 process without a shard folder, else streamed from the shard files, so a run of any size summarises
@@ -22,14 +25,16 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, recorded_warnings, warn
+from ..prepared import Prepared
 from .config import InProcess, Ray
 from .columns import PromptColumns, StoredColumns, merge
+from .contract import Sharded
 from .shards import IN_MEMORY_PROMPTS, PerPrompt, Shard, digest, plan_shards
 from .spec import ModelSpec
 from .store import ShardStore
 
 
-def shards_of(op: Any, prepared: Any, executor: InProcess | Ray, *, stored: bool = False) -> list[Shard]:
+def shards_of(op: Sharded, prepared: Prepared[Any], executor: InProcess | Ray, *, stored: bool = False) -> list[Shard]:
     """In-process without a shard folder: one shard; otherwise whole batches grouped by shard_size (the same
     plan on any executor, so a run started on Ray may resume here and the other way round)."""
     batches = op.shard_batches(prepared)
@@ -43,14 +48,15 @@ def streams_in_process(n_examples: int) -> bool:
     return n_examples > IN_MEMORY_PROMPTS
 
 
-def check_executor(op: Any, model: Any, executor: InProcess | Ray, *, connect: bool = True) -> ModelSpec | None:
-    """Before any work: the operation can be sharded, a Ray worker can load the model, and (connect=True, a
-    run; a plan starts and reaches no cluster, so it needs no ray package either) the cluster answers."""
+def check_executor(name: str, not_sharded: str, model: Any, executor: InProcess | Ray, *,
+                   connect: bool = True) -> ModelSpec | None:
+    """Before any work: the operation `name` can be sharded (`not_sharded`: its reason why not, '' if it
+    can), a Ray worker can load the model, and (connect=True, a run; a plan starts and reaches no cluster,
+    so it needs no ray package either) the cluster answers."""
     if isinstance(executor, InProcess):
         return None
-    reason = op.not_sharded_reason()
-    if reason:
-        raise ConfigError(f"{op.name} cannot run on Ray: {reason}", code="executor_unsupported",
+    if not_sharded:
+        raise ConfigError(f"{name} cannot run on Ray: {not_sharded}", code="executor_unsupported",
                           remedy="leave executor out (in-process) for this configuration")
     spec = ModelSpec.of(model, factory=executor.factory)
     if not connect:
@@ -61,7 +67,7 @@ def check_executor(op: Any, model: Any, executor: InProcess | Ray, *, connect: b
     return spec
 
 
-def run_sharded(op: Any, prepared: Any, executor: InProcess | Ray, spec: ModelSpec | None, *, quiet: bool,
+def run_sharded(op: Sharded, prepared: Prepared[Any], executor: InProcess | Ray, spec: ModelSpec | None, *, quiet: bool,
                 shards_dir: str | Path | None, resume: bool) -> tuple[Any, dict[str, Any]]:
     """Run every phase over its shards and summarise; returns (Result, what the manifest records)."""
     n = len(prepared.data) if prepared.data is not None else 0
@@ -85,7 +91,7 @@ def run_sharded(op: Any, prepared: Any, executor: InProcess | Ray, spec: ModelSp
     try:
         pool = None
         if isinstance(executor, Ray):
-            from .ray_pool import pool_for, require_ray
+            from .ray_pool import Job, pool_for, require_ray
 
             assert spec is not None
             pool = pool_for(executor, spec)
@@ -95,13 +101,12 @@ def run_sharded(op: Any, prepared: Any, executor: InProcess | Ray, spec: ModelSp
                                   "(changed in memory after loading, or another folder on a worker's machine)",
                                   code="worker_model_differs", remedy="save the changed model to a folder and load "
                                   "it from there, or pass a factory function that builds it")
-            job = require_ray().put({"op": op, "data": prepared.data, "key": run_key, "plan": plan_digest,
-                                     "fingerprint": fingerprint})
+            job = require_ray().put(Job(op, prepared.data, run_key, plan_digest, fingerprint))
         merged: dict[str, PromptColumns] = {}
         resumed = 0
         for phase in phases:
             context = op.before_phase(prepared, phase, merged)
-            prepared.state.setdefault("contexts", {})[phase] = context
+            prepared.contexts[phase] = context
             if store is not None:
                 store.begin_phase(phase, digest(context))
                 done = [s for s in shards if store.has(phase, s)]
@@ -130,7 +135,7 @@ def run_sharded(op: Any, prepared: Any, executor: InProcess | Ray, spec: ModelSp
     return result, info
 
 
-def _run_here(op: Any, prepared: Any, phase: str, shards: list[Shard], store: ShardStore | None, bar: Any,
+def _run_here(op: Sharded, prepared: Prepared[Any], phase: str, shards: list[Shard], store: ShardStore | None, bar: Any,
               quiet: bool) -> list[PerPrompt]:
     """The shards run here; with a store each is written and dropped (nothing returned), else kept."""
     parts = []

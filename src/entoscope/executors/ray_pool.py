@@ -14,15 +14,33 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, EntoscopeError
+from ..prepared import Prepared
 from .config import Ray
+from .contract import Sharded
 from .shards import PerPrompt, Shard
 from .spec import ModelSpec
 
+if TYPE_CHECKING:
+    from ..data.examples import Dataset
+
 _POOLS: dict[Any, RayPool] = {}
 _STARTED_HERE = False
+
+
+@dataclass(frozen=True)
+class Job:
+    """What every worker of a run receives once (put in Ray's object store): the operation and the data to
+    prepare, the run's key, the digest of the driver's shard plan and the driver model's fingerprint."""
+
+    op: Sharded
+    data: Dataset | None
+    key: str
+    plan: str
+    fingerprint: str | None
 
 
 def require_ray() -> Any:
@@ -59,7 +77,7 @@ class _Worker:
         os.environ.setdefault("ENTOSCOPE_QUIET", "1")
         import ray
 
-        self.prepared: tuple[str, Any, Any] | None = None
+        self.prepared: tuple[str, Sharded, Prepared[Any]] | None = None  # (run key, operation, its prepare)
         self.failed: EntoscopeError | None = None
         try:  # a worker that cannot load its replica reports why (its first call raises it), not worker_lost
             self.model = spec.load([int(g) for g in ray.get_gpu_ids()])
@@ -80,27 +98,27 @@ class _Worker:
             raise self.failed
         return self.fingerprint_
 
-    def run(self, job: dict[str, Any], phase: str, shard: Shard, context: Any) -> tuple[PerPrompt, list[dict]]:
+    def run(self, job: Job, phase: str, shard: Shard, context: Any) -> tuple[PerPrompt, list[dict]]:
         from ..errors import recording_warnings
 
-        if job["fingerprint"] != self.fingerprint_:
+        if job.fingerprint != self.fingerprint_:
             raise ConfigError("this worker's replica of the model has other weights than the driver's model",
                               code="worker_model_differs", remedy="load the model from a saved folder on both (the "
                               "spec loads it again on every worker), or pass a factory function")
-        op = job["op"]
+        op = job.op
         with recording_warnings() as warned:
-            if self.prepared is None or self.prepared[0] != job["key"]:
+            if self.prepared is None or self.prepared[0] != job.key:
                 self.prepared = None  # free the previous run's state first
-                prepared = op._prepare(self.model, job["data"])
+                prepared = op.prepare_for(self.model, job.data)
                 from .shards import digest
 
-                if digest(op.shard_batches(prepared)) != job["plan"]:
+                if digest(op.shard_batches(prepared)) != job.plan:
                     raise ConfigError("the worker's batches differ from the driver's (another tokenizer or entoscope "
                                       "version on the worker?)", code="worker_plan_differs",
                                       remedy="install the same entoscope, transformers and model on every node")
-                self.prepared = (job["key"], op, prepared)
+                self.prepared = (job.key, op, prepared)
             _, op, prepared = self.prepared
-            prepared.state.setdefault("contexts", {})[phase] = context
+            prepared.contexts[phase] = context
             with prepared.model.evaluating():
                 part = op.execute_shard(prepared, phase, list(shard.batches), quiet=True)
         return part, warned

@@ -10,6 +10,7 @@ appears twice, so a merged sharded run holds exactly the rows of an in-process r
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -92,13 +93,16 @@ def as_numpy(value: Any) -> np.ndarray:
 
 
 def digest(value: Any) -> str:
-    """A stable hash of nested dicts/lists of numbers, strings, arrays and tensors (shard plans, contexts)."""
+    """A stable hash of nested dicts/lists of numbers, strings, arrays and tensors (shard plans, contexts); a
+    dataclass hashes as the dict of its fields (a phase context keeps the digest its dict had)."""
     h = hashlib.sha256()
     _feed(h, value)
     return h.hexdigest()[:16]
 
 
 def _feed(h: Any, value: Any) -> None:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
     if isinstance(value, dict):
         h.update(b"{")
         for k in sorted(value, key=str):

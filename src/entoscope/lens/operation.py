@@ -10,6 +10,7 @@ there and in docs/lens.md). One batched run per batch of prompts; one matmul per
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -19,8 +20,9 @@ from pydantic import Field
 from torch import Tensor
 
 from ..data.examples import Dataset
-from ..data.tokenized import make_batches, pad_id, tokenize_data
+from ..data.tokenized import Batch, TokenizedData, make_batches, pad_id, tokenize_data
 from ..errors import ConfigError
+from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
@@ -38,8 +40,21 @@ from .takeaway import lens_takeaway
 from .tuned import TunedLens
 
 
+@dataclass(frozen=True)
+class LensState:
+    """What the lens's prepare resolved."""
+
+    td: TokenizedData
+    siteset: SiteSet
+    rows: list[dict[str, Any]]  # one per unit: its members, position, table columns, activation (_rows)
+    reads: list[ActName]
+    batches: list[Batch]
+    lens: TunedLens | None  # method "tuned": the loaded translators
+    chunk: int  # sites decoded per matmul
+
+
 @register_operation
-class Lens(Operation):
+class Lens(Sharded, Operation):
     """Logit lens or tuned lens over sites x prompts.
 
     method:          "logit" (nostalgebraist 2020) or "tuned" (Belrose et al. 2023; needs `translators`).
@@ -59,7 +74,7 @@ class Lens(Operation):
     translators: str | None = None
     answer_scoring: Literal["single", "first_token"] = "single"
 
-    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared:
+    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[LensState]:
         assert data is not None
         kind, _ = self.sites.kind()
         check_lens_kind(kind.name)
@@ -95,34 +110,29 @@ class Lens(Operation):
         plan = Plan(self.name, rows=len(rows), forward_passes=len(td), backward_passes=0,
                     batch_sizes=[len(b) for b in batches], examples=len(td),
                     peak_memory_bytes=model_bytes(model) + bs * per_example, notes=notes)
-        return Prepared(model, data, plan, {"td": td, "siteset": siteset, "rows": rows, "reads": reads,
-                                            "batches": batches, "lens": lens, "chunk": chunk})
+        return Prepared(model, data, plan, LensState(td, siteset, rows, reads, batches, lens, chunk))
 
     # sharded (docs/scale.md): a shard returns its prompts' rows and its sum of the decoded distributions
-    sharded = True
-
-    def shard_batches(self, prepared: Prepared) -> list[list[int]]:
-        return [list(b.index) for b in prepared.state["batches"]]
-
-    def execute_shard(self, prepared: Prepared, phase: str, batches: list[int], *, quiet: bool = False) -> PerPrompt:
+    def execute_shard(self, prepared: Prepared[LensState], phase: str, batches: list[int], *,
+                      quiet: bool = False) -> PerPrompt:
         model, st = prepared.model, prepared.state
-        rows: list[dict[str, Any]] = st["rows"]
-        mine = [st["batches"][i] for i in batches]
+        rows = st.rows
+        mine = [st.batches[i] for i in batches]
         prob_sum = torch.zeros(len(rows), model.structure.d_vocab, dtype=torch.float64)
         parts: list[dict[str, Tensor]] = []
         with torch.no_grad():
             for batch in progress(mine, total=len(mine), desc="lens", quiet=quiet):
-                parts.append(self._decode_batch(model, batch, st, rows, st["siteset"].kind.name, prob_sum))
+                parts.append(self._decode_batch(model, batch, st, rows, st.siteset.kind.name, prob_sum))
         arrays = {k: torch.cat([p[k] for p in parts]).numpy() for k in parts[0]}
         return PerPrompt([i for b in mine for i in b.index], arrays, sums={"prob_sum": prob_sum.numpy()})
 
-    def summarise(self, prepared: Prepared, merged: dict[str, Any], *, quiet: bool = False) -> Result:
+    def summarise(self, prepared: Prepared[LensState], merged: dict[str, Any], *, quiet: bool = False) -> Result:
         model, st = prepared.model, prepared.state
-        kind = st["siteset"].kind.name
+        kind = st.siteset.kind.name
         columns = merged["main"]
         n = columns.n
         mean_probs = torch.from_numpy(columns["prob_sum"]) / n
-        sites = [r["cols"] for r in st["rows"]]
+        sites = [r["cols"] for r in st.rows]
         keys = [k for k in dict.fromkeys(ARRAY_OF.values()) if k in columns.keys()]
         table = lens_summary(n, len(sites), lambda lo, hi: _aggregates(columns.read(lo, hi, keys)), sites,
                              self.stats, self.seed)
@@ -134,26 +144,26 @@ class Lens(Operation):
         return Result(self.name, table, per_prompt=per_prompt, figures=_figures,
                       title=f"{self.method} lens on {kind}: what the residual stream predicts at each layer",
                       extra={"mean_probs": mean_probs,
-                             "prompt_lengths": (min(st["td"].lengths), max(st["td"].lengths))},
+                             "prompt_lengths": (min(st.td.lengths), max(st.td.lengths))},
                       takeaway=lens_takeaway)
 
-    def _decode_batch(self, model: ModelAdapter, batch: Any, st: dict[str, Any], rows: list[dict[str, Any]],
+    def _decode_batch(self, model: ModelAdapter, batch: Any, st: LensState, rows: list[dict[str, Any]],
                       kind: str, prob_sum: Tensor) -> dict[str, Tensor]:
         """One batch's per-prompt arrays [B, U(, k)]: position and token decoded, KL, top-k, the answer's numbers."""
         k = self.top_k
-        out = model.run(batch.tokens, st["reads"])
+        out = model.run(batch.tokens, st.reads)
         vectors, scales, positions = _gather(model, out.acts, rows, kind, batch.lengths, self.component_scale,
                                             batch.roles)
         final_logp = out.logits.float().log_softmax(-1)
         final_p = final_logp.exp()
         b_idx = torch.arange(len(batch))
         parts: dict[str, list[Tensor]] = {}
-        for start in range(0, len(rows), st["chunk"]):
-            sl = slice(start, start + st["chunk"])
+        for start in range(0, len(rows), st.chunk):
+            sl = slice(start, start + st.chunk)
             vec = vectors[sl]  # [U, B, d_model]
             if kind in RESIDUAL_STATES:
-                if st["lens"] is not None:
-                    vec = torch.stack([st["lens"].transform(v, st["lens"].index_of(r["act"]))
+                if st.lens is not None:
+                    vec = torch.stack([st.lens.transform(v, st.lens.index_of(r["act"]))
                                        for v, r in zip(vec, rows[sl])])
                 logits = decode_states(model, vec)
             else:

@@ -17,6 +17,7 @@ differ between the two (and for GPT-2, whose W_U is W_E^T, the two spaces agree 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal
 
@@ -33,6 +34,13 @@ from ..operation import Operation, Plan, Prepared, model_bytes, register_operati
 from ..results.result import Result
 from ..sites import Selection, Sites
 from .parameter_takeaway import SPACES, parameter_takeaway
+
+
+@dataclass(frozen=True)
+class ParameterLensState:
+    """What the parameter lens's prepare resolved: the units whose weight vectors are projected."""
+
+    units: list[dict[str, Any]]  # {layer, neuron} / {layer, head, token | direction} / {token} / {dictionary, feature}
 
 
 @register_operation
@@ -55,7 +63,7 @@ class ParameterLens(Operation):
     n_singular: int = Field(default=3, ge=1)
     top_k: int = Field(default=10, ge=1)
 
-    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared:
+    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[ParameterLensState]:
         s = model.structure
         if self.target == "embedding" and not self.tokens:
             raise ConfigError("target 'embedding' needs tokens", code="tokens_missing",
@@ -77,7 +85,7 @@ class ParameterLens(Operation):
             units = [{"token": t} for t in token_ids]
         plan = Plan(self.name, rows=len(units), forward_passes=0, backward_passes=0, batch_sizes=[],
                     peak_memory_bytes=model_bytes(model) + 4 * len(units) * (s.d_vocab + s.d_model))
-        return Prepared(model, data, plan, {"units": units})
+        return Prepared(model, data, plan, ParameterLensState(units))
 
     def vectors(self, model: ModelAdapter, units: list[dict[str, Any]]) -> Tensor:
         """The weight vector of each unit, [U, d_model]."""
@@ -102,8 +110,8 @@ class ParameterLens(Operation):
                 out.append(svd_cache[key][u["direction"]])
         return torch.stack(out)
 
-    def execute(self, prepared: Prepared, *, quiet: bool = False) -> Result:
-        model, units = prepared.model, prepared.state["units"]
+    def execute(self, prepared: Prepared[ParameterLensState], *, quiet: bool = False) -> Result:
+        model, units = prepared.model, prepared.state.units
         with torch.no_grad():
             V = self.vectors(model, units)
             space = model.weights.W_U if self.space == "unembed" else model.weights.W_E.T

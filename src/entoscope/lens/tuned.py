@@ -17,6 +17,7 @@ centred. The config records the model mode; applying it to another mode is refus
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,9 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from ..data.examples import Dataset
-from ..data.tokenized import make_batches, pad_id, tokenize_data
+from ..data.tokenized import Batch, make_batches, pad_id, tokenize_data
 from ..errors import ConfigError, ModelLoadError
+from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
 from ..files import read_tensors
 from ..models.adapter import ModelAdapter, adapt
@@ -188,16 +190,23 @@ class TunedLens(nn.Module):
         return torch.stack(out)
 
 
-class LensTrainingData(Operation):
+@dataclass(frozen=True)
+class LensTrainingState:
+    """What the training data's prepare resolved: the batches and the dataset's longest prompt (tokens)."""
+
+    batches: list[Batch]
+    longest: int
+
+
+class LensTrainingData(Sharded, Operation):
     """The tuned lens's training data: every batch's residual states (resid_pre of each layer) and the
     model's logits at its real positions. Sharded (docs/scale.md): a shard returns its prompts' states and
     logits padded to the dataset's longest prompt; `summarise` cuts each batch back to its own length, so
     the batches equal an in-process collection's."""
 
     name = "tuned_lens_data"
-    sharded = True
 
-    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared:
+    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[LensTrainingState]:
         assert data is not None
         td = tokenize_data(model, data, prepend_bos=self.prepend_bos)
         batches = make_batches(td, self.batch_size or 16, pad_id(model))
@@ -207,30 +216,29 @@ class LensTrainingData(Operation):
         plan = Plan(self.name, rows=len(td), forward_passes=len(td), backward_passes=0,
                     batch_sizes=[len(b) for b in batches], examples=len(td),
                     peak_memory_bytes=model_bytes(model) + len(td) * per_example, files=[])
-        return Prepared(model, data, plan, {"batches": batches, "T": T})
+        return Prepared(model, data, plan, LensTrainingState(batches, T))
 
-    def shard_batches(self, prepared: Prepared) -> list[list[int]]:
-        return [list(b.index) for b in prepared.state["batches"]]
-
-    def execute_shard(self, prepared: Prepared, phase: str, batches: list[int], *, quiet: bool = False) -> PerPrompt:
+    def execute_shard(self, prepared: Prepared[LensTrainingState], phase: str, batches: list[int], *,
+                      quiet: bool = False) -> PerPrompt:
         model, st = prepared.model, prepared.state
         reads = [ActName("resid_pre", L) for L in range(model.structure.n_layers)]
-        mine = [st["batches"][i] for i in batches]
+        mine = [st.batches[i] for i in batches]
         states, logits = [], []
         for b in mine:
             with torch.no_grad():
                 out = model.run(b.tokens, reads)
-            pad = st["T"] - b.tokens.shape[1]
+            pad = st.longest - b.tokens.shape[1]
             states.append(_storable(nn.functional.pad(torch.stack([out[a] for a in reads], 1), (0, 0, 0, pad))))
             logits.append(_storable(nn.functional.pad(out.logits, (0, 0, 0, pad))))  # [B, T, V]
         return PerPrompt([i for b in mine for i in b.index], {"states": torch.cat(states).numpy(),  # [n, L, T, d]
                                                              "logits": torch.cat(logits).numpy()})
 
-    def summarise(self, prepared: Prepared, merged: dict[str, Any], *, quiet: bool = False) -> Result:
+    def summarise(self, prepared: Prepared[LensTrainingState], merged: dict[str, Any], *,
+                  quiet: bool = False) -> Result:
         m = merged["main"]
         all_states, all_logits = m["states"], m["logits"]  # the training data, read once (a global step)
         out = []
-        for b in prepared.state["batches"]:
+        for b in prepared.state.batches:
             T = b.tokens.shape[1]
             mask = torch.arange(T)[None, :] < b.lengths[:, None]
             states = torch.from_numpy(all_states[b.index][:, :, :T]).transpose(0, 1)  # [n_layers, B, T, d_model]

@@ -13,6 +13,7 @@ Conventions (docs/patching.md has them all, with the papers):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -24,6 +25,7 @@ from ..data.examples import Dataset
 from ..data.tokenized import length_batches, pad_id, tokenize_data
 from ..errors import ConfigError, DataError, SiteError
 from ..executors.columns import PromptColumns
+from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt, batch_cap
 from ..metrics import ANSWER_LOGITS_ONLY, Metric, metric_where
 from ..models.adapter import ModelAdapter
@@ -32,10 +34,10 @@ from ..models.partial import has_taps, prefix_note, prefix_reads, prefix_support
 from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
 from ..results.lazy import LazyDict, LazyTable
 from ..results.result import Result
-from ..sites import Sites, resolve_positions
+from ..sites import Sites, SiteSet, resolve_positions
 from .attribution import attribution_chunk, ig_chunk
 from .compare import pair_values, prompt_table, site_table
-from .exact import schedule, exact_chunk
+from .exact import RowBatch, schedule, exact_chunk
 from .figures import degenerate_note, patching_figures
 from .references import Pairs, check_alignment, choose_partners, dataset_means, new_chunk, run_base, run_sources
 from .slots import SHIFTED_AXES, member_groups, unit_layers, unit_members
@@ -46,8 +48,31 @@ from .writes import Setup
 FLOAT = 4  # bytes per activation element assumed by the memory estimates
 
 
+@dataclass(frozen=True)
+class PatchingState:
+    """What patching's prepare resolved (every check passed, every batch scheduled)."""
+
+    pairs: Pairs  # token ids of every example by role (base, source), answers, resample partners
+    siteset: SiteSet
+    setup: Setup  # what is written where (setup.means: the dataset mean, filled per run by the phase context)
+    reads: dict[str, list[ActName]]  # run ("base", "source", "mean", ...) -> the activations it reads
+    chunks: list[list[int]]  # the examples of each length-grouped chunk (the shards' batches)
+    schedules: list[list[RowBatch]]  # exact: each chunk's batches of (example, unit) rows
+    rows: int  # rows per patched forward
+    pad: int  # the pad token id
+    mean_chunk: int  # prompts per forward of the dataset mean (patch: mean)
+    past_from: int | None  # the first layer whose cached keys/values part-way runs need
+
+
+@dataclass(frozen=True)
+class MeanContext:
+    """The phase context of patch: mean (the driver's global step): the dataset mean of each patched activation."""
+
+    means: dict[ActName, torch.Tensor]
+
+
 @register_operation
-class Patching(Operation):
+class Patching(Sharded, Operation):
     """Activation patching over a dataset: exact, attribution or integrated gradients.
 
     method:          "exact" (run the patched model), "attribution" (gradient x activation difference,
@@ -95,7 +120,7 @@ class Patching(Operation):
     per_prompt: bool = True
 
     # ------------------------------------------------------------------ prepare: every check, and the plan
-    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared:
+    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[PatchingState]:
         assert data is not None
         value = get_patch_value(self.patch)
         params = value.check_params(self.patch_params)
@@ -135,9 +160,8 @@ class Patching(Operation):
         schedules = [schedule(setup, base_len[idx], rows, pairs.base_role_rows(idx)) for idx in chunks] \
             if self.method == "exact" else []
         plan = self._plan(model, td, siteset, setup, chunks, schedules, rows, per_example, T)
-        state = {"td": td, "pairs": pairs, "siteset": siteset, "setup": setup, "reads": reads, "chunks": chunks,
-                 "schedules": schedules, "rows": rows, "pad": pad_id(model), "mean_chunk": chunk_size,
-                 "past_from": past_from}
+        state = PatchingState(pairs, siteset, setup, reads, chunks, schedules, rows, pad_id(model), chunk_size,
+                              past_from)
         return Prepared(model, data, plan, state)
 
     def _check_metric(self, metric: Any, model: ModelAdapter, td: Any) -> None:
@@ -312,77 +336,76 @@ class Patching(Operation):
         return "noising: the clean prompt runs; values come from the corrupt (counterfactual) prompt"
 
     # ------------------------------------------------------------------ execute (sharded: docs/scale.md)
-    sharded = True
+    def shard_batches(self, prepared: Prepared[PatchingState]) -> list[list[int]]:
+        return prepared.state.chunks  # chunks of examples (their batches of rows are scheduled per chunk)
 
-    def shard_batches(self, prepared: Prepared) -> list[list[int]]:
-        return prepared.state["chunks"]
-
-    def before_phase(self, prepared: Prepared, phase: str, merged: dict[str, Any]) -> Any:
+    def before_phase(self, prepared: Prepared[PatchingState], phase: str, merged: dict[str, Any]) -> Any:
         """The mean patch value is a dataset-wide mean: computed once, on the driver, for every shard."""
         model, st = prepared.model, prepared.state
-        setup, reads = st["setup"], st["reads"]
+        setup, reads = st.setup, st.reads
         if not reads["mean"]:
             return None
-        means = dataset_means(model, st["pairs"], reads["mean"], bool(setup.params.get("per_position", True)),
-                              st["mean_chunk"], st["pad"])
-        return {"means": means}
+        means = dataset_means(model, st.pairs, reads["mean"], bool(setup.params.get("per_position", True)),
+                              st.mean_chunk, st.pad)
+        return MeanContext(means)
 
-    def global_step(self, prepared: Prepared) -> str:
-        return "the dataset mean of the patched activations (patch: mean)" if prepared.state["reads"]["mean"] else ""
+    def global_step(self, prepared: Prepared[PatchingState]) -> str:
+        return "the dataset mean of the patched activations (patch: mean)" if prepared.state.reads["mean"] else ""
 
-    def execute_shard(self, prepared: Prepared, phase: str, batches: list[int], *, quiet: bool = False) -> PerPrompt:
+    def execute_shard(self, prepared: Prepared[PatchingState], phase: str, batches: list[int], *,
+                      quiet: bool = False) -> PerPrompt:
         """Patched, base and source metrics of the examples of some chunks: [n, U], [n], [n]."""
         model, st = prepared.model, prepared.state
-        setup: Setup = st["setup"]
-        context = st.get("contexts", {}).get(phase)
+        setup = st.setup
+        context: MeanContext | None = prepared.contexts.get(phase)
         if context is not None:
-            setup.means = context["means"]
+            setup.means = context.means
         ticks = sum(self._chunk_ticks(st, ci, setup.groups) for ci in batches)
         bar = iter(progress(range(ticks), total=ticks, desc="patching", quiet=quiet))
         tick = lambda: next(bar, None)  # noqa: E731  (one step per batched patched run)
         parts = []
         for ci in batches:
-            idx = st["chunks"][ci]
-            with metric_where(f"batch {ci + 1} of {len(st['chunks'])} (examples {_span(idx)})"):
-                parts.append(self._chunk(model, st, setup, st["pairs"], st["reads"], ci, idx, tick))
-        examples = [i for ci in batches for i in st["chunks"][ci]]
+            idx = st.chunks[ci]
+            with metric_where(f"batch {ci + 1} of {len(st.chunks)} (examples {_span(idx)})"):
+                parts.append(self._chunk(model, st, setup, st.pairs, st.reads, ci, idx, tick))
+        examples = [i for ci in batches for i in st.chunks[ci]]
         patched, m_base, m_source = (torch.cat([p[k] for p in parts]) for k in range(3))
         return PerPrompt(examples, {"patched": patched.numpy(), "m_base": m_base.numpy(),
                                     "m_source": m_source.numpy()})
 
-    def summarise(self, prepared: Prepared, merged: dict[str, Any], *, quiet: bool = False) -> Result:
+    def summarise(self, prepared: Prepared[PatchingState], merged: dict[str, Any], *, quiet: bool = False) -> Result:
         return self._result(prepared.model, prepared.state, merged["main"])
 
-    def _chunk_ticks(self, st: dict[str, Any], ci: int, groups: list) -> int:
+    def _chunk_ticks(self, st: PatchingState, ci: int, groups: list) -> int:
         """Batched patched runs of one chunk (the progress bar's steps)."""
         if self.method == "exact":
-            return len(st["schedules"][ci])
+            return len(st.schedules[ci])
         if self.method == "attribution":
             return 1
-        return -(-len(st["chunks"][ci]) * self.ig_steps // st["rows"]) * len({g.act for g in groups})
+        return -(-len(st.chunks[ci]) * self.ig_steps // st.rows) * len({g.act for g in groups})
 
-    def _chunk(self, model: ModelAdapter, st: dict[str, Any], setup: Setup, pairs: Pairs, reads: dict[str, Any],
+    def _chunk(self, model: ModelAdapter, st: PatchingState, setup: Setup, pairs: Pairs, reads: dict[str, Any],
                ci: int, idx: list[int], tick: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The unpatched runs and every patched run of one chunk of examples: ([n, U] patched, [n] base, [n] source)."""
-        chunk = new_chunk(pairs, idx, st["pad"])
+        chunk = new_chunk(pairs, idx, st.pad)
         if self.method == "attribution":
-            estimate = attribution_chunk(setup, chunk, pairs, reads, st["pad"])
+            estimate = attribution_chunk(setup, chunk, pairs, reads, st.pad)
             result = chunk.m_base.double().cpu()[:, None] + estimate
             tick()
         else:
             with torch.no_grad():
-                run_base(model, chunk, reads["base"], setup.metric, st["past_from"])
-                run_sources(model, chunk, pairs, reads, setup.metric, st["pad"], with_source=setup.with_source)
+                run_base(model, chunk, reads["base"], setup.metric, st.past_from)
+                run_sources(model, chunk, pairs, reads, setup.metric, st.pad, with_source=setup.with_source)
             if self.method == "exact":
-                result = exact_chunk(setup, chunk, st["schedules"][ci], tick)
+                result = exact_chunk(setup, chunk, st.schedules[ci], tick)
             else:
-                estimate = ig_chunk(setup, chunk, self.ig_steps, self.ig_rule, st["rows"], tick)
+                estimate = ig_chunk(setup, chunk, self.ig_steps, self.ig_rule, st.rows, tick)
                 result = chunk.m_base.double().cpu()[:, None] + estimate
         return result.double().cpu(), chunk.m_base.double().cpu(), chunk.m_source.double().cpu()
 
-    def _result(self, model: ModelAdapter, st: dict[str, Any], columns: PromptColumns) -> Result:
+    def _result(self, model: ModelAdapter, st: PatchingState, columns: PromptColumns) -> Result:
         """The table, its intervals and the per-prompt table, read from the merged columns block by block."""
-        siteset, pairs = st["siteset"], st["pairs"]
+        siteset, pairs = st.siteset, st.pairs
         m_base, m_source = columns["m_base"], columns["m_source"]
         values = pair_values(lambda lo, hi: columns.read(lo, hi, ["patched"])["patched"], len(siteset), m_base,
                              m_source, self.min_gap, self.stats.degenerate_share)
@@ -409,7 +432,7 @@ class Patching(Operation):
         extra = LazyDict({"m_base": torch.from_numpy(m_base), "m_source": torch.from_numpy(m_source),
                           "n_degenerate": n_deg, "degenerate": values.degenerate, "value_label": label,
                           "per_prompt_column": {"absolute": "patched_metric"}.get(self.comparison, self.comparison),
-                          "first_tokens": [vocab[t] for t in pairs.base[0]], "path": st["setup"].path,
+                          "first_tokens": [vocab[t] for t in pairs.base[0]], "path": st.setup.path,
                           "partners": pairs.partner, "summary": summary},
                          {"patched": lambda: torch.from_numpy(columns["patched"])})
         result = Result(self.name, table, per_prompt=per_prompt, figures=patching_figures, title=title, extra=extra,

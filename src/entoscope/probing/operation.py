@@ -17,6 +17,7 @@ checked sites. per_prompt: every held-out prediction. Directions are saved as sa
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,8 +27,9 @@ import torch
 from pydantic import Field
 
 from ..data.examples import Dataset
-from ..data.tokenized import make_batches, pad_id
+from ..data.tokenized import Batch, make_batches, pad_id
 from ..errors import ConfigError, DataError
+from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt, as_numpy
 from ..models.adapter import ModelAdapter
 from ..operation import Operation, Plan, Prepared, model_bytes, register_operation
@@ -35,7 +37,7 @@ from ..results.result import Result
 from ..sites import Sites
 from .causal import (CausalCheck, causal_intervals, check_units, chosen_sites, run_causal_check,
                      validate_site_labels)
-from .collect import bytes_per_example, collect, empty_collection, reads_of, setup_collection
+from .collect import CollectionSetup, bytes_per_example, collect, empty_collection, reads_of, setup_collection
 from .figures import probing_figures
 from .intervals import held_out_values, summarise_probing
 from .fit import DEFAULT_ALPHA_GRID, DEFAULT_C_GRID, MEMORY_BUDGET, _check_split, _encode_labels, _make_splits, \
@@ -50,8 +52,21 @@ FILES = ["table.csv", "table.parquet", "per_prompt.csv", "per_prompt.parquet", "
 RESIDUAL_KINDS = ("embed", "pos_embed", "resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "result")
 
 
+@dataclass(frozen=True)
+class ProbingState:
+    """What probing's prepare resolved (labels encoded, splits checked, sites read how)."""
+
+    cs: CollectionSetup  # the tokenised data, units, pooling and where they are read
+    batches: list[Batch]
+    labels: list[Any]  # one per example
+    task: str  # "classification" or "regression"
+    groups: list[Any] | None  # control: groups: each example's group
+    grid: list[float]  # the regularisation grid (C or alpha)
+    metric_fn: Any  # the causal check's task metric (None without one)
+
+
 @register_operation
-class Probing(Operation):
+class Probing(Sharded, Operation):
     """Linear probes per site on held-out data, against a control task, with an optional causal check.
 
     sites:        where to read (default: every layer's resid_post). With a position axis each row reads
@@ -95,7 +110,7 @@ class Probing(Operation):
     per_prompt: bool = True
 
     # ------------------------------------------------------------------ prepare: every check, and the plan
-    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared:
+    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[ProbingState]:
         assert data is not None
         labels = self._labels(data)
         task = infer_task(labels, self.max_classes) if self.task == "auto" else self.task
@@ -147,9 +162,7 @@ class Probing(Operation):
                     batch_sizes=[len(b) for b in batches], examples=N,
                     peak_memory_bytes=model_bytes(model) + bs * per_example + 4 * N * sum(sizes) + fit_bytes,
                     files=FILES + (["causal_per_prompt.csv"] if check else []), notes=notes)
-        state = {"cs": cs, "batches": batches, "labels": labels, "task": task, "groups": groups, "grid": grid,
-                 "metric_fn": metric_fn}
-        return Prepared(model, data, plan, state)
+        return Prepared(model, data, plan, ProbingState(cs, batches, labels, task, groups, grid, metric_fn))
 
     def _labels(self, data: Dataset) -> list[Any]:
         key = None if self.labels == "label" else self.labels.removeprefix("meta.")
@@ -199,30 +212,27 @@ class Probing(Operation):
     # ------------------------------------------------------------------ execute (sharded: docs/scale.md)
     # a shard collects its prompts' features (and task metric); the probes are fitted on the driver from the
     # merged features (the global step: splits and folds need every prompt), then the causal check runs there.
-    sharded = True
-
-    def shard_batches(self, prepared: Prepared) -> list[list[int]]:
-        return [list(b.index) for b in prepared.state["batches"]]
-
     def global_step(self, prepared: Prepared) -> str:
         return "probe fitting on the merged features" + (" and the causal check" if self.causal_check else "")
 
-    def execute_shard(self, prepared: Prepared, phase: str, batches: list[int], *, quiet: bool = False) -> PerPrompt:
+    def execute_shard(self, prepared: Prepared[ProbingState], phase: str, batches: list[int], *,
+                      quiet: bool = False) -> PerPrompt:
         model, st = prepared.model, prepared.state
-        cs = st["cs"]
-        mine = [st["batches"][i] for i in batches]
+        cs = st.cs
+        mine = [st.batches[i] for i in batches]
         examples = [i for b in mine for i in b.index]
         collected = collect(model, mine, cs.units, cs.pool, cs.at, cs.head_pooling, len(examples),
-                            metric=st["metric_fn"], quiet=quiet, desc="probing: collect",
+                            metric=st.metric_fn, quiet=quiet, desc="probing: collect",
                             row_of={ex: j for j, ex in enumerate(examples)})
         arrays = {f"features_{F}": as_numpy(X.permute(1, 0, 2)) for F, X in collected.buckets.items()}  # [n, U_F, F]
         if collected.metric is not None:
             arrays["metric"] = as_numpy(collected.metric)
         return PerPrompt(examples, arrays)
 
-    def summarise(self, prepared: Prepared, merged: dict[str, Any], *, quiet: bool = False) -> ProbingResult:
+    def summarise(self, prepared: Prepared[ProbingState], merged: dict[str, Any], *,
+                  quiet: bool = False) -> ProbingResult:
         model, st = prepared.model, prepared.state
-        cs = st["cs"]
+        cs = st.cs
         m = merged["main"]
         collected = empty_collection(cs.units, 0, torch.float32, model.device)
         collected.buckets = {F: torch.from_numpy(m[f"features_{F}"]).permute(1, 0, 2).contiguous().to(model.device)
@@ -232,13 +242,13 @@ class Probing(Operation):
         for F, idx in collected.bucket_units.items():
             fits[F] = self._fit(collected.buckets[F], st, [cs.units[i].label for i in idx], control=self.control)
         where = {i: (F, j) for F, idx in collected.bucket_units.items() for j, i in enumerate(idx)}
-        codes = {F: label_codes(fit, st["labels"]) for F, fit in fits.items()}
+        codes = {F: label_codes(fit, st.labels) for F, fit in fits.items()}
         intervals = pd.concat([summarise_probing(held_out_values(fits[F], collected.buckets[F], codes[F]),
                                                  self.stats, self.seed) for F in fits], ignore_index=True)
         table = self._table(model, cs, fits, collected.bucket_units, intervals)
         per_prompt = None
         if self.per_prompt:
-            per_prompt = pd.concat([held_out_predictions(fits[F], collected.buckets[F], codes[F], st["labels"],
+            per_prompt = pd.concat([held_out_predictions(fits[F], collected.buckets[F], codes[F], st.labels,
                                                          [cs.units[i].label for i in idx])
                                     for F, idx in collected.bucket_units.items()], ignore_index=True)
         causal_frame = None
@@ -253,13 +263,13 @@ class Probing(Operation):
         return ProbingResult(self.name, table, per_prompt=per_prompt, figures=probing_figures, title=title,
                              extra=extra, takeaway=probing_takeaway)
 
-    def _fit(self, X: torch.Tensor, st: dict[str, Any], site_names: list[str], control: str | None) -> ProbeFit:
-        task = st["task"]
-        return fit_probes(X, st["labels"], task, split=self.split, k=self.k, seed=self.seed,
+    def _fit(self, X: torch.Tensor, st: ProbingState, site_names: list[str], control: str | None) -> ProbeFit:
+        task = st.task
+        return fit_probes(X, st.labels, task, split=self.split, k=self.k, seed=self.seed,
                           val_fraction=self.val_fraction, test_fraction=self.test_fraction,
-                          C_grid=st["grid"] if task == "classification" else None,
-                          alpha_grid=st["grid"] if task == "regression" else None,
-                          control=control, groups=st["groups"] if control == "groups" else None,
+                          C_grid=st.grid if task == "classification" else None,
+                          alpha_grid=st.grid if task == "regression" else None,
+                          control=control, groups=st.groups if control == "groups" else None,
                           site_names=site_names, device=self.fit_device,
                           dtype=torch.float64 if self.precision == "float64" else torch.float32)
 
@@ -312,16 +322,16 @@ class Probing(Operation):
         table["lens_down"] = [" | ".join(down[i]) if i in down else None for i in table["unit"]]
         return table
 
-    def _causal(self, model: ModelAdapter, st: dict[str, Any], cs: Any, fits: dict[int, ProbeFit],
+    def _causal(self, model: ModelAdapter, st: ProbingState, cs: Any, fits: dict[int, ProbeFit],
                 where: dict[int, tuple[int, int]], collected: Any, table: pd.DataFrame,
                 quiet: bool) -> tuple[pd.DataFrame, pd.DataFrame]:
         check = self.causal_check
         assert check is not None and collected.metric is not None
-        primary = "accuracy" if st["task"] == "classification" else "r2"
+        primary = "accuracy" if st.task == "classification" else "r2"
         rank_by = "selectivity" if "selectivity" in table else f"test_{primary}"
         chosen = chosen_sites(check, list(table["site"]), table[rank_by].to_numpy(dtype=float))
         check_units(model, cs.units, chosen, self.head_pooling)
-        codes = {F: label_codes(fit, st["labels"]) for F, fit in fits.items()}
+        codes = {F: label_codes(fit, st.labels) for F, fit in fits.items()}
 
         def directions_of(u: int) -> torch.Tensor:
             F, j = where[u]
@@ -340,9 +350,9 @@ class Probing(Operation):
             return {m: v[:, 0] for m, v in fit.test.items()}
 
         summary, per_prompt = run_causal_check(
-            model, st["batches"], cs.units, chosen, cs.pool, cs.at, cs.head_pooling, len(cs.td),
+            model, st.batches, cs.units, chosen, cs.pool, cs.at, cs.head_pooling, len(cs.td),
             directions_of=directions_of, fold_directions_of=fold_directions_of, held_out=held_out, refit=refit, primary=primary, check=check,
-            metric_fn=st["metric_fn"], metric_base=collected.metric, seed=self.seed, quiet=quiet)
+            metric_fn=st.metric_fn, metric_base=collected.metric, seed=self.seed, quiet=quiet)
         summary = summary.merge(causal_intervals(per_prompt, self.stats, self.seed), on="site", how="left")
         return table.merge(summary, on="site", how="left"), per_prompt
 

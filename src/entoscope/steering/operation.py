@@ -14,6 +14,7 @@ direction's own prompts), and plans; no model runs. Sharded phases (docs/scale.m
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,9 +28,11 @@ from ..data.examples import Dataset
 from ..data.loading import DataSpec, load_data
 from ..data.tokenized import TokenizedData, length_batches, pad, pad_answers, pad_id, tokenize_data
 from ..errors import ConfigError, DataError, warn
+from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
 from ..metrics import Metric, metric_where
 from ..models.adapter import ModelAdapter
+from ..models.names import ActName
 from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
 from ..results.lazy import LazyTable
 from ..results.result import Result
@@ -76,8 +79,34 @@ class Continuations(ConfigModel):
     temperature: float = Field(default=1.0, gt=0)
 
 
+@dataclass(frozen=True)
+class SteeringState:
+    """What steering's prepare resolved: the run's tagged prompt sets and their batches, and where it writes."""
+
+    sets: list[RowSet]  # the task, held-out sets and the direction's own prompts, each a range of rows
+    tds: dict[str, TokenizedData]  # set name -> its tokenised prompts
+    metrics: dict[str, Any]  # set name -> the metric read on it (None: KL and loss only)
+    batches: list[list[int]]  # the rows of each length-grouped batch (never two sets in one)
+    batch_set: list[str]  # the set of each batch
+    setup: SteerSetup  # sites, mode, coefficients, positions (setup.vectors: filled per run by the phase context)
+    direction: Direction | None  # the config's direction (None: the run makes it, phase "direction")
+    pad: int  # the pad token id
+    act: ActName  # the site the direction is read at
+    width: int  # its vectors' width
+
+
+@dataclass(frozen=True)
+class SteerContext:
+    """The steer phase's context (the driver's global step): the direction's vector, its random baseline's
+    (same norm) and the direction's provenance."""
+
+    vector: np.ndarray
+    random: np.ndarray
+    provenance: dict[str, Any]
+
+
 @register_operation
-class Steering(Operation):
+class Steering(Sharded, Operation):
     """Steering: add a direction at a site (or clamp or project it out), with a dose-response and its side effects.
 
     direction:     where the vector comes from (DirectionSpec: mean_difference of pairs or two prompt sets, probe,
@@ -108,7 +137,7 @@ class Steering(Operation):
     per_prompt: bool = True
 
     # ------------------------------------------------------------------ prepare: every check, and the plan
-    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared:
+    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[SteeringState]:
         assert data is not None
         coefficients = self._coefficients()
         rule = PositionRule.parse(self.positions)
@@ -155,8 +184,7 @@ class Steering(Operation):
         rows = self._rows_per_forward(model, T)
         setup = SteerSetup(model, sites, head, self.mode, coefficients, rule, rows, self.normalize)
         plan = self._plan(model, sets, tds, setup, batches, batch_set, per_example, rows, notes)
-        state = {"sets": sets, "tds": tds, "metrics": metrics, "batches": batches, "batch_set": batch_set,
-                 "setup": setup, "direction": direction, "pad": pad_id(model), "act": act, "width": width}
+        state = SteeringState(sets, tds, metrics, batches, batch_set, setup, direction, pad_id(model), act, width)
         return Prepared(model, combined, plan, state)
 
     def _coefficients(self) -> list[float]:
@@ -274,35 +302,32 @@ class Steering(Operation):
                     files=files)
 
     # ------------------------------------------------------------------ sharded phases (docs/scale.md)
-    sharded = True
+    def shard_batches(self, prepared: Prepared[SteeringState]) -> list[list[int]]:
+        return prepared.state.batches  # rows of the combined sets (lists of indices, not Batch records)
 
-    def shard_batches(self, prepared: Prepared) -> list[list[int]]:
-        return prepared.state["batches"]
-
-    def phases(self, prepared: Prepared) -> tuple[str, ...]:
+    def phases(self, prepared: Prepared[SteeringState]) -> tuple[str, ...]:
         return ("direction", "steer") if self.direction.made_by_run else ("steer",)
 
-    def global_step(self, prepared: Prepared) -> str:
+    def global_step(self, prepared: Prepared[SteeringState]) -> str:
         made = "the mean difference of the direction prompts' vectors" if self.direction.made_by_run \
             else "the direction"
         return f"{made} and its random baseline (same norm, seed {self.seed})"
 
-    def before_phase(self, prepared: Prepared, phase: str, merged: dict[str, Any]) -> Any:
+    def before_phase(self, prepared: Prepared[SteeringState], phase: str, merged: dict[str, Any]) -> Any:
         """Before steering: the direction (made here from the merged vectors, or the config's) and its random
         baseline, checked against the coefficients; they reach every shard as the phase's context."""
         if phase != "steer":
             return None
         st = prepared.state
-        direction = st["direction"] if st["direction"] is not None else self._made(prepared, merged["direction"])
-        check_coefficients(direction.norm, st["setup"].coefficients, self.mode, self.normalize, prepared.model,
+        direction = st.direction if st.direction is not None else self._made(prepared, merged["direction"])
+        check_coefficients(direction.norm, st.setup.coefficients, self.mode, self.normalize, prepared.model,
                            where=" (the direction the run made)")
         random = direction.random_like(self.seed)
-        return {"vector": direction.vector.numpy(), "random": random.vector.numpy(),
-                "provenance": direction.provenance}
+        return SteerContext(direction.vector.numpy(), random.vector.numpy(), direction.provenance)
 
-    def _made(self, prepared: Prepared, columns: Any) -> Direction:
+    def _made(self, prepared: Prepared[SteeringState], columns: Any) -> Direction:
         st, spec = prepared.state, self.direction
-        sets = {s.name: s for s in st["sets"]}
+        sets = {s.name: s for s in st.sets}
         if "direction=" in sets:
             s = sets["direction="]
             block = columns.read(s.lo, s.hi, ["act", "act_cf"])
@@ -312,40 +337,41 @@ class Steering(Operation):
             neg = columns.read(sets["direction-"].lo, sets["direction-"].hi, ["act"])["act"]
             paired = False
         vector, info = difference(pos, neg, paired=paired, pca=spec.pca)
-        provenance = {"source": "pca" if spec.pca else "mean_difference", "site": str(st["act"]),
+        provenance = {"source": "pca" if spec.pca else "mean_difference", "site": str(st.act),
                       "read_at": spec.read_at, "pairs": paired,
                       "data": spec.data.model_dump(exclude_defaults=True) if spec.data else None,
                       "negative": spec.negative.model_dump(exclude_defaults=True) if spec.negative else None, **info}
-        return Direction(str(st["act"]), torch.from_numpy(vector), spec.head, provenance)
+        return Direction(str(st.act), torch.from_numpy(vector), spec.head, provenance)
 
-    def execute_shard(self, prepared: Prepared, phase: str, batches: list[int], *, quiet: bool = False) -> PerPrompt:
+    def execute_shard(self, prepared: Prepared[SteeringState], phase: str, batches: list[int], *,
+                      quiet: bool = False) -> PerPrompt:
         st = prepared.state
-        examples = [i for bi in batches for i in st["batches"][bi]]
+        examples = [i for bi in batches for i in st.batches[bi]]
         n = len(examples)
         if phase == "direction":
-            arrays = {"act": np.full((n, st["width"]), np.nan, np.float32),
-                      "act_cf": np.full((n, st["width"]), np.nan, np.float32)}
+            arrays = {"act": np.full((n, st.width), np.nan, np.float32),
+                      "act_cf": np.full((n, st.width), np.nan, np.float32)}
             row = 0
             for bi in batches:
-                idx, name = st["batches"][bi], st["batch_set"][bi]
+                idx, name = st.batches[bi], st.batch_set[bi]
                 if name in DIRECTION_SETS:
                     self._direction_batch(prepared, name, idx, arrays, row)
                 row += len(idx)
             return PerPrompt(examples, arrays)
-        setup: SteerSetup = st["setup"]
-        context = st["contexts"][phase]
-        setup.vectors = torch.stack([torch.from_numpy(context["vector"]), torch.from_numpy(context["random"])])
+        setup = st.setup
+        context: SteerContext = prepared.contexts[phase]
+        setup.vectors = torch.stack([torch.from_numpy(context.vector), torch.from_numpy(context.random)])
         C = setup.n_conditions
         arrays = {k: np.full((n, C), np.nan) for k in ("metric", "kl", "loss")}
         cont = self.continuations
         if cont is not None:
             arrays["continuation"] = np.full((n, C, cont.tokens), -1, dtype=np.int64)
-        todo = [bi for bi in batches if st["batch_set"][bi] not in DIRECTION_SETS]
-        steps = sum(-(-len(st["batches"][bi]) * len(setup.steered_conditions()) // setup.rows) for bi in todo)
+        todo = [bi for bi in batches if st.batch_set[bi] not in DIRECTION_SETS]
+        steps = sum(-(-len(st.batches[bi]) * len(setup.steered_conditions()) // setup.rows) for bi in todo)
         bar = iter(progress(range(steps), total=steps, desc="steering", quiet=quiet))
         row = 0
         for bi in batches:
-            idx, name = st["batches"][bi], st["batch_set"][bi]
+            idx, name = st.batches[bi], st.batch_set[bi]
             if name not in DIRECTION_SETS:
                 batch = self._batch_rows(prepared, name, idx, bi)
                 out = steer_batch(setup, batch, lambda: next(bar, None))
@@ -356,61 +382,61 @@ class Steering(Operation):
             row += len(idx)
         return PerPrompt(examples, arrays)
 
-    def _direction_batch(self, prepared: Prepared, name: str, idx: list[int], arrays: dict[str, np.ndarray],
-                         row: int) -> None:
+    def _direction_batch(self, prepared: Prepared[SteeringState], name: str, idx: list[int],
+                         arrays: dict[str, np.ndarray], row: int) -> None:
         st = prepared.state
-        s = next(x for x in st["sets"] if x.name == name)
+        s = next(x for x in st.sets if x.name == name)
         local = [i - s.lo for i in idx]
-        pos, neg = collect_sides(prepared.model, st["tds"][name], local, st["act"], st["setup"].head,
+        pos, neg = collect_sides(prepared.model, st.tds[name], local, st.act, st.setup.head,
                                  self.direction.read_at, pairs=name == "direction=", batch_size=len(local))
         arrays["act"][row:row + len(idx)] = pos
         if neg is not None:
             arrays["act_cf"][row:row + len(idx)] = neg
 
-    def _batch_rows(self, prepared: Prepared, name: str, idx: list[int], bi: int) -> BatchRows:
+    def _batch_rows(self, prepared: Prepared[SteeringState], name: str, idx: list[int], bi: int) -> BatchRows:
         st = prepared.state
-        s = next(x for x in st["sets"] if x.name == name)
-        td = st["tds"][name]
+        s = next(x for x in st.sets if x.name == name)
+        td = st.tds[name]
         local = [i - s.lo for i in idx]
-        tokens, lengths = pad([td.prompts[i] for i in local], st["pad"])
+        tokens, lengths = pad([td.prompts[i] for i in local], st.pad)
         answers = wrong = None
         if td.answers is not None:
             answers = pad_answers([td.answers[i] for i in local])
             wrong = pad_answers([td.wrong_answers[i] for i in local])
         roles = None if td.roles is None else td.roles.subset(local)
-        where = f"{name} prompts {local[0]}..{local[-1]} (batch {bi + 1} of {len(st['batches'])})"
-        return BatchRows(name, tokens, lengths, roles, answers, wrong, st["metrics"][name], where)
+        where = f"{name} prompts {local[0]}..{local[-1]} (batch {bi + 1} of {len(st.batches)})"
+        return BatchRows(name, tokens, lengths, roles, answers, wrong, st.metrics[name], where)
 
-    def _continue(self, prepared: Prepared, setup: SteerSetup, batch: BatchRows, idx: list[int], out: np.ndarray,
-                  row: int) -> None:
+    def _continue(self, prepared: Prepared[SteeringState], setup: SteerSetup, batch: BatchRows, idx: list[int],
+                  out: np.ndarray, row: int) -> None:
         cont = self.continuations
         assert cont is not None
         chosen = [r for r, i in enumerate(idx) if i < cont.prompts]
         if not chosen:
             return
         tokens = continue_batch(setup, batch, chosen, [idx[r] for r in chosen], cont.tokens, cont.sample,
-                                cont.temperature, self.seed, prepared.state["pad"])
+                                cont.temperature, self.seed, prepared.state.pad)
         out[[row + r for r in chosen]] = tokens
 
     # ------------------------------------------------------------------ summarise
-    def summarise(self, prepared: Prepared, merged: dict[str, Any], *, quiet: bool = False) -> Result:
+    def summarise(self, prepared: Prepared[SteeringState], merged: dict[str, Any], *, quiet: bool = False) -> Result:
         st = prepared.state
-        setup: SteerSetup = st["setup"]
-        context = st["contexts"]["steer"]
+        setup = st.setup
+        context: SteerContext = prepared.contexts["steer"]
         columns = merged["steer"]
-        direction = Direction(str(st["act"]), torch.from_numpy(context["vector"]), setup.head, context["provenance"])
-        random = Direction(str(st["act"]), torch.from_numpy(context["random"]), setup.head,
+        direction = Direction(str(st.act), torch.from_numpy(context.vector), setup.head, context.provenance)
+        random = Direction(str(st.act), torch.from_numpy(context.random), setup.head,
                            {"source": "random", "seed": self.seed})
         info = {"mode": self.mode, "site": ", ".join(map(str, setup.sites)), "metric": self.metric.type,
                 "direction_norm": direction.norm}
         with metric_where("summary"):
-            table = steering_table(columns, st["sets"], setup.coefficients, info, self.stats, self.seed)
+            table = steering_table(columns, st.sets, setup.coefficients, info, self.stats, self.seed)
         per_prompt = None
         if self.per_prompt:
             def rows(lo: int, hi: int) -> Any:
-                return prompt_rows(columns, st["sets"], setup.coefficients, lo, hi)
+                return prompt_rows(columns, st.sets, setup.coefficients, lo, hi)
             per_prompt = LazyTable(len(prepared.data), rows, rows_per_prompt=2 * len(setup.coefficients))
-        extra: dict[str, Any] = {"direction": direction, "random": random, "sets": st["sets"],
+        extra: dict[str, Any] = {"direction": direction, "random": random, "sets": st.sets,
                                  "written_at": setup.sites,
                                  "direction_source": str(direction.provenance.get("source", "given")),
                                  "direction_where": direction.where}
@@ -421,17 +447,17 @@ class Steering(Operation):
                               extra=extra, takeaway=steering_takeaway,
                               blank_note="minus_random is blank on the random rows (they are the baseline)")
 
-    def _continuation_frame(self, prepared: Prepared, columns: Any, setup: SteerSetup) -> Any:
+    def _continuation_frame(self, prepared: Prepared[SteeringState], columns: Any, setup: SteerSetup) -> Any:
         import pandas as pd
 
         cont = self.continuations
         assert cont is not None
         st = prepared.state
-        n = min(cont.prompts, st["sets"][0].n)
+        n = min(cont.prompts, st.sets[0].n)
         ids = columns.read(0, n, ["continuation"])["continuation"]
         vocab = prepared.model.vocab_strings()
         stop = getattr(prepared.model.tokenizer, "eos_token_id", None)
-        prompts = st["tds"][TASK].prompts
+        prompts = st.tds[TASK].prompts
         rows = []
         for i in range(n):
             text = "".join(vocab[t] for t in prompts[i][1 if self.prepend_bos else 0:])
