@@ -337,7 +337,7 @@ def refusal(case: Case, family: str, kind: str) -> tuple[str, str] | None:
 # ---------------------------------------------------------------------------------------------- counting passes
 def blocks_of(model: Any) -> list[Any]:
     """The model's transformer blocks as torch modules (TransformerLens blocks, or the HuggingFace ones)."""
-    tl = adapt(model).tl
+    tl = adapt(model).module
     if hasattr(tl, "blocks"):
         return list(tl.blocks)
     from entoscope.models.hf_families import family_of, get
@@ -528,7 +528,7 @@ def nan_weight_model(kind: str) -> tuple[Any, str]:
 
 def _with_nan(model: Any) -> tuple[Any, str]:
     layer = re.compile(rf"(^|\.)(h|blocks|layers)\.{MIDDLE_LAYER}\.")
-    tl = adapt(model).tl
+    tl = adapt(model).module
     name, p = next((n, p) for n, p in tl.named_parameters() if layer.search(n) and "mlp" in n and p.dim() == 2)
     with torch.no_grad():
         p.view(-1)[0] = float("nan")

@@ -225,7 +225,7 @@ def test_the_pass_counter_counts_a_hand_written_run():
     from entoscope.models.adapter import adapt
 
     model = cc.plain_model("tiny", "bridge")
-    tl = adapt(model).tl
+    tl = adapt(model).module
     tokens = torch.randint(1, 300, (3, 6))
     with cc.PassCounter(model) as counted:
         with torch.no_grad():

@@ -334,7 +334,7 @@ def test_a_run_without_logits_stops_after_the_last_block_read(tiny):
     x = tokens(a)
     full = a.run(x, ["resid_post.0", "z.0"])
     calls = []
-    handle = a.tl.blocks[-1].register_forward_hook(lambda *args: calls.append(1))
+    handle = a.module.blocks[-1].register_forward_hook(lambda *args: calls.append(1))
     try:
         short = a.run(x, ["resid_post.0", "z.0"], logits=False)
         assert short.logits is None

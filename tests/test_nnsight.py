@@ -300,8 +300,8 @@ def test_cached_model_around_nnsight_reads_back_and_sees_the_weights(tmp_path):
 def test_load_model_and_the_command_line_take_the_nnsight_backend(tmp_path, capsys):
     model = es.load_model("demo", backend="nnsight")
     a = adapt(model)
-    assert (a.backend, a.structure.mode) == ("nnsight", "plain")
-    assert a.tl._entoscope_source["backend"] == "nnsight"
+    assert (a.structure.backend, a.structure.mode) == ("nnsight", "plain")
+    assert a.module._entoscope_source["backend"] == "nnsight"
     from entoscope.cli import main
 
     out = tmp_path / "lens"
@@ -391,18 +391,18 @@ def test_the_heads_check_runs_once_per_weights_version():
     not repeated when the same model is adapted again, made again after an in-place weight edit, and its
     verdict (pattern @ v is z, so rotated q/k and the pattern are served) the same both times."""
     model = from_hf(tiny_hf_model("gpt2"), tiny_tokenizer(), backend="nnsight", name="tiny-gpt2-once")
-    module = adapt(model).tl
+    module = adapt(model).module
     seen = []
     handle = module.transformer.h[-1].attn.register_forward_pre_hook(lambda *_: seen.append(1))
     try:
         for _ in range(3):
             a = adapt(model)
-        assert seen == [] and a.impl._heads_refused is None
+        assert seen == [] and a.backend._heads_refused is None
         with torch.no_grad():
             next(module.transformer.h[0].parameters()).mul_(1.0)  # an in-place edit bumps the version counter
         a = adapt(model)
         assert len(seen) == 2  # the heads check and the describability check, once each
-        assert a.impl._heads_refused is None
+        assert a.backend._heads_refused is None
         adapt(model)
         assert len(seen) == 2
     finally:

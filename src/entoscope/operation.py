@@ -185,7 +185,7 @@ class Operation(ConfigModel):
 
 
 def model_bytes(model: ModelAdapter) -> int:
-    return sum(p.numel() * p.element_size() for p in model.tl.parameters())
+    return sum(p.numel() * p.element_size() for p in model.module.parameters())
 
 
 def progress(items: Iterable[T], *, total: int | None = None, desc: str = "", quiet: bool = False) -> Iterator[T]:

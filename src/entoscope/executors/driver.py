@@ -155,7 +155,7 @@ def _run_here(op: Sharded, prepared: Prepared[Any], phase: str, shards: list[Sha
 def _fingerprint(model: Any) -> str:
     from ..models.fingerprint import model_fingerprint
 
-    return model_fingerprint(model.tl)
+    return model_fingerprint(model.module)
 
 
 def _rewarn(warned: list[dict[str, str]]) -> None:

@@ -161,11 +161,11 @@ class TunedLens(nn.Module):
         collection = LensTrainingData(batch_size=batch_size, prepend_bos=prepend_bos)
         # the model is frozen: each batch is read once (in eval mode: no dropout), here or on Ray workers
         cached = collection.run(model, data, executor=executor, quiet=True).extra["batches"]
-        self.to(next(adapter.tl.parameters()).device)
+        self.to(next(adapter.module.parameters()).device)
         opt = torch.optim.Adam(self.parameters(), lr=lr, weight_decay=weight_decay)
         gen = torch.Generator().manual_seed(seed)
         losses = []
-        frozen = [(p, p.requires_grad) for p in adapter.tl.parameters()]
+        frozen = [(p, p.requires_grad) for p in adapter.module.parameters()]
         for p, _ in frozen:  # gradients flow to the translators only
             p.requires_grad_(False)
         try:
@@ -243,7 +243,7 @@ class LensTrainingData(Sharded, Operation):
             mask = torch.arange(T)[None, :] < b.lengths[:, None]
             states = torch.from_numpy(all_states[b.index][:, :, :T]).transpose(0, 1)  # [n_layers, B, T, d_model]
             logits = torch.from_numpy(all_logits[b.index][:, :T])
-            dev, dtype = prepared.model.device, next(prepared.model.tl.parameters()).dtype
+            dev, dtype = prepared.model.device, next(prepared.model.module.parameters()).dtype
             out.append((states[:, mask].to(dev, dtype), logits[mask].to(dev, dtype).log_softmax(-1)))  # [L, N, d], [N, V]
         return Result(self.name, pd.DataFrame(), extra={"batches": out})
 

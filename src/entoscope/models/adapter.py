@@ -86,7 +86,7 @@ def module_of(model: Any) -> Any:
     """The torch module that holds a model's weights: the TransformerLens model, or the HuggingFace
     model inside an nnsight one (CachedModel and ModelAdapter unwrapped)."""
     if isinstance(model, ModelAdapter):
-        return model.tl
+        return model.module
     inner, _ = _split(model)
     from .nnsight_backend import NNsightBackend
 
@@ -96,7 +96,7 @@ def module_of(model: Any) -> Any:
 def unwrap(model: Any) -> tuple[Any, Any]:
     """(the module holding the weights, the object to call run_with_cache on: a CachedModel if any)."""
     if isinstance(model, ModelAdapter):
-        return model.tl, model.runner
+        return model.module, model.runner
     inner, cached = _split(model)
     return module_of(inner), cached if cached is not None else inner
 
@@ -104,31 +104,31 @@ def unwrap(model: Any) -> tuple[Any, Any]:
 class ModelAdapter:
     """A uniform view of a model. Build with `adapt(model)`.
 
-    `impl` is the model's `Backend` (backend.py: a TransformerBridge, a HookedTransformer, an nnsight
-    LanguageModel); `tl` the torch module that holds its weights; `runner` what cached reads call
-    (a CachedModel where the model is wrapped in one)."""
+    `backend` is the model's `Backend` (backend.py: a TransformerBridge, a HookedTransformer, an nnsight
+    LanguageModel; its kind is `structure.backend`); `module` the torch module that holds its weights (the
+    TransformerLens model, or the HuggingFace model inside an nnsight one); `runner` what cached reads
+    call (a CachedModel where the model is wrapped in one)."""
 
     def __init__(self, model: Any) -> None:
         inner, cached = _split(model)
-        self.impl: Backend = backend_for(inner)
+        self.backend: Backend = backend_for(inner)
         self.model = inner
-        self.tl = self.impl.module
-        self.runner = cached if cached is not None else self.impl.runner
-        self.backend = self.impl.name
-        self.structure = self.impl.structure()
-        self.weights = self.impl.weights(self.structure)
-        check_finite_weights(self.tl)
-        self.impl.check_sites(self.structure)
+        self.module = self.backend.module
+        self.runner = cached if cached is not None else self.backend.runner
+        self.structure = self.backend.structure()
+        self.weights = self.backend.weights(self.structure)
+        check_finite_weights(self.module)
+        self.backend.check_sites(self.structure)
         check_describable(self)
 
     def evaluating(self) -> Any:
         """Context: the model in eval mode (dropout off), each module's own mode restored after."""
-        return evaluating(self.tl)
+        return evaluating(self.module)
 
     # ------------------------------------------------------------------ names
     @property
     def name(self) -> str:
-        return self.impl.model_name or self.structure.architecture
+        return self.backend.model_name or self.structure.architecture
 
     def resolve(self, name: ActName | str) -> ActName:
         """Canonical name for `name` (aliases accepted), validated against this model."""
@@ -149,7 +149,7 @@ class ModelAdapter:
             raise SiteError(f"{name}: this model has rotary positions: nothing is added to the residual "
                             "stream for position", code="no_learned_positions",
                             remedy="positions enter through q and k; read q.L/k.L, or embed")
-        self.impl.check_servable(act)
+        self.backend.check_servable(act)
         return act
 
     def hook_name(self, name: ActName | str) -> str:
@@ -165,15 +165,15 @@ class ModelAdapter:
             raise SiteError(f"{act}: this HookedTransformer was loaded without processing, so its norm "
                             "output has no hook", code="no_single_hook",
                             remedy="load it with TransformerLens's processing (HookedTransformer.from_pretrained)")
-        return self.impl.key(act)
+        return self.backend.key(act)
 
     def _needs_unfolded_norm(self, act: ActName) -> bool:
-        return self.impl.computes_norm(act, self.structure)
+        return self.backend.computes_norm(act, self.structure)
 
     # ------------------------------------------------------------------ tokens
     @property
     def tokenizer(self) -> Any:
-        return self.impl.tokenizer
+        return self.backend.tokenizer
 
     @property
     def bos_token_id(self) -> int | None:
@@ -181,7 +181,7 @@ class ModelAdapter:
 
     @property
     def device(self) -> torch.device:
-        return next(self.tl.parameters()).device
+        return next(self.module.parameters()).device
 
     def tokenize(self, text: str | Sequence[int], prepend_bos: bool = True) -> list[int]:
         """Token ids for one prompt.
@@ -264,15 +264,15 @@ class ModelAdapter:
             if not ivs and not grad:
                 stop = None if logits else self._stop_layer(list(bases))
                 kw: dict[str, Any] = {} if stop is None else {"stop_at_layer": stop}
-                if (not logits or logits_at is not None) and self.impl.keeps_last_logits():
+                if (not logits or logits_at is not None) and self.backend.keeps_last_logits():
                     kept = 1 if not logits else kept - int(logits_at.min())
                     kw["logits_to_keep"] = kept
-                keys = {self.impl.key(b): b for b in bases}
+                keys = {self.backend.key(b): b for b in bases}
                 out_logits, cache = self.runner.run_with_cache(
                     tokens, names_filter=sorted(keys), return_type="logits", **kw)
                 raw = {base: cache[k] for k, base in keys.items()}
             else:
-                out_logits, raw = self.impl.run(tokens, list(bases), ivs)
+                out_logits, raw = self.backend.run(tokens, list(bases), ivs)
             out = {act: self._derive(act, raw) for act in acts}
         if logits_at is not None:
             rows = torch.arange(len(logits_at), device=out_logits.device)

@@ -95,15 +95,15 @@ def _count_non_finite(t: Tensor, chunk: int = 1 << 22) -> int:
 def first_non_finite(adapter: ModelAdapter, tokens: Tensor, interventions: Sequence[tuple[Any, Any]]) -> str | None:
     """The first site (in the order the forward reaches them) whose value is not finite, re-running the
     same forward with the same interventions (base interventions, ModelAdapter.lower)."""
-    impl = adapter.impl
+    backend = adapter.backend
     written = {act for act, _ in interventions}
-    through = {impl.written_through(act): act for act in written}  # where each write takes effect
+    through = {backend.written_through(act): act for act in written}  # where each write takes effect
     with torch.no_grad():
-        _, acts = impl.run(tokens, impl.sites(adapter.structure), list(interventions), logits=False)
+        _, acts = backend.run(tokens, backend.sites(adapter.structure), list(interventions), logits=False)
     for act, x in acts.items():  # in the order they were reached
         if act.kind != "attn_scores" and x.is_floating_point() and not bool(torch.isfinite(x).all()):
             act = through.get(act, act)  # name the site the user wrote, not where the backend wrote it
-            return f"{act} (hook {impl.key(act)})" + (", where an intervention writes" if act in written else "")
+            return f"{act} (hook {backend.key(act)})" + (", where an intervention writes" if act in written else "")
     return None
 
 
@@ -120,7 +120,7 @@ CHECK_COLUMNS = 4096  # vocabulary columns of the pre-norm logits check
 def check_describable(adapter: ModelAdapter) -> None:
     """One forward of two 4-token prompts differing in their last token: causal, additive residual stream,
     pre-norm logits. Run once per weights version (`weights_stamp`)."""
-    tl = adapter.tl
+    tl = adapter.module
     stamp = weights_stamp(tl)
     if tl.__dict__.get("_entoscope_describable") == stamp:
         return
@@ -132,7 +132,7 @@ def check_describable(adapter: ModelAdapter) -> None:
     names = {k: adapter.resolve(k) for k in (f"resid_pre.{last}", f"attn_out.{last}", f"mlp_out.{last}",
                                              f"resid_post.{last}")}
     with torch.no_grad(), evaluating(tl):
-        both, acts = adapter.impl.run(tokens, list(names.values()), [])
+        both, acts = adapter.backend.run(tokens, list(names.values()), [])
         logits, logits2 = both[:1], both[1:]
         resid = {k: acts[a][:1].double() for k, a in names.items()}
         # unembedded by hand at the first CHECK_COLUMNS token ids (a post-norm model differs at every one); in

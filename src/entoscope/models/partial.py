@@ -47,18 +47,18 @@ TAPS = ("rot_q", "rot_k")  # readable and writable here, by layer: ActName("rot_
 
 def prefix_support(model: ModelAdapter) -> PrefixSupport:
     """How much of an unchanged prefix a patched run can skip on this model."""
-    return model.impl.prefix_support(model.structure)  # type: ignore[return-value]
+    return model.backend.prefix_support(model.structure)  # type: ignore[return-value]
 
 
 def prefix_note(model: ModelAdapter) -> str:
     """Why this model's runs cannot skip as much as its family could ("" when nothing was refused)."""
-    return model.impl.prefix_note(model.structure)
+    return model.backend.prefix_note(model.structure)
 
 
 def start_paths(model: ModelAdapter) -> dict[str, str]:
     """How this model's runs that start at a layer ("layers") or at a layer and position ("positions") are
     made, for the plan's notes."""
-    return model.impl.start_paths()
+    return model.backend.start_paths()
 
 
 @dataclass
@@ -87,14 +87,14 @@ def prefix_reads(model: ModelAdapter, layers: Sequence[int], positions: bool) ->
     With positions, `record_past` then adds what the attention caches."""
     reads = {ActName("resid_pre", L) for L in layers}
     if positions and layers:
-        reads |= model.impl.prefix_reads(layers, model.structure)
+        reads |= model.backend.prefix_reads(layers, model.structure)
     return sorted(reads)
 
 
 def record_past(model: ModelAdapter, acts: dict[ActName, Tensor], layer: int) -> None:
     """Add to a base run's activations what each block from `layer` on caches (`past_k.L`, `past_v.L`,
     [B, T, n_kv_heads, d_head]), given its `prefix_reads` with positions."""
-    model.impl.record_past(acts, layer, model.structure)
+    model.backend.record_past(acts, layer, model.structure)
 
 
 def slice_start(cache: dict[ActName, Tensor], rows: Tensor, layer: int | Tensor, position: int,
@@ -134,7 +134,7 @@ def _lower(model: ModelAdapter, interventions: Sequence[Intervention]) -> list[B
 
 def has_taps(model: ModelAdapter, layer: int) -> bool:
     """Whether rotated queries/keys can be tapped at `layer` (rotary models)."""
-    return model.impl.has_site(ActName("rot_k", layer))
+    return model.backend.has_site(ActName("rot_k", layer))
 
 
 def logits_at(model: ModelAdapter, positions: Tensor, *, tokens: Tensor | None = None, start: Start | None = None,
@@ -151,25 +151,25 @@ def logits_at(model: ModelAdapter, positions: Tensor, *, tokens: Tensor | None =
         if start is None:
             assert tokens is not None
             if any(_act(iv.act).kind in ("final_scale", "logits") for iv in interventions):
-                logits, _ = model.impl.run(tokens.to(model.device), [], ivs)
+                logits, _ = model.backend.run(tokens.to(model.device), [], ivs)
                 logits = logits[rows, positions.to(model.device)]
                 return logits if columns is None else logits[:, columns.to(logits.device)]
-            resid = model.impl.final_residual(tokens.to(model.device), ivs)
+            resid = model.backend.final_residual(tokens.to(model.device), ivs)
         else:
-            resid = model.impl.walk(start, ivs, model.structure)
+            resid = model.backend.walk(start, ivs, model.structure)
         return unembed_rows(model, resid[rows, positions.to(model.device)], columns)
 
 
 def unembed_rows(model: ModelAdapter, final: Tensor, columns: Tensor | None = None) -> Tensor:
     """Logits [R, d_vocab] of final residual rows [R, d_model], or [R, len(columns)] (not tl.unembed:
     TransformerLens's copies W_U.T, d_model x d_vocab, on every call)."""
-    normed = model.impl.final_norm(final)
+    normed = model.backend.final_norm(final)
     W_U, b_U = model.weights.W_U, model.weights.b_U
     if columns is not None:
         columns = columns.to(W_U.device)
         W_U, b_U = W_U[:, columns], b_U[columns]
     logits = normed @ W_U.to(normed.dtype) + b_U.to(normed.dtype)
-    cap = model.impl.logit_softcap
+    cap = model.backend.logit_softcap
     if cap > 0:
         logits = cap * torch.tanh(logits / cap)
     return logits
@@ -184,7 +184,7 @@ def read_run(model: ModelAdapter, tokens: Tensor, reads: Sequence[ActName]) -> t
     store: dict[ActName, Tensor] = {}
     ivs = [Intervention(a, _recorder(store, a)) for a in reads]
     with torch.no_grad():
-        logits, _ = model.impl.run(tokens.to(model.device), [], _lower(model, ivs))
+        logits, _ = model.backend.run(tokens.to(model.device), [], _lower(model, ivs))
     return logits, store
 
 
@@ -197,4 +197,4 @@ def _recorder(store: dict[ActName, Tensor], act: ActName) -> Callable[[Tensor], 
 
 def attention_scale(model: ModelAdapter) -> float:
     """The divisor of q.k in attention scores (checked against the scores wherever it is used)."""
-    return model.impl.attention_scale(model.structure)
+    return model.backend.attention_scale(model.structure)

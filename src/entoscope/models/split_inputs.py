@@ -335,11 +335,11 @@ def recompute_qkv(model: ModelAdapter, layer: int, which: str, x: Tensor, heads:
 def check_split_once(model: ModelAdapter, tokens: Tensor) -> None:
     """`check_split` once per model and weights (a later change to a parameter checks again): circuit
     operations call it while preparing, so the plan refuses an unsplittable model and a run repeats nothing."""
-    stamp = tuple((id(p), p._version) for p in model.tl.parameters())
-    if model.tl.__dict__.get("_entoscope_split_checked") == stamp:
+    stamp = tuple((id(p), p._version) for p in model.module.parameters())
+    if model.module.__dict__.get("_entoscope_split_checked") == stamp:
         return
     check_split(model, tokens)
-    model.tl.__dict__["_entoscope_split_checked"] = stamp
+    model.module.__dict__["_entoscope_split_checked"] = stamp
 
 
 def check_split(model: ModelAdapter, tokens: Tensor, rtol: float = 1e-3) -> None:

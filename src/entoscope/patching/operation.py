@@ -313,7 +313,7 @@ class Patching(Sharded, Operation):
             sizes += [min(rows, E * self.ig_steps)] * max(1, -(-runs // rows))
             notes.append(f"integrated gradients: {self.ig_steps} points, {self.ig_rule} rule, alpha = "
                          f"{_alpha_text(self.ig_rule)}; {_path_note(model, setup.path, self.prefix_reuse)}")
-        if self._past_from(setup) is not None and model.backend == "bridge":
+        if self._past_from(setup) is not None and model.structure.backend == "bridge":
             forward += E  # record_past: each base prompt walks blocks past_from.. once more for their keys and values
             notes.append(f"the bridge's key/value prefix: each base prompt runs blocks {self._past_from(setup)}.. once "
                          "more to record what their attention caches")
@@ -485,7 +485,7 @@ def _bytes_per_example(model: ModelAdapter, reads: dict[str, list[ActName]], T: 
         for name in names:
             kind = {"rot_k": "k", "rot_q": "q"}.get(name.kind, name.kind)
             total += int(np.prod(list(model.axis_sizes(name if kind == "features" else kind, T).values()))) * FLOAT
-    if past_from is not None and model.backend == "bridge":  # the recorded keys and values (record_past)
+    if past_from is not None and model.structure.backend == "bridge":  # the recorded keys and values (record_past)
         s = model.structure
         total += 2 * (s.n_layers - past_from) * T * s.n_kv_heads * s.d_head * FLOAT
     return total + 2 * T * model.structure.d_vocab * FLOAT

@@ -175,7 +175,7 @@ def dataset_means(model: ModelAdapter, pairs: Pairs, names: list[ActName], per_p
             region = tuple(slice(0, n) for n in s.shape)
             sums[name][region] += s
             counts[name][region] += c
-    dtype = next(model.tl.parameters()).dtype
+    dtype = next(model.module.parameters()).dtype
     return {n: (sums[n] / counts[n].clamp(min=1)).to(dtype) for n in names}
 
 

@@ -110,7 +110,7 @@ def slot_values(setup: Setup, chunk: Chunk, slots: Slots, group_index: int) -> T
         return X[grid_index(slots, ex, sizes, position=pos, shift=shift, limit=X.shape[_position_dim(name)])]
 
     keys = torch.stack([chunk.index[ex], slots.unit, slots.ordinal], 1)
-    dtype = next(setup.model.tl.parameters()).dtype
+    dtype = next(setup.model.module.parameters()).dtype
     inputs = PatchInputs(shape, dtype, setup.model.device, fetch, keys, setup.seed)
     values = setup.patch.fn(inputs, **setup.params)
     if tuple(values.shape) != shape:

@@ -39,8 +39,8 @@ def model_identity(model: ModelAdapter) -> dict[str, Any]:
     from ..models.fingerprint import deferred_fingerprint
     from .lazy import LazyDict
 
-    return LazyDict({"name": model.name, "source": getattr(model.tl, "_entoscope_source", None),
-                     "structure": model.structure.as_dict()}, {"fingerprint": deferred_fingerprint(model.tl)})
+    return LazyDict({"name": model.name, "source": getattr(model.module, "_entoscope_source", None),
+                     "structure": model.structure.as_dict()}, {"fingerprint": deferred_fingerprint(model.module)})
 
 
 def data_record(data: Dataset | None) -> dict[str, Any] | None:

@@ -495,7 +495,7 @@ def check_coefficients(norm: float, coefficients: list[float], mode: str, normal
                        where: str) -> None:
     """Refuse, before any run, a coefficient whose write alone would overflow the model's dtype: |c| |v| at least
     sqrt(the dtype's largest number), where the square in the next norm is inf."""
-    dtype = next(model.tl.parameters()).dtype
+    dtype = next(model.module.parameters()).dtype
     limit = float(torch.finfo(dtype).max) ** 0.5 if dtype.is_floating_point else float("inf")
     scale = 1.0 if normalize else norm
     for c in coefficients:
