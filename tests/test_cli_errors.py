@@ -2,9 +2,10 @@
 
 Each case runs `entoscope.cli.main` on the case's arguments, in this process (stderr captured, in the
 cases' folder), and checks the outcome: exit status 2, exactly one line on stderr of the form
-`entoscope: error: [code] ... Remedy: ...`, the expected code, and no traceback. The same cases run as
-real `entoscope` commands in subprocesses (three at a time, one torch thread each) in the slow set
-(`-m slow`, CI), where an interpreter-level failure would show too.
+`entoscope: error: [code] ... Remedy: ...`, the expected code, and no traceback. One case per stage a
+mistake is caught at (AS_COMMANDS) runs again as a real `entoscope` command in a subprocess (three at a
+time, one torch thread each) in the slow set (`-m slow`, CI), where an interpreter-level failure would
+show too.
 """
 
 from __future__ import annotations
@@ -161,11 +162,22 @@ def outcomes(tmp_path_factory):
         return {name: in_process(args, root) for name, args, _ in CASES}
 
 
+# The cases run again as real commands: one per stage a mistake can be caught at (argument parsing, YAML,
+# data, tokens, device, model folder, hub, sites, plan, manifest, experiment file, output folder, training
+# arguments, metric), so an interpreter-level failure at any stage would show; every case runs in-process above.
+AS_COMMANDS = {"unknown-option", "bad-yaml-value", "unknown-task", "jsonl-bad-json", "token-out-of-vocab",
+               "device-cuda", "missing-folder", "encoder-decoder", "hub-offline", "positions-past-end",
+               "layer-out-of-range-plan", "run-invalid-json", "run-unknown-entry", "out-under-a-file",
+               "train-lens-zero-steps", "metric-param"}
+COMMAND_CASES = [c for c in CASES if c[0] in AS_COMMANDS]
+
+
 @pytest.fixture(scope="module")
 def process_outcomes(tmp_path_factory):
     root = _cases_folder(tmp_path_factory)
     with ThreadPoolExecutor(max_workers=3) as pool:
-        done = dict(zip([c[0] for c in CASES], pool.map(lambda c: entoscope(*c[1], cwd=root), CASES)))
+        outcomes = pool.map(lambda c: entoscope(*c[1], cwd=root), COMMAND_CASES)
+        done = dict(zip([c[0] for c in COMMAND_CASES], outcomes))
     return done
 
 
@@ -175,7 +187,7 @@ def test_a_mistake_is_one_line_with_its_code(outcomes, case, args, code):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case, args, code", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("case, args, code", COMMAND_CASES, ids=[c[0] for c in COMMAND_CASES])
 def test_a_mistake_is_one_line_with_its_code_as_a_command(process_outcomes, case, args, code):
     _one_line_with(process_outcomes[case], code)
 
