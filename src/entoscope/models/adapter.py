@@ -125,6 +125,17 @@ class ModelAdapter:
         """Context: the model in eval mode (dropout off), each module's own mode restored after."""
         return evaluating(self.module)
 
+    @property
+    def tl(self) -> Any:
+        """The old name of `module` (kept for code written against it; it is not a TransformerLens model
+        for an nnsight one)."""
+        return self.module
+
+    @property
+    def impl(self) -> Backend:
+        """The old name of `backend`."""
+        return self.backend
+
     # ------------------------------------------------------------------ names
     @property
     def name(self) -> str:
