@@ -22,36 +22,36 @@ from .metrics import at_positions, logit_diff, prob_diff, top1
 from .models.adapter import adapt
 
 
+TASK_METRICS = {"ioi": "logit_diff", "facts": "top1", "greater_than": "prob_diff", "induction": "top1"}
+_METRIC_FUNCTIONS = {"logit_diff": logit_diff, "prob_diff": prob_diff, "top1": top1}
+
+
 def task_scores(model: Any, n: int = 64, seed: int = 1234, batch_size: int = 32) -> dict[str, dict[str, float]]:
-    """Accuracy-style figures on `n` fresh prompts of each task (seeded)."""
+    """Accuracy-style figures on `n` fresh prompts of each task (seeded), each read with its metric in
+    TASK_METRICS (the metric steering's task-score side effects use too)."""
     a = adapt(model)
     out: dict[str, dict[str, float]] = {}
-    for name in ("ioi", "facts", "greater_than", "induction"):
+    for name, metric in TASK_METRICS.items():
         try:
             data = tasks.get(name, n=n, seed=seed, tokenizer=a.tokenizer)
         except ValueError as err:  # the tokenizer lacks the task's words as single tokens
             out[name] = {"skipped": 1.0, "reason": str(err)}  # type: ignore[dict-item]
             continue
         td = tokenize_data(a, data, answers=True)
-        values: dict[str, list[torch.Tensor]] = {"ld": [], "pd": [], "top1": []}
+        parts: list[torch.Tensor] = []
         with torch.no_grad():
             for b in make_batches(td, batch_size, pad_id(a)):
                 logits = at_positions(a.run(b.tokens).logits, b.last)
                 assert b.answers is not None and b.wrong_answers is not None
-                values["top1"].append(top1(logits, b.answers, b.wrong_answers))
-                if name == "greater_than":
-                    values["pd"].append(prob_diff(logits, b.answers, b.wrong_answers))
-                elif name == "ioi":
-                    values["ld"].append(logit_diff(logits, b.answers, b.wrong_answers))
-        if name == "ioi":
-            ld = torch.cat(values["ld"])
-            out[name] = {**_mean_ci("accuracy", (ld > 0).double()), **_mean_ci("logit_diff", ld), "n": float(len(ld))}
-        elif name == "greater_than":
-            pd_ = torch.cat(values["pd"])
-            out[name] = {**_mean_ci("prob_diff", pd_), "n": float(len(pd_))}
+                parts.append(_METRIC_FUNCTIONS[metric](logits, b.answers, b.wrong_answers))
+        values = torch.cat(parts)
+        if metric == "logit_diff":
+            out[name] = {**_mean_ci("accuracy", (values > 0).double()), **_mean_ci("logit_diff", values),
+                         "n": float(len(values))}
+        elif metric == "prob_diff":
+            out[name] = {**_mean_ci("prob_diff", values), "n": float(len(values))}
         else:
-            acc = torch.cat(values["top1"])
-            out[name] = {**_mean_ci("accuracy", acc.double()), "n": float(len(acc))}
+            out[name] = {**_mean_ci("accuracy", values.double()), "n": float(len(values))}
     return out
 
 

@@ -133,6 +133,20 @@ def metric_where(text: str) -> Iterator[None]:
         _WHERE.reset(token)
 
 
+def check_metric_runs(metric: Callable[..., Tensor], model: Any, td: Any) -> None:
+    """Call the metric once on stand-in logits (all zero, the model's vocabulary; the first prompt's answer
+    ids) so that a metric the data cannot serve is refused before the run, as patching and steering do."""
+    V = model.structure.d_vocab
+    answers = torch.tensor([td.answers[0] or [-1]]) if td.answers else torch.tensor([[-1]])
+    wrong = torch.tensor([td.wrong_answers[0] or [-1]]) if td.wrong_answers else torch.tensor([[-1]])
+    logits = torch.zeros(1, V)
+    with metric_where("checked on stand-in logits (all zero) before the run"):
+        out = metric(logits, answers, wrong, logits)
+    if not isinstance(out, torch.Tensor) or out.shape != (1,):
+        raise ConfigError(f"the metric returned {getattr(out, 'shape', type(out))} for one prompt",
+                          code="metric_shape", remedy="a metric returns one value per row: shape [B]")
+
+
 class CheckedMetric:
     """A metric function with its parameters bound, checked where it is defined and on every call.
 

@@ -27,7 +27,7 @@ from ..errors import ConfigError, DataError, SiteError
 from ..executors.columns import PromptColumns
 from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt, batch_cap
-from ..metrics import ANSWER_LOGITS_ONLY, Metric, metric_where
+from ..metrics import ANSWER_LOGITS_ONLY, Metric, check_metric_runs, metric_where
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
 from ..models.partial import has_taps, prefix_note, prefix_reads, prefix_support, start_paths
@@ -165,7 +165,7 @@ class Patching(Sharded, Operation):
         return Prepared(model, data, plan, state)
 
     def _check_metric(self, metric: Any, model: ModelAdapter, td: Any) -> None:
-        _probe_metric(metric, model, td)
+        check_metric_runs(metric, model, td)
         zero_gradient = {"kl": "kl is zero with zero gradient at the base run (its minimum)",
                          "top1": "top1 is piecewise constant: its gradient is zero almost everywhere"}
         refused = ("kl", "top1") if self.method == "attribution" else ("top1",) if self.method != "exact" else ()
@@ -450,19 +450,6 @@ def _title(method: str, direction: str, patch: str, kind: str, label: str) -> st
     how = f"patched from the {source} run" if patch == "source" else f"given its {patch} value"
     return (f"{label.replace('normalized', 'normalised')} when each {kind} site of the {base} run is {how} "
             f"({method.replace('_', ' ')} patching, {direction})")
-
-
-def _probe_metric(metric: Any, model: ModelAdapter, td: Any) -> None:
-    """Call the metric once on stand-in logits so that a metric the data cannot serve is refused now."""
-    V = model.structure.d_vocab
-    answers = torch.tensor([td.answers[0] or [-1]]) if td.answers else torch.tensor([[-1]])
-    wrong = torch.tensor([td.wrong_answers[0] or [-1]]) if td.wrong_answers else torch.tensor([[-1]])
-    logits = torch.zeros(1, V)
-    with metric_where("checked on stand-in logits (all zero) before the run"):
-        out = metric(logits, answers, wrong, logits)
-    if not isinstance(out, torch.Tensor) or out.shape != (1,):
-        raise ConfigError(f"the metric returned {getattr(out, 'shape', type(out))} for one prompt",
-                          code="metric_shape", remedy="a metric returns one value per row: shape [B]")
 
 
 def _span(idx: list[int]) -> str:

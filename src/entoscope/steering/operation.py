@@ -28,9 +28,10 @@ from ..data.examples import Dataset
 from ..data.loading import DataSpec, load_data
 from ..data.tokenized import TokenizedData, length_batches, pad, pad_answers, pad_id, tokenize_data
 from ..errors import ConfigError, DataError, warn
+from ..evaluate import TASK_METRICS  # each built-in task's score, as entoscope info reports it
 from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
-from ..metrics import Metric, metric_where
+from ..metrics import Metric, check_metric_runs, metric_where
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
 from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
@@ -50,8 +51,6 @@ from .summary import prompt_rows, steering_table
 from .takeaway import steering_takeaway
 
 FLOAT = 4
-# each built-in task's score (as entoscope info reports it, evaluate.py): the metric read on its prompts
-TASK_SCORES = {"ioi": "logit_diff", "facts": "top1", "greater_than": "prob_diff", "induction": "top1"}
 DEFAULT_COEFFICIENTS = {"add": [0.25, 0.5, 1.0, 2.0], "set": [0.0, 0.5, 1.0, 2.0], "project_out": [1.0]}
 
 
@@ -63,7 +62,7 @@ class SideEffects(ConfigModel):
     text:  more held-out text (a data spec): KL and loss change only.
     KL(steered || unsteered) and the loss change are averaged over every held-out prompt (tasks and text)."""
 
-    tasks: list[str] = Field(default_factory=lambda: list(TASK_SCORES))
+    tasks: list[str] = Field(default_factory=lambda: list(TASK_METRICS))
     n: int = Field(default=32, ge=1, le=100_000)
     seed: int = 1729
     text: DataSpec | None = None
@@ -257,13 +256,11 @@ class Steering(Sharded, Operation):
         if name == TASK:
             return self.metric.function()
         if name.startswith(SCORE):
-            return Metric(type=TASK_SCORES[name[len(SCORE):]]).function()
+            return Metric(type=TASK_METRICS[name[len(SCORE):]]).function()
         return None
 
     def _check_metric(self, model: ModelAdapter, td: TokenizedData) -> None:
-        from ..patching.operation import _probe_metric
-
-        _probe_metric(self.metric.function(), model, td)
+        check_metric_runs(self.metric.function(), model, td)
 
     def _rows_per_forward(self, model: ModelAdapter, T: int) -> int:
         if self.batch_size is not None:
