@@ -92,6 +92,10 @@ def test_nan_zero_and_unreadable_vectors_are_refused(demo, tmp_path):
     (tmp_path / "garbage.npy").write_bytes(b"not an array")
     _refused(demo, "direction_file_format", direction={"source": "file", "path": str(tmp_path / "garbage.npy"),
                                                         "site": "resid_pre.1"})
+    whole = (tmp_path / "two.safetensors").read_bytes()  # cut short: the data its header promises is missing
+    (tmp_path / "cut.safetensors").write_bytes(whole[: len(whole) - 100])
+    _refused(demo, "direction_file_format", direction={"source": "file", "path": str(tmp_path / "cut.safetensors"),
+                                                        "key": "a", "site": "resid_pre.1"})
 
 
 def test_coefficients_that_overflow_are_refused_naming_the_coefficient(demo):

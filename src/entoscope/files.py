@@ -14,8 +14,8 @@ default; a caller passes `refuse` to raise its own class and code, e.g. `diction
   tensor's name).
 
 Shapes are the caller's to check (a dictionary's widths against each other, a direction against
-d_model). Dictionaries (models/dictionaries/saelens.py), tuned-lens translators (lens/tuned.py) and probe
-directions (probing/result.py) read their tensors here.
+d_model). Dictionaries (models/dictionaries/saelens.py), tuned-lens translators (lens/tuned.py), steering
+vectors (steering/vectorfile.py) and probe directions (probing/result.py) read their tensors here.
 """
 
 from __future__ import annotations
