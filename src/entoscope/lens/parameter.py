@@ -132,7 +132,7 @@ class ParameterLens(Operation):
                 rec[f"bottom{t + 1}_token"] = vocab[int(bot_i[j, t])]
                 rec[f"bottom{t + 1}_score"] = float(-bot_v[j, t])
             rows.append(rec)
-        keys = tuple(k for k in units[0] if k != "target") if units else ()
+        keys = tuple(units[0]) if units else ()  # the columns that name a unit (layer, neuron; dictionary, feature)
         return Result(self.name, pd.DataFrame(rows), title=f"parameter lens: {self.target} through {self.space}",
                       extra={"scores": scores}, takeaway=partial(parameter_takeaway, name_of=self.unit_name,
                                                                   keys=keys, reading=self.reading()))
