@@ -77,7 +77,7 @@ def child(name: str, repeat: int, loaded: bool) -> dict:
     set_threads(1)
     model = gpt2_small("bridge")
     if not loaded:  # forget the load-time checks: a bridge entoscope has not seen
-        for key in ("_entoscope_finite_stamp", "_entoscope_describable"):
+        for key in ("_entoscope_finite_stamp", "_entoscope_describable", "_entoscope_unembeds"):
             model.__dict__.pop(key, None)
     t, c = time.perf_counter(), time.process_time()
     if name == "forward":  # the baseline: torch's own first forward at this shape vs a warm one, no entoscope

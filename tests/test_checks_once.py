@@ -23,26 +23,59 @@ def _prompts():
     return ["When Mary and John went to the store, John gave a drink to", "one two three four five six"]
 
 
-def _forwards(model):
-    """A list that grows by one per forward of the model (a hook on its unembedding)."""
+def _forwards(module):
+    """A list that grows by one per forward into `module` (a pre-hook: a forward stopped inside it counts)."""
     seen = []
-    handle = model.unembed.register_forward_hook(lambda *_: seen.append(1))
+    handle = module.register_forward_pre_hook(lambda *_: seen.append(1))
     return seen, handle
 
 
 def test_an_unchanged_model_is_not_checked_again_and_an_edit_is():
     model = es.load_model("demo")  # the checks ran at load
-    seen, handle = _forwards(model)
+    block0, h0 = _forwards(model.blocks[0])
+    unembed, h1 = _forwards(model.unembed)
     try:
         for _ in range(3):
             adapt(model)
-        assert seen == []  # no describability forward for the same weights
+        assert block0 == [] and unembed == []  # no check forward for the same weights
         with torch.no_grad():
             model.blocks[0].mlp.parameters().__next__().mul_(1.0)  # an in-place edit bumps the version counter
         adapt(model)
-        assert len(seen) == 1  # checked again, once
+        assert len(block0) == 1 and unembed == []  # checked again, once, and only as far as block 0
         adapt(model)
-        assert len(seen) == 1
+        assert len(block0) == 1
+    finally:
+        h0.remove(), h1.remove()
+
+
+def test_the_unembedding_check_rides_on_the_first_forward_with_logits():
+    """After an edit, the first lens run makes exactly the forwards a warm run makes: the check that the
+    logits are unembed(final_norm(last resid_post)) is made on the run's own forward."""
+    model = es.load_model("demo")
+    unembed, handle = _forwards(model.unembed)
+    try:
+        with torch.no_grad():
+            model.blocks[1].mlp.parameters().__next__().mul_(1.0)
+        es.Lens().run(model, _prompts(), quiet=True)
+        first = len(unembed)
+        es.Lens().run(model, _prompts(), quiet=True)
+        assert first > 0 and first == len(unembed) - first
+    finally:
+        handle.remove()
+
+
+def test_reading_the_unembedding_first_makes_its_own_check_forward():
+    model = es.load_model("demo")
+    with torch.no_grad():
+        model.blocks[1].mlp.parameters().__next__().mul_(1.0)
+    a = adapt(model)
+    unembed, handle = _forwards(model.unembed)
+    try:
+        W_U = a.weights.W_U
+        assert len(unembed) == 1  # the check forward, before W_U was handed out
+        a.weights.final_norm, a.weights.b_U
+        assert len(unembed) == 1  # once
+        torch.testing.assert_close(W_U, model.W_U)
     finally:
         handle.remove()
 

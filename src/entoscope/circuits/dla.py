@@ -74,15 +74,16 @@ HALF_PRECISION_TOLERANCE = 2e-2
 def answer_direction(model: ModelAdapter, answers: Tensor, wrong: Tensor | None) -> tuple[Tensor, Tensor]:
     """(u [B, d_model], b_U part [B]): mean W_U column (and b_U) of the answers, minus the wrong ones'."""
     w = model.weights
-    W_U, b_U = w.W_U.to(torch.float64), w.b_U.to(torch.float64)
+    W_U, b_U = w.W_U, w.b_U
 
     def mean_over(ids: Tensor) -> tuple[Tensor, Tensor]:
         ids = ids.to(W_U.device)
         mask = (ids >= 0).to(torch.float64)
         n = mask.sum(-1, keepdim=True).clamp(min=1)
         safe = ids.clamp(min=0)
-        cols = W_U.T[safe] * mask[..., None]  # [B, A, d_model]
-        return cols.sum(1) / n, (b_U[safe] * mask).sum(-1) / n[:, 0]
+        # the answers' columns only, then float64 (a float64 copy of all of W_U was 300 MB on GPT-2 small)
+        cols = W_U.T[safe].to(torch.float64) * mask[..., None]  # [B, A, d_model]
+        return cols.sum(1) / n, (b_U[safe].to(torch.float64) * mask).sum(-1) / n[:, 0]
 
     u, bias = mean_over(answers)
     if wrong is not None:
@@ -160,7 +161,7 @@ class DirectLogitAttribution(Sharded, Operation):
         per_example += 8 * len(comps) * 2
         bs = self.choose_batch_size(per_example, len(td))
         batches = make_batches(td, bs, pad_id(model))
-        tol = self.tolerance if self.tolerance is not None else default_tolerance(model.weights.W_U.dtype)
+        tol = self.tolerance if self.tolerance is not None else default_tolerance(model.unembedding_dtype)
         notes = [f"identity checked per prompt: |sum of rows + constant - model's {self.metric}| <= "
                  f"{tol:g} * max(1, |{self.metric}|)",
                  "final norm scale frozen at its value on the final residual stream (apply_ln_to_stack)"]

@@ -26,6 +26,7 @@ from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
+from ..models.vocabulary import Vocabulary
 from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
 from ..results.result import Result
 from ..sites import Sites, SiteSet, absolute_positions, position_text
@@ -137,7 +138,7 @@ class Lens(Sharded, Operation):
         table = lens_summary(n, len(sites), lambda lo, hi: _aggregates(columns.read(lo, hi, keys)), sites,
                              self.stats, self.seed)
         table = _with_top_tokens(table, mean_probs, model, self.top_k)
-        vocab = np.asarray(model.vocab_strings(), dtype=object)
+        vocab = model.vocab_strings()
         frame = pd.DataFrame.from_records(sites)
         per_prompt = LazyTable(n, lambda lo, hi: lens_rows(frame, columns.read(lo, hi), vocab, lo, self.top_k),
                                rows_per_prompt=len(sites))
@@ -322,19 +323,19 @@ def lens_summary(n: int, n_sites: int, read: Any, sites: list[dict[str, Any]], s
     return table
 
 
-def lens_rows(sites: pd.DataFrame, arrays: dict[str, np.ndarray], vocab: np.ndarray, lo: int, k: int) -> pd.DataFrame:
+def lens_rows(sites: pd.DataFrame, arrays: dict[str, np.ndarray], vocab: Vocabulary, lo: int, k: int) -> pd.DataFrame:
     """The per-prompt table of prompts lo.. (one row per prompt and site, prompt-major) from their arrays."""
     E, U = arrays["kl"].shape
     frame = sites.iloc[np.tile(np.arange(U), E)].reset_index(drop=True)
     frame.insert(0, "example", np.repeat(np.arange(lo, lo + E), U))
     frame["token_position"] = arrays["position"].reshape(-1).astype(np.int64)
-    frame["token"] = vocab[arrays["token"].reshape(-1)]
+    frame["token"] = vocab.take(arrays["token"].reshape(-1))
     frame["kl_to_final"] = arrays["kl"].reshape(-1).astype(np.float64)
     for t in range(k):
-        frame[f"top{t + 1}_token"] = vocab[arrays["top_ids"][:, :, t].reshape(-1)]
+        frame[f"top{t + 1}_token"] = vocab.take(arrays["top_ids"][:, :, t].reshape(-1))
         frame[f"top{t + 1}_prob"] = arrays["top_probs"][:, :, t].reshape(-1).astype(np.float64)
     if "target" in arrays:
-        frame["target"] = vocab[np.repeat(arrays["target"], U)]
+        frame["target"] = vocab.take(np.repeat(arrays["target"], U))
         frame["target_rank"] = arrays["target_rank"].reshape(-1).astype(np.int64)
         frame["target_prob"] = arrays["target_prob"].reshape(-1).astype(np.float64)
         frame["target_logit"] = arrays["target_logit"].reshape(-1).astype(np.float64)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -23,9 +23,11 @@ from torch import Tensor
 from ..errors import DataError, SiteError
 from . import features
 from .backend import Backend, BaseIntervention, backend_for
-from .guards import (check_describable, check_finite_weights, evaluating, first_non_finite, non_finite,
-                     raise_non_finite)
+from .guards import (CheckedWeights, check_describable, check_finite_weights, check_unembedding, evaluating,
+                     first_non_finite, non_finite, raise_non_finite, unembedding_checked)
 from .names import KINDS, ActName, parse_name
+from .vocabulary import Vocabulary, vocabulary
+from .weights import Weights
 
 InterventionFn = Callable[[Tensor], Tensor]
 
@@ -116,10 +118,19 @@ class ModelAdapter:
         self.module = self.backend.module
         self.runner = cached if cached is not None else self.backend.runner
         self.structure = self.backend.structure()
-        self.weights = self.backend.weights(self.structure)
+        # the unembedding is handed out once the logits are shown to be unembed(final_norm(last resid_post))
+        self.weights = cast(Weights, CheckedWeights(self.backend.weights(self.structure), self.check_unembedding))
         check_finite_weights(self.module)
         self.backend.check_sites(self.structure)
         check_describable(self)
+        self._unembedding_ok = unembedding_checked(self)
+
+    def check_unembedding(self, final: Tensor | None = None, logits: Tensor | None = None) -> None:
+        """Show once per weights version that this model's logits are unembed(final_norm(last resid_post))
+        (guards.check_unembedding): on `final` and `logits` of a forward made anyway, else by its own forward."""
+        if not self._unembedding_ok:
+            check_unembedding(self, final, logits)
+            self._unembedding_ok = True
 
     def evaluating(self) -> Any:
         """Context: the model in eval mode (dropout off), each module's own mode restored after."""
@@ -194,6 +205,11 @@ class ModelAdapter:
     def device(self) -> torch.device:
         return next(self.module.parameters()).device
 
+    @property
+    def unembedding_dtype(self) -> torch.dtype:
+        """W_U's dtype, read without waiting for the unembedding check (a plan reads it and makes no forward)."""
+        return cast(CheckedWeights, self.weights).unchecked.W_U.dtype
+
     def tokenize(self, text: str | Sequence[int], prepend_bos: bool = True) -> list[int]:
         """Token ids for one prompt.
 
@@ -231,18 +247,10 @@ class ModelAdapter:
         vocab = self.vocab_strings()
         return [vocab[int(i)] for i in ids]
 
-    def vocab_strings(self) -> list[str]:
-        """Every token id decoded on its own, for tables and pages (computed once per tokenizer, kept on
-        it). Control characters (byte tokens such as NUL) are written as escapes, `\\x00`, so that no
-        table cell or page holds a raw control character."""
-        n = self.structure.d_vocab
-        vocab = getattr(self.tokenizer, "_entoscope_vocab", None)
-        if vocab is None or len(vocab) != n:
-            known = min(n, len(self.tokenizer))
-            vocab = [_printable(self.tokenizer.decode([i])) for i in range(known)] + \
-                [f"<{i}>" for i in range(known, n)]
-            self.tokenizer._entoscope_vocab = vocab
-        return vocab
+    def vocab_strings(self) -> Vocabulary:
+        """Every token id's text, decoded on its own when first asked for (vocabulary.py: kept on the tokenizer;
+        control characters written as escapes, `\\x00`)."""
+        return vocabulary(self.tokenizer, self.structure.d_vocab)
 
     # ------------------------------------------------------------------ runs
     def run(self, tokens: Tensor, read: Iterable[ActName | str] = (), *,
@@ -269,8 +277,16 @@ class ModelAdapter:
         for act in acts:
             for base in self._sources(act):
                 bases[base] = None
+        logits = logits or logits_at is not None
+        # the unembedding check rides on the first forward that returns the model's own logits (the last
+        # block's output is read beside them); any other forward waits for its own check forward first
+        final = ActName("resid_post", self.structure.n_layers - 1)
+        witness = not self._unembedding_ok and logits and not ivs and self.runner is self.backend.runner
+        if witness:
+            bases[final] = None
+        elif not self._unembedding_ok:
+            self.check_unembedding()
         with torch.set_grad_enabled(grad):  # derived reads (result, unfolded norms) too
-            logits = logits or logits_at is not None
             kept = tokens.shape[1]  # positions HuggingFace unembeds (the last ones)
             if not ivs and not grad:
                 stop = None if logits else self._stop_layer(list(bases))
@@ -289,6 +305,12 @@ class ModelAdapter:
             rows = torch.arange(len(logits_at), device=out_logits.device)
             out_logits = out_logits[rows, logits_at.to(out_logits.device) - (tokens.shape[1] - kept)]
         self._check_finite(tokens, ivs, out_logits if logits else None, out)
+        if witness:  # the first row's last positions (or its logits_at position)
+            if logits_at is None:
+                k = min(4, out_logits.shape[1])
+                self.check_unembedding(raw[final][0, -k:], out_logits[0, -k:])
+            else:
+                self.check_unembedding(raw[final][0, int(logits_at[0])][None], out_logits[:1])
         return RunOutput(out_logits if logits else None, out)
 
     def _check_finite(self, tokens: Tensor, ivs: list[BaseIntervention], logits: Tensor | None,
@@ -381,14 +403,6 @@ class ModelAdapter:
                 sizes["feature"] = features.width(kind)
             kind = kind.kind
         return {ax: sizes[ax] for ax in KINDS[kind].axes}
-
-
-_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0, 32), 127] if chr(c) not in "\n\t"}
-_CONTROL.update({ord("\n"): "\\n", ord("\t"): "\\t"})
-
-
-def _printable(text: str) -> str:
-    return text.translate(_CONTROL)
 
 
 _ENCODED_KEPT = 1 << 16  # texts whose ids a tokenizer keeps (datasets repeat names, answers and templates)

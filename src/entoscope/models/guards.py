@@ -6,17 +6,20 @@
 - `check_finite_weights(tl)`: NaN or inf in a parameter is refused, naming the parameter.
 - `first_non_finite(...)`: when a run's output is not finite, find the first site (in the order
   the forward reaches them) whose value is not, so the error can say where it first appeared.
-- `check_describable(adapter)`: one tiny forward at load time checks what every operation assumes
-  of a decoder: causal attention (a later token does not change earlier logits), an additive
-  residual stream (resid_post = resid_pre + attn_out + mlp_out) and pre-norm logits
-  (unembed(final_norm(last resid_post)) = the model's logits). An encoder or a post-norm model
-  fails one of them and is refused, instead of being described as a decoder it is not.
+- `check_describable(adapter)` and `check_unembedding(adapter)` check what every operation assumes of a
+  decoder: causal attention (a later token does not change earlier positions), an additive residual
+  stream (resid_post = resid_pre + attn_out + mlp_out), both from a tiny forward that stops after
+  block 0 when the model is adapted; and pre-norm logits (unembed(final_norm(last resid_post)) = the
+  model's logits), shown on the first forward entoscope makes of the model (ModelAdapter.run reads
+  the last block's output beside the logits it returns) or by its own tiny forward when the
+  unembedding or a forward without logits comes first (`CheckedWeights`). An encoder or a post-norm
+  model fails one of them and is refused, instead of being described as a decoder it is not.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -27,6 +30,7 @@ from .fingerprint import weights_stamp
 
 if TYPE_CHECKING:
     from .adapter import ModelAdapter
+    from .weights import Weights
 
 
 @contextlib.contextmanager
@@ -67,19 +71,30 @@ def check_finite_weights(tl: Any) -> None:
 def non_finite(tensors: Sequence[Tensor]) -> list[int]:
     """Indices of the floating-point tensors that hold NaN or inf, in order.
 
-    One sum per tensor (float32 or wider accumulation), one host sync per device: a sum is finite unless
-    the tensor holds NaN/inf or the sum overflowed, so only a tensor whose sum is not finite is then read
-    element by element (in chunks). A clean set of tensors costs one read of their values (an elementwise
-    isfinite pass costs several and a bool copy of each)."""
-    by_device: dict[torch.device, list[int]] = {}
+    One sum per storage (float32 or wider accumulation), one host sync per device: a sum is finite unless
+    the values hold NaN/inf or the sum overflowed, so only a tensor whose storage's sum is not finite is
+    then read element by element (in chunks). Tensors that are views of one storage (a bridge's q, k, v
+    of a joint qkv weight, a tied embedding) are read once, as the whole storage, where they cover it. A
+    clean set of tensors costs one read of their bytes (an elementwise isfinite pass costs several and a
+    bool copy of each)."""
+    by_storage: dict[tuple[torch.device, int, torch.dtype], list[int]] = {}
     for i, t in enumerate(tensors):
         if t.is_floating_point() and t.numel():
-            by_device.setdefault(t.device, []).append(i)
+            by_storage.setdefault((t.device, t.untyped_storage().data_ptr(), t.dtype), []).append(i)
+    by_device: dict[torch.device, list[tuple[Tensor, list[int]]]] = {}
+    for (device, _, _), idx in by_storage.items():
+        first = tensors[idx[0]].detach()
+        whole = first.untyped_storage().nbytes() // first.element_size()
+        if len(idx) > 1 and whole <= sum(tensors[i].numel() for i in idx):  # the views cover their storage
+            reads = [(first.new_empty(0).set_(first.untyped_storage(), 0, (whole,)), idx)]
+        else:
+            reads = [(tensors[i].detach(), [i]) for i in idx]
+        by_device.setdefault(device, []).extend(reads)
     suspects: list[int] = []
     with torch.no_grad():
-        for idx in by_device.values():
-            sums = torch.stack([tensors[i].detach().sum(dtype=_accumulator(tensors[i].dtype)) for i in idx])
-            suspects += [i for i, ok in zip(idx, torch.isfinite(sums).tolist()) if not ok]
+        for reads in by_device.values():
+            sums = torch.stack([t.sum(dtype=_accumulator(t.dtype)) for t, _ in reads])
+            suspects += [i for (_, idx), ok in zip(reads, torch.isfinite(sums).tolist()) if not ok for i in idx]
     return [i for i in sorted(suspects) if _count_non_finite(tensors[i])]
 
 
@@ -114,51 +129,104 @@ def raise_non_finite(what: str, where: str | None) -> None:
                            "a float16 model may overflow: load it in float32 or bfloat16")
 
 
-CHECK_COLUMNS = 4096  # vocabulary columns of the pre-norm logits check
+CHECK_COLUMNS = 4096  # vocabulary columns of the unembedding check
+_NOT_A_DECODER = ("entoscope supports pre-norm decoder-only transformers (GPT-2, GPT-NeoX/Pythia, Llama, Qwen2, "
+                  "Mistral, ...); encoders (BERT) and encoder-decoders (T5) are not supported")
 
 
 def check_describable(adapter: ModelAdapter) -> None:
-    """One forward of two 4-token prompts differing in their last token: causal, additive residual stream,
-    pre-norm logits. Run once per weights version (`weights_stamp`)."""
+    """Causal attention and an additive residual stream, from one forward of two 4-token prompts differing
+    in their last token that stops after block 0 (an encoder or a post-norm block fails there as at every
+    block). Run once per weights version (`weights_stamp`)."""
     tl = adapter.module
     stamp = weights_stamp(tl)
     if tl.__dict__.get("_entoscope_describable") == stamp:
         return
     s = adapter.structure
-    n = min(4, s.n_ctx)
-    tokens = torch.arange(1, n + 1, device=adapter.device).remainder(s.d_vocab)[None].repeat(2, 1)
-    tokens[1, -1] = (tokens[1, -1] + 1) % s.d_vocab  # the second prompt: another last token
-    last = s.n_layers - 1
-    names = {k: adapter.resolve(k) for k in (f"resid_pre.{last}", f"attn_out.{last}", f"mlp_out.{last}",
-                                             f"resid_post.{last}")}
+    tokens = _check_tokens(adapter)
+    names = {k: adapter.resolve(k) for k in ("resid_pre.0", "attn_out.0", "mlp_out.0", "resid_post.0")}
     with torch.no_grad(), evaluating(tl):
-        both, acts = adapter.backend.run(tokens, list(names.values()), [])
-        logits, logits2 = both[:1], both[1:]
-        resid = {k: acts[a][:1].double() for k, a in names.items()}
-        # unembedded by hand at the first CHECK_COLUMNS token ids (a post-norm model differs at every one); in
-        # float32 (no float64 copy of W_U): its rounding is far below the tolerance
-        cols = slice(0, min(s.d_vocab, CHECK_COLUMNS))
-        W_U, b_U = adapter.weights.W_U[:, cols], adapter.weights.b_U[cols]
-        wide = _accumulator(W_U.dtype)
-        final = adapter.weights.final_norm(acts[names[f"resid_post.{last}"]][:1]).to(wide)
-        unembedded = (final @ W_U.to(wide) + b_U.to(wide)).double()
-    scale = float(logits.float().abs().max()) + 1e-6
-    tol = 1e-3 if logits.dtype in (torch.float32, torch.float64) else 3e-2  # half precision rounds at ~1e-3
+        _, acts = adapter.backend.run(tokens, list(names.values()), [], logits=False)  # stops after block 0
+    resid = {k: acts[a].double() for k, a in names.items()}
     problems = []
-    if n > 1 and not float((logits2[0, :-1].float() - logits[0, :-1].float()).abs().max()) <= tol * scale:
-        problems.append("changing the last token changed the logits at earlier positions: its attention is "
-                        "not causal (an encoder?)")
-    summed = resid[f"resid_pre.{last}"] + resid[f"attn_out.{last}"] + resid[f"mlp_out.{last}"]
-    rscale = float(resid[f"resid_post.{last}"].abs().max()) + 1e-6
-    if not float((summed - resid[f"resid_post.{last}"]).abs().max()) <= tol * rscale:
+    post = resid["resid_post.0"]
+    tol = _tolerance(acts[names["resid_post.0"]].dtype)
+    rscale = float(post.abs().max()) + 1e-6
+    if tokens.shape[1] > 1 and not float((post[1, :-1] - post[0, :-1]).abs().max()) <= tol * rscale:
+        problems.append("changing the last token changed block 0's output at earlier positions: its attention "
+                        "is not causal (an encoder?)")
+    summed = resid["resid_pre.0"] + resid["attn_out.0"] + resid["mlp_out.0"]
+    if not float((summed - post).abs().max()) <= tol * rscale:
         problems.append("resid_post is not resid_pre + attn_out + mlp_out: the residual stream is not additive "
                         "(a post-norm block?)")
-    elif not float((unembedded - logits[..., cols].double()).abs().max()) <= tol * scale:
-        problems.append("unembed(final_norm(last resid_post)) is not the model's logits")
     if problems:
-        raise UnsupportedModelError(
-            f"{s.architecture} is not a model entoscope can describe: " + "; ".join(problems),
-            code="not_a_decoder",
-            remedy="entoscope supports pre-norm decoder-only transformers (GPT-2, GPT-NeoX/Pythia, Llama, Qwen2, "
-            "Mistral, ...); encoders (BERT) and encoder-decoders (T5) are not supported")
+        raise UnsupportedModelError(f"{s.architecture} is not a model entoscope can describe: " + "; ".join(problems),
+                                    code="not_a_decoder", remedy=_NOT_A_DECODER)
     tl._entoscope_describable = stamp
+
+
+def unembedding_checked(adapter: ModelAdapter) -> bool:
+    """Whether this weights version's logits were shown to be unembed(final_norm(last resid_post))."""
+    return adapter.module.__dict__.get("_entoscope_unembeds") == weights_stamp(adapter.module)
+
+
+def check_unembedding(adapter: ModelAdapter, final: Tensor | None = None, logits: Tensor | None = None) -> None:
+    """Refuse a model whose logits are not unembed(final_norm(last resid_post)) (an unmodelled logit cap, a
+    post-norm model, an unembedding read wrongly): what every decomposition of the logits assumes.
+
+    `final` [k, d_model] and `logits` [k, d_vocab] are the last block's output and the model's logits at the
+    same k positions of a forward entoscope made anyway (ModelAdapter.run); without them, one forward of
+    a 4-token prompt makes them. Compared on the first CHECK_COLUMNS token ids, in float32 (a post-norm
+    model differs at every one; float32's rounding is far below the tolerance)."""
+    tl = adapter.module
+    if final is None or logits is None:
+        last = adapter.resolve(f"resid_post.{adapter.structure.n_layers - 1}")
+        with torch.no_grad(), evaluating(tl):
+            out, acts = adapter.backend.run(_check_tokens(adapter)[:1], [last], [])
+        final, logits = acts[last][0], out[0]
+    s = adapter.structure
+    weights = adapter.weights.unchecked
+    cols = slice(0, min(s.d_vocab, CHECK_COLUMNS))
+    with torch.no_grad():
+        W_U, b_U = weights.W_U[:, cols], weights.b_U[cols]
+        wide = _accumulator(W_U.dtype)
+        normed = weights.final_norm(final.detach()).to(wide)
+        unembedded = (normed @ W_U.to(wide) + b_U.to(wide)).double()
+    logits = logits.detach()
+    scale = float(logits.float().abs().max()) + 1e-6
+    tol = _tolerance(logits.dtype)
+    if not float((unembedded - logits[..., cols].double()).abs().max()) <= tol * scale:
+        raise UnsupportedModelError(
+            f"{s.architecture} is not a model entoscope can describe: unembed(final_norm(last resid_post)) is "
+            "not the model's logits", code="not_a_decoder", remedy=_NOT_A_DECODER)
+    tl._entoscope_unembeds = weights_stamp(tl)
+
+
+def _tolerance(dtype: torch.dtype) -> float:
+    return 1e-3 if dtype in (torch.float32, torch.float64) else 3e-2  # half precision rounds at ~1e-3
+
+
+def _check_tokens(adapter: ModelAdapter) -> Tensor:
+    """Two prompts of min(4, n_ctx) tokens, differing in their last token."""
+    s = adapter.structure
+    n = min(4, s.n_ctx)
+    tokens = torch.arange(1, n + 1, device=adapter.device).remainder(s.d_vocab)[None].repeat(2, 1)
+    tokens[1, -1] = (tokens[1, -1] + 1) % s.d_vocab
+    return tokens
+
+
+class CheckedWeights:
+    """A model's `Weights` whose unembedding (W_U, b_U, final_norm) is handed out only once the model's logits
+    are shown to be unembed(final_norm(last resid_post)) for these weights (`check_unembedding`). Every other
+    name is the weights' own; `unchecked` is the `Weights` itself."""
+
+    _GUARDED = frozenset({"W_U", "b_U", "final_norm"})
+
+    def __init__(self, weights: Weights, before_unembedding: Callable[[], None]) -> None:
+        self.unchecked = weights
+        self._before = before_unembedding
+
+    def __getattr__(self, name: str) -> Any:
+        if name in CheckedWeights._GUARDED:
+            self._before()
+        return getattr(self.unchecked, name)

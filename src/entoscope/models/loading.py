@@ -273,11 +273,11 @@ def from_hf(hf_model: Any, tokenizer: Any, *, backend: Backend = "bridge", compa
 
 
 def checked(model: Any) -> Any:
-    """Run the adapter's load-time checks now (finite weights; a tiny forward showing the model is a
-    pre-norm causal decoder), so that a plan later runs no forward at all."""
+    """Run the adapter's load-time checks now (finite weights; tiny forwards showing the model is a pre-norm
+    causal decoder, the unembedding included), so that a plan later runs no forward at all."""
     from .adapter import ModelAdapter
 
-    ModelAdapter(model)
+    ModelAdapter(model).check_unembedding()
     return model
 
 

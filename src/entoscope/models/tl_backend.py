@@ -39,9 +39,9 @@ _KV_AS_HOOKED = ("GPT2LMHeadModel", "GPTNeoXForCausalLM", "LlamaForCausalLM", "Q
                  "MistralForCausalLM")
 
 
-class _FinalResidual(Exception):
-    """Raised by a hook to end a forward once the last block's output is known (as TransformerLens's
-    own stop_at_layer does): the final norm and unembedding then run on the answer rows only."""
+class _Stop(Exception):
+    """Raised by a hook to end a forward once the last block a run reads is done (as TransformerLens's own
+    stop_at_layer does): a patched run's final norm and unembedding then run on the answer rows only."""
 
 
 class TLBackend(Backend):
@@ -151,26 +151,24 @@ class TLBackend(Backend):
 
     def run(self, tokens: Tensor, reads: Sequence[ActName], interventions: Sequence[BaseIntervention], *,
             logits: bool = True) -> tuple[Tensor | None, dict[ActName, Tensor]]:
+        """With logits=False the forward ends after the last block it reads or writes."""
         raw: dict[ActName, Tensor] = {}
         hooks = self.hooks_for(interventions)
         for act in reads:
             hooks.append((self.hook(act), _saver(raw, act)))
-        out = self.tl.run_with_hooks(tokens, fwd_hooks=hooks, return_type="logits")
+        touched = [*reads, *(act for act, _ in interventions)]
+        if not logits and all(a.layer is not None or a.kind in ("embed", "pos_embed") for a in touched):
+            hooks.append((f"blocks.{max((a.layer for a in touched if a.layer is not None), default=0)}"
+                          ".hook_resid_post", _stop))
+        try:
+            out = self.tl.run_with_hooks(tokens, fwd_hooks=hooks, return_type="logits" if logits else None)
+        except _Stop:
+            out = None
         return out if logits else None, raw
 
     def final_residual(self, tokens: Tensor, interventions: Sequence[BaseIntervention]) -> Tensor:
-        kept: dict[str, Tensor] = {}
-
-        def grab(x: Tensor, hook: Any = None) -> None:
-            kept["x"] = x
-            raise _FinalResidual
-
-        name = f"blocks.{self.tl.cfg.n_layers - 1}.hook_resid_post"
-        try:
-            self.tl.run_with_hooks(tokens, fwd_hooks=self.hooks_for(interventions) + [(name, grab)], return_type=None)
-        except _FinalResidual:
-            pass
-        return kept["x"]
+        final = ActName("resid_post", int(self.tl.cfg.n_layers) - 1)
+        return self.run(tokens, [final], interventions, logits=False)[1][final]
 
     def final_norm(self, x: Tensor) -> Tensor:
         return self.tl.ln_final(x[:, None])[:, 0] if x.dim() == 2 else self.tl.ln_final(x)
@@ -209,6 +207,10 @@ def _mid_through_attn_out(layer: int, fn: Callable) -> list[tuple[str, Callable]
         return out + (fn(mid) - mid)
 
     return [(f"blocks.{layer}.hook_resid_pre", keep_pre), (f"blocks.{layer}.hook_attn_out", edit_out)]
+
+
+def _stop(x: Tensor, hook: Any = None) -> None:
+    raise _Stop
 
 
 def _saver(store: dict[ActName, Tensor], act: ActName) -> Callable:
