@@ -109,9 +109,10 @@ def test_logits_that_are_not_the_unembedded_residual_are_refused(kind, op):
 
     run()  # the control: the untampered model passes
     model = _broken_logits(kind, model)
-    with pytest.raises(UnsupportedModelError) as err:
-        run()
-    assert err.value.code == "not_a_decoder" and "unembed(final_norm(last resid_post)) is not" in err.value.message
+    for call in (lambda: operation.plan(model) if op == "parameter_lens" else operation.plan(model, data), run):
+        with pytest.raises(UnsupportedModelError) as err:  # plan (it makes every check run makes), then run
+            call()
+        assert err.value.code == "not_a_decoder" and "unembed(final_norm(last resid_post)) is not" in err.value.message
 
 
 @pytest.mark.parametrize("kind", KINDS)

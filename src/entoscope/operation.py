@@ -67,6 +67,7 @@ class Operation(ConfigModel):
         with recording_warnings() as warned:
             check_executor(self.name, self.not_sharded_reason(), model, executor, connect=False)
             prepared = self.prepare_for(model, data)
+            prepared.model.check_unembedding()  # what run checks on its first forward (a no-op once made)
             plan = prepared.plan
             sharding = self.sharding()
             if sharding is not None:
