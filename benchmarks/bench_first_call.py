@@ -21,6 +21,9 @@ Calls: one prompt of 24 random tokens for lens, DLA, head scores (a repeated ran
 0.04); one pair of 15 tokens for exact patching (resid_pre, layer x position) and EAP-IG circuits (5 steps);
 probing: 48 prompts of 12 tokens, resid_post of every layer, a binary label. Target: IFR's first call on
 one prompt within 1.5x of a warm call.
+
+Last line (not with --loaded): the one-time checks timed alone, each against a warm IFR call in the same
+process (checks_child).
 """
 
 from __future__ import annotations
@@ -69,6 +72,54 @@ def _operation(name: str):
     raise SystemExit(f"unknown operation {name}")
 
 
+STAMPS = ("_entoscope_finite_stamp", "_entoscope_describable", "_entoscope_unembeds")
+
+
+def checks_child(repeat: int) -> dict:
+    """The one-time checks alone against a warm IFR call on the same model, in one process: the finite
+    scan, the block-0 describability forward (both in `adapt`) and the unembedding check as a first
+    forward makes it (on that forward's own last residual and logits), each made again with the stamps
+    forgotten; the median of `repeat`."""
+    sys.path.insert(0, str(HERE))
+    import torch
+
+    from common import gpt2_small, set_threads
+    from entoscope.models.adapter import ModelAdapter
+    from entoscope.models.guards import check_describable, check_finite_weights, check_unembedding
+
+    set_threads(1)
+    model = gpt2_small("bridge")
+    op, data = _operation("ifr")
+    op.run(model, data, quiet=True)
+    adapter = ModelAdapter(model)
+    final = f"resid_post.{adapter.structure.n_layers - 1}"
+    out = adapter.run(torch.tensor([data.examples[0].prompt]), [final])  # the prompt is token ids
+    witness = (out[final][0, -4:], out.logits[0, -4:])
+
+    def cpu(fn) -> float:
+        times = []
+        for _ in range(repeat):
+            for key in STAMPS:
+                model.__dict__.pop(key, None)
+            c = time.process_time()
+            fn()
+            times.append(time.process_time() - c)
+        return statistics.median(times)
+
+    # the scan's floor: one sum over a single flat tensor holding as many bytes as the weights' storages
+    storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}
+    flat = torch.randn(sum(storages.values()) // 4)
+    times = {"read_floor": cpu(lambda: flat.sum().item()),
+             "scan": cpu(lambda: check_finite_weights(model)), "block0": cpu(lambda: check_describable(adapter)),
+             "unembedding": cpu(lambda: check_unembedding(adapter, *witness))}
+    warm = []
+    for _ in range(repeat):
+        c = time.process_time()
+        op.run(model, data, quiet=True)
+        warm.append(time.process_time() - c)
+    return {**times, "warm_ifr": statistics.median(warm)}
+
+
 def child(name: str, repeat: int, loaded: bool) -> dict:
     """Run in a fresh process: the timings of one operation."""
     sys.path.insert(0, str(HERE))
@@ -77,7 +128,7 @@ def child(name: str, repeat: int, loaded: bool) -> dict:
     set_threads(1)
     model = gpt2_small("bridge")
     if not loaded:  # forget the load-time checks: a bridge entoscope has not seen
-        for key in ("_entoscope_finite_stamp", "_entoscope_describable", "_entoscope_unembeds"):
+        for key in STAMPS:
             model.__dict__.pop(key, None)
     t, c = time.perf_counter(), time.process_time()
     if name == "forward":  # the baseline: torch's own first forward at this shape vs a warm one, no entoscope
@@ -110,6 +161,9 @@ def main() -> None:
     ap.add_argument("--loaded", action="store_true", help="the model as load_model gives it (checks done at load)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child == "checks":
+        print(json.dumps(checks_child(max(args.repeat, 5))))
+        return
     if args.child:
         print(json.dumps(child(args.child, args.repeat, args.loaded)))
         return
@@ -126,6 +180,20 @@ def main() -> None:
         (iw, ic), (fw, fc), (ww, wc) = r["import"], r["first"], r["warm"]
         print(f"{name:<12} {iw:7.2f}s/{ic:6.2f}s {fw:7.2f}s/{fc:6.2f}s {ww:7.2f}s/{wc:6.2f}s {fw / ww:15.2f}x "
               f"{fc / wc:14.2f}x", flush=True)
+    if args.loaded:
+        return
+    proc = subprocess.run([sys.executable, __file__, "--child", "checks", "--repeat", str(args.repeat)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"checks failed:\n{proc.stderr[-3000:]}")
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    total = r["scan"] + r["block0"] + r["unembedding"]
+    print(f"one-time checks, CPU time against a warm IFR call ({r['warm_ifr']:.3f} s): finite scan {r['scan']:.3f} s "
+          f"({r['scan'] / r['warm_ifr']:.0%}; {r['scan'] / r['read_floor']:.2f}x one sum over a flat tensor of the "
+          f"same bytes, {r['read_floor']:.3f} s), block-0 describability forward {r['block0']:.3f} s "
+          f"({r['block0'] / r['warm_ifr']:.0%}), unembedding check on the first forward's own numbers "
+          f"{r['unembedding']:.4f} s ({r['unembedding'] / r['warm_ifr']:.1%}); together {total:.3f} s "
+          f"({total / r['warm_ifr']:.0%})")
 
 
 if __name__ == "__main__":
