@@ -349,3 +349,31 @@ def test_feature_dla_takeaway_says_first_whether_any_row_passes_the_fdr_and_rank
     for c, (_, row) in zip(quoted, top.iterrows()):
         assert c.low == pytest.approx(row["mean_ci_low"]) and c.q == pytest.approx(row["mean_q"])
         assert f"{row['component']} {row['mean']:+.3f} [{row['mean_ci_low']:+.3f}, {row['mean_ci_high']:+.3f}]" in text
+
+
+def test_feature_dla_active_share_interval_is_the_wilson_interval_of_the_prompts_counted_here(demo):
+    """A feature's active_share is a share of prompts: counted here from the per-prompt rows (every feature
+    of each dictionary kept, so a feature is active in a prompt where its contribution is not 0), and its
+    interval is the Wilson formula written out here; a component row is active by definition: [1, 1]."""
+    from statistics import NormalDist
+
+    data = es.tasks.ioi(n=6, seed=3)
+    result = FeatureDLA(dictionary="demo", activation="mlp_out", top_k_features=512).run(demo, data, quiet=True)
+    t, pp, z = result.table, result.per_prompt, NormalDist().inv_cdf(0.975)
+    features = pp[pp["kind"] == "feature"]
+    per_prompt_counts = features.groupby("example").size()
+    assert (per_prompt_counts == per_prompt_counts.iloc[0]).all()  # every feature kept in every prompt
+    n = len(data)
+    active = features.assign(on=features["contribution"] != 0).groupby("component")["on"].sum()
+    rows = t[t["kind"] == "feature"]
+    assert len(rows) and (rows["active_share"] < 1).any()
+    for _, row in rows.iterrows():
+        k = int(active[row.component])
+        assert row.active_share == pytest.approx(k / n)
+        p = k / n
+        centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+        half = z / (1 + z * z / n) * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5
+        assert row.active_share_ci_low == pytest.approx(max(0.0, centre - half), abs=1e-12)
+        assert row.active_share_ci_high == pytest.approx(min(1.0, centre + half), abs=1e-12)
+    comp = t[t["kind"] == "head"].iloc[0]
+    assert comp.active_share == comp.active_share_ci_low == comp.active_share_ci_high == 1.0

@@ -59,7 +59,7 @@ from ..data.tokenized import Batch, make_batches, pad_id, tokenize_data
 from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
 from ..results.lazy import LazyTable
-from ..stats import Stats, interval_columns, streamed_mean, summarise, wilson_interval
+from ..stats import Stats, interval_columns, share_interval, streamed_mean, summarise
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
 from ..models.structure import Structure
@@ -553,8 +553,8 @@ def _component_table(s: Structure, granularity: str, columns: Any, stats: Stats,
         for key, value in interval_columns(summary, name, stats).items():
             frame[key] = value[part]
     # a share of prompts: the Wilson score interval, not the bootstrap's (degenerate at 0 and n of n)
-    frame["in_route_ci_low"], frame["in_route_ci_high"] = wilson_interval(
-        np.rint(frame["in_route"].to_numpy() * columns.n), columns.n, stats.ci_level)
+    frame["in_route_ci_low"], frame["in_route_ci_high"] = share_interval(frame["in_route"].to_numpy(), columns.n,
+                                                                         stats.ci_level)
     frame["n_prompts"] = columns.n
     frame["ci_level"] = stats.ci_level
     return frame

@@ -51,7 +51,7 @@ from ..models.names import ActName
 from ..operation import Prepared, progress, register_operation
 from ..results.result import Result
 from ..sites import Selection, Sites
-from ..stats import Stats, interval_columns, streamed_mean, summarise
+from ..stats import Stats, interval_columns, share_interval, streamed_mean, summarise
 from ..models.dictionaries.catalog import get_dictionary
 from .dla_takeaway import feature_dla_takeaway
 
@@ -245,7 +245,13 @@ def _table(comps: list[Component], comp_rows: Tensor, bases: list[tuple[int, str
     frame = dla_summary(n, _frame(rows), contributions, stats, seed)
     share = summarise(streamed_mean(n, width, activity, skip_nan=False), stats, seed)
     frame.insert(frame.columns.get_loc("n_prompts"), "active_share", share.value)
-    for key, col in interval_columns(share, "active_share", stats).items():
+    columns = interval_columns(share, "active_share", stats)
+    # a feature's share of prompts: the Wilson interval (the bootstrap's is degenerate at 0 and n); a component
+    # or error row is active by definition, so its [1, 1] stays
+    low, high = share_interval(share.value, n, stats.ci_level)
+    columns["active_share_ci_low"] = np.where(is_feature, low, columns["active_share_ci_low"])
+    columns["active_share_ci_high"] = np.where(is_feature, high, columns["active_share_ci_high"])
+    for key, col in columns.items():
         frame.insert(frame.columns.get_loc("n_prompts"), key, col)
     return frame
 

@@ -32,7 +32,7 @@ from ..results.result import Result
 from ..sites import Sites, SiteSet, absolute_positions, position_text
 from ..results.lazy import LazyTable
 from ..results.figures import interval_note, noted
-from ..stats import Stats, error_arrays, interval_columns, streamed_mean, summarise
+from ..stats import Stats, error_arrays, interval_columns, share_interval, streamed_mean, summarise
 from ..stats.columns import hover_value, interval_bars, level_text
 from ..stats.moments import column_moments
 from .project import (COMPONENTS, RESIDUAL_STATES, ComponentScale, check_lens_kind, decode_components,
@@ -298,7 +298,7 @@ def lens_summary(n: int, n_sites: int, read: Any, sites: list[dict[str, Any]], s
     Per site: `kl_mean` (and with answers `target_prob_mean`, `target_logit_mean`, `target_rank_mean`,
     `target_top1` = share of prompts whose answer is the lens's top token), each the mean over prompts
     with its bootstrap interval over prompts (one resampling of the prompts for every column and
-    site); `kl_std`, `target_prob_std`, `target_logit_std` the spread over prompts (ddof 0)."""
+    site), but for `target_top1`, a share, whose interval is Wilson's (stats/proportion.py); `kl_std`, `target_prob_std`, `target_logit_std` the spread over prompts (ddof 0)."""
     table = pd.DataFrame.from_records(sites)
     wanted = list(read(0, min(n, 1))) if n else []
     if not wanted:
@@ -319,6 +319,9 @@ def lens_summary(n: int, n_sites: int, read: Any, sites: list[dict[str, Any]], s
             table[key] = value[part]
         if agg in ("kl_mean", "target_prob_mean", "target_logit_mean"):
             table[agg.replace("_mean", "_std")] = moments.std[part]
+        if agg == "target_top1":  # a share of prompts: the Wilson interval (the bootstrap's is degenerate at 0 and n)
+            table["target_top1_ci_low"], table["target_top1_ci_high"] = share_interval(
+                summary.value[part], moments.count[part], stats.ci_level)
     table["ci_level"] = stats.ci_level
     return table
 

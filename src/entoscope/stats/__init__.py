@@ -15,9 +15,9 @@ from .columns import (ci_text, error_arrays, interval_columns, p_text, readable_
                       value_with_ci)
 from .config import Stats
 from .fdr import benjamini_hochberg
-from .proportion import wilson_interval
+from .proportion import share_interval, wilson_interval
 
 __all__ = ["FunctionStat", "RatioStat", "Resampler", "StatFn", "Stats", "SumsStat", "Summary", "benjamini_hochberg",
            "ci_text", "error_arrays", "fragile", "interval_columns", "leave_one_out", "mean_stat", "p_text",
            "ratio_stat", "readable_p", "resample_weights", "significance_columns", "streamed_mean", "summarise",
-           "value_with_ci", "wilson_interval"]
+           "value_with_ci", "share_interval", "wilson_interval"]
