@@ -14,6 +14,7 @@ from entoscope.dictionaries.dla import FeatureDLA
 from entoscope.dictionaries.lens import DecoderLens
 from entoscope.errors import ConfigError
 from entoscope.models.adapter import adapt
+from wilson_by_hand import wilson_by_hand
 from entoscope.probing import fit_probes
 
 
@@ -355,11 +356,9 @@ def test_feature_dla_active_share_interval_is_the_wilson_interval_of_the_prompts
     """A feature's active_share is a share of prompts: counted here from the per-prompt rows (every feature
     of each dictionary kept, so a feature is active in a prompt where its contribution is not 0), and its
     interval is the Wilson formula written out here; a component row is active by definition: [1, 1]."""
-    from statistics import NormalDist
-
     data = es.tasks.ioi(n=6, seed=3)
     result = FeatureDLA(dictionary="demo", activation="mlp_out", top_k_features=512).run(demo, data, quiet=True)
-    t, pp, z = result.table, result.per_prompt, NormalDist().inv_cdf(0.975)
+    t, pp = result.table, result.per_prompt
     features = pp[pp["kind"] == "feature"]
     per_prompt_counts = features.groupby("example").size()
     assert (per_prompt_counts == per_prompt_counts.iloc[0]).all()  # every feature kept in every prompt
@@ -370,10 +369,8 @@ def test_feature_dla_active_share_interval_is_the_wilson_interval_of_the_prompts
     for _, row in rows.iterrows():
         k = int(active[row.component])
         assert row.active_share == pytest.approx(k / n)
-        p = k / n
-        centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-        half = z / (1 + z * z / n) * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5
-        assert row.active_share_ci_low == pytest.approx(max(0.0, centre - half), abs=1e-12)
-        assert row.active_share_ci_high == pytest.approx(min(1.0, centre + half), abs=1e-12)
+        low, high = wilson_by_hand(k, n)
+        assert row.active_share_ci_low == pytest.approx(low, abs=1e-12)
+        assert row.active_share_ci_high == pytest.approx(high, abs=1e-12)
     comp = t[t["kind"] == "head"].iloc[0]
     assert comp.active_share == comp.active_share_ci_low == comp.active_share_ci_high == 1.0

@@ -12,6 +12,7 @@ from entoscope.circuits.ifr import InformationFlowRoutes, flow_importances, flow
 from entoscope.data import Dataset, Example
 from entoscope.models import adapt, load_model
 
+from wilson_by_hand import wilson_by_hand
 from conftest import available_variants, get_tiny, variant_id
 
 
@@ -228,11 +229,9 @@ def test_in_route_interval_is_the_wilson_score_interval_of_the_prompts_counted_f
     for _, row in result.table.iterrows():
         used = sum(any(d["component"] == row.component for _, _, d in g.edges(data=True)) for g in graphs)
         assert row.in_route == pytest.approx(used / n)
-        p = used / n
-        centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-        half = z / (1 + z * z / n) * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5
-        assert row.in_route_ci_low == pytest.approx(max(0.0, centre - half), abs=1e-12)
-        assert row.in_route_ci_high == pytest.approx(min(1.0, centre + half), abs=1e-12)
+        low, high = wilson_by_hand(used, n)
+        assert row.in_route_ci_low == pytest.approx(low, abs=1e-12)
+        assert row.in_route_ci_high == pytest.approx(high, abs=1e-12)
         seen_full |= used == n
     assert seen_full  # a component every route uses: the case a bootstrap collapses to [1, 1]
     full = result.table[result.table.in_route == 1].iloc[0]

@@ -8,6 +8,7 @@ from entoscope.data import Dataset
 from entoscope.lens.tuned import TunedLens
 from entoscope.models import adapt, load_model
 
+from wilson_by_hand import wilson_by_hand
 from conftest import has_hooked_transformer
 
 BACKENDS = [("bridge", False), ("bridge", True)] + ([("hooked", False)] if has_hooked_transformer() else [])
@@ -188,19 +189,15 @@ def test_parameter_lens_takeaway_quotes_the_units_of_largest_top_score_computed_
 def test_target_top1_interval_is_the_wilson_interval_of_the_prompts_counted_from_the_per_prompt_table():
     """target_top1 is a share of prompts: its share is counted here from the per-prompt ranks and its
     interval is the Wilson formula written out here (a bootstrap reads [1, 1] at n of n)."""
-    from statistics import NormalDist
-
     result = es.Lens().run(es.load_model("demo"), es.tasks.ioi(n=8, seed=5), quiet=True)
-    pp, z = result.per_prompt, NormalDist().inv_cdf(0.975)
+    pp = result.per_prompt
     seen_full = False
     for _, row in result.table.iterrows():
         ranks = pp[pp["site"] == row.site]["target_rank"].to_numpy()
         n, k = len(ranks), int((ranks == 0).sum())
         assert row.target_top1 == pytest.approx(k / n) and row.n_prompts == n
-        p = k / n
-        centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-        half = z / (1 + z * z / n) * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5
-        assert row.target_top1_ci_low == pytest.approx(max(0.0, centre - half), abs=1e-12)
-        assert row.target_top1_ci_high == pytest.approx(min(1.0, centre + half), abs=1e-12)
+        low, high = wilson_by_hand(k, n)
+        assert row.target_top1_ci_low == pytest.approx(low, abs=1e-12)
+        assert row.target_top1_ci_high == pytest.approx(high, abs=1e-12)
         seen_full |= k == n
     assert seen_full  # a site where every prompt's answer is the top token: [n / (n + z^2), 1], not [1, 1]
