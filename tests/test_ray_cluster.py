@@ -12,6 +12,7 @@ ENTOSCOPE_REQUIRE_RAY=1 so that a missing ray fails instead."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -127,11 +128,14 @@ def started_cluster():
         time.sleep(0.2)
     assert record.exists(), "ray start did not start a cluster"
     yield {"port": port, "tmp": folder}
-    os.killpg(proc.pid, signal.SIGTERM)  # `ray start --block` ends the processes it started
+    # `ray start --block` ends the processes it started on its own SIGTERM (about 2 s); a SIGTERM to the whole
+    # group ends its children first, and it then waits out its 30 s drain before it exits
+    proc.send_signal(signal.SIGTERM)
     try:
         proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of the group
     shutil.rmtree(folder, ignore_errors=True)
 
 
