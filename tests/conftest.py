@@ -101,3 +101,15 @@ def example_runs(tmp_path_factory):
             result = op.run(model, data, quiet=True)
             done[(path.name, name)] = result.save(root / path.stem / name)
     return done
+
+
+def pytest_xdist_auto_num_workers(config):
+    """Workers for `-n auto` (the README's test command): one per core this process may run on, at most one
+    per 2 GiB of memory (a worker peaks near 1.3 GB) and at most 8 (each worker builds the session's shared
+    runs, such as the examples' folders, for itself, so more workers than that add more than they save)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        memory = 1 << 62
+    return max(1, min(cores, memory // (2 << 30), 8))

@@ -114,6 +114,7 @@ def test_a_warning_is_said_once_with_its_count():
         warn(f"first {tag}", code="test_code")
 
 
+@pytest.mark.slow  # the CLI (or the README's script) as a subprocess: the slow set
 def test_the_readme_lens_example_says_one_warning_line_and_reads_each_prompts_last_token(tmp_path):
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     code = re.search(r"```python\n(import entoscope as es\n.*?)```", readme, re.S).group(1)

@@ -216,6 +216,7 @@ def test_a_damaged_sums_file_recomputes_its_shard(tmp_path, monkeypatch, capsys)
         pd.testing.assert_frame_equal(pd.read_parquet(run / name), pd.read_parquet(reference / name), check_exact=True)
 
 
+@pytest.mark.slow  # the CLI (or the README's script) as a subprocess: the slow set
 def test_a_driver_killed_mid_run_resumes_to_the_uninterrupted_table(made, tmp_path):
     out = tmp_path / "killed"
     cmd = [sys.executable, "-m", "entoscope.cli", *_argv(out), "--resume"]
