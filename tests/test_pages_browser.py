@@ -19,13 +19,14 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--
 WIDTH = 1280
 
 if os.environ.get("ENTOSCOPE_REQUIRE_BROWSER") == "1":  # CI: a missing browser fails instead of skipping
-    import playwright.sync_api as playwright  # noqa: F401
+    import playwright.sync_api as playwright
     assert CHROMIUM is not None, "ENTOSCOPE_REQUIRE_BROWSER=1 but no Chromium is installed (apt-get install chromium)"
 else:
     playwright = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (pip install playwright)")
 pytestmark = [pytest.mark.slow,  # a browser reading every page: minutes (CI runs them: -m slow)
               pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on this machine (apt-get install chromium)")]
 
+RENDERED = "() => [...document.querySelectorAll('.plotly-graph-div')].every(f => f.querySelector('.main-svg'))"
 CHECKS = """() => {
   const figures = [...document.querySelectorAll('.plotly-graph-div')];
   const empty = figures.filter(f => !f.querySelector('.main-svg')).map(f => f.id);
@@ -83,17 +84,24 @@ def _check_pages(root: Path, pages: list[Path], label: str) -> None:
     shots.mkdir(exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        # one tab reads every page in turn: a fresh tab per page parses plotly.js again each time (about 2 s a
+        # page here, against 0.7 s); what a page logs or requests is collected from its own navigation on
+        page = browser.new_page(viewport={"width": WIDTH, "height": 900})
+        errors: list[str] = []
+        outside: list[str] = []
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("request", lambda r: outside.append(r.url)
+                if not r.url.startswith(("file://", "data:", "blob:", "about:")) else None)
         for path in pages:
-            page = browser.new_page(viewport={"width": WIDTH, "height": 900})
-            errors: list[str] = []
-            outside: list[str] = []
-            page.on("console", lambda m, errors=errors: errors.append(m.text) if m.type == "error" else None)
-            page.on("pageerror", lambda e, errors=errors: errors.append(str(e)))
-            page.on("request", lambda r, outside=outside: outside.append(r.url)
-                    if not r.url.startswith(("file://", "data:", "blob:", "about:")) else None)
+            errors.clear()
+            outside.clear()
             page.goto(path.as_uri())
             page.wait_for_load_state("load")
-            page.wait_for_timeout(300)
+            try:  # every figure drawn (a figure that never draws is reported below as not rendered)
+                page.wait_for_function(RENDERED, timeout=5000)
+            except playwright.TimeoutError:
+                pass
             found = page.evaluate(CHECKS)
             name = path.relative_to(root).as_posix()
             page.screenshot(path=str(shots / (name.replace("/", "__") + ".png")), full_page=True)
@@ -104,6 +112,5 @@ def _check_pages(root: Path, pages: list[Path], label: str) -> None:
                 issues.append(f"wider than the window ({found['scrollWidth']} > {found['limit']}): {found['wide']}")
             if issues:
                 problems[name] = issues
-            page.close()
         browser.close()
     assert not problems, "\n".join(f"{k}: {v}" for k, v in problems.items())
