@@ -236,6 +236,34 @@ def test_version(capsys):
     assert f"transformer-lens {md.version('transformer-lens')}" in out
 
 
+BEFORE_LOAD = ["unknown-task", "task-param-unknown", "jsonl-bad-json", "metric-param", "unknown-metric",
+               "train-lens-unknown-task"]
+
+
+@pytest.mark.parametrize("case", BEFORE_LOAD)
+def test_a_mistake_in_the_data_or_the_metric_is_refused_before_the_model_loads(tmp_path, monkeypatch, case):
+    import entoscope.cli as cli
+    from entoscope.models import loading
+
+    def loads(*args, **kwargs):
+        raise AssertionError("the model was loaded before the mistake was refused")
+
+    monkeypatch.setattr(cli, "_load", loads)
+    monkeypatch.setattr(loading, "load_model", loads)
+    monkeypatch.setenv("ENTOSCOPE_QUIET", "1")
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "a"}\n{not json\n', encoding="utf-8")
+    args, code = {
+        "unknown-task": (["lens", "--data", "{task: iox, n: 4}"], "unknown_task"),
+        "task-param-unknown": (["lens", "--data", "{task: ioi, n: 4, params: {bogus: 1}}"], "task_param_unknown"),
+        "jsonl-bad-json": (["lens", "--data", "bad.jsonl"], "data_file_invalid"),
+        "metric-param": (["patch", "--data", IOI, "--metric", "{type: logit_diff, params: {foo: 1}}"],
+                         "metric_param_unknown"),
+        "unknown-metric": (["patch", "--data", IOI, "--metric", "nosuch"], "unknown_metric"),
+        "train-lens-unknown-task": (["train-lens", "--data", "{task: iox}", "--out", "tl"], "unknown_task"),
+    }[case]
+    _one_line_with(in_process(args, tmp_path), code)
+
+
 def test_an_unforeseen_exception_is_one_line_and_debug_shows_the_traceback(tmp_path, monkeypatch, capsys):
     from entoscope import cli
 

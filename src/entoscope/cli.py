@@ -203,7 +203,9 @@ def _execute(op: Any, spec: Any, args: argparse.Namespace, out: str | None, reco
 
         check_reachable(executor)  # a cluster that does not answer: refused before the model loads
     shards_dir = _shards_dir(op, out, executor, resume, args)
-    model = model if model is not None else _load(args, source)
+    if model is None:
+        _check_before_load(op, spec if records is None else None)
+        model = _load(args, source)
     data = records if records is not None else spec
     if args.plan:
         print(op.plan(model, data, executor=executor))
@@ -220,6 +222,22 @@ def _execute(op: Any, spec: Any, args: argparse.Namespace, out: str | None, reco
         SAVED.append(str(folder))
         print(f"saved: {folder}/index.html")
     return result
+
+
+def _check_before_load(op: Any, spec: Any) -> None:
+    """What a run's config can be refused for without the model: its data (the task exists and takes these
+    parameters, the data file exists and parses) and its metrics' names and parameters."""
+    from .data.loading import DataSpec, read_records
+    from .metrics import Metric
+
+    if isinstance(spec, DataSpec):
+        spec.check()
+        if spec.path is not None:
+            read_records(spec.path)  # a file that does not parse is refused here, not after a model load
+    for name in getattr(type(op), "model_fields", {}):
+        value = getattr(op, name, None)
+        if isinstance(value, Metric):
+            value.function()
 
 
 def _shards_dir(op: Any, out: str | None, executor: Any, resume: bool, args: argparse.Namespace) -> Path | None:
@@ -285,7 +303,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _train_lens(args: argparse.Namespace) -> int:
-    from .data.loading import load_data
+    from .data.loading import DataSpec, load_data
     from .lens import TunedLens
     from .results.folder import TUNED_LENS, check_out, writing_run
 
@@ -296,6 +314,8 @@ def _train_lens(args: argparse.Namespace) -> int:
         raise ConfigError(f"--lr must be a finite number > 0, got {args.lr}", code="bad_lr", remedy="e.g. --lr 1e-3")
     check_out(args.out, overwrite=args.overwrite, output=TUNED_LENS)
     data_arg = _data_arg(args.data)
+    if isinstance(data_arg, dict):
+        _check_before_load(None, DataSpec(**data_arg))
     model = _load(args)
     data = load_data(data_arg, tokenizer=getattr(model, "tokenizer", None))
     lens = TunedLens.for_model(model)
