@@ -34,8 +34,8 @@ def entoscope_command() -> list[str]:
     return [found] if found else [sys.executable, "-m", "entoscope.cli"]
 
 
-def timed(cmd: list[str], repeat: int) -> tuple[float, float]:
-    """(best wall seconds, CPU seconds of that run) of `cmd` over `repeat` runs."""
+def timed(cmd: list[str], repeat: int, status: int = 0) -> tuple[float, float]:
+    """(best wall seconds, CPU seconds of that run) of `cmd` over `repeat` runs, each ending with `status`."""
     best = (float("inf"), 0.0)
     for _ in range(repeat):
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -43,7 +43,7 @@ def timed(cmd: list[str], repeat: int) -> tuple[float, float]:
         proc = subprocess.run(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         wall = time.perf_counter() - t
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        if proc.returncode != 0:
+        if proc.returncode != status:
             raise SystemExit(f"{' '.join(cmd)} failed: {proc.stderr[-500:]}")
         cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         best = min(best, (wall, cpu))
@@ -68,11 +68,12 @@ def main() -> None:
              ("entoscope --version", cli + ["--version"]),
              ("entoscope --help", cli + ["--help"])]
     cases += [(f"entoscope {c} --help", cli + [c, "--help"]) for c in sub_commands()]
+    cases += [("entoscope lens --bogus 3  (a usage mistake)", cli + ["lens", "--bogus", "3"], 2)]
     print(f"python {sys.version.split()[0]}; command: {' '.join(cli)}; best of {args.repeat} runs each")
     print(f"{'command':<42} {'wall':>8} {'cpu':>8} {'wall / import torch':>20}")
     base = None
-    for name, cmd in cases:
-        wall, cpu = timed(cmd, args.repeat)
+    for name, cmd, *status in cases:
+        wall, cpu = timed(cmd, args.repeat, *status)
         base = base or wall
         print(f"{name:<42} {wall:7.3f}s {cpu:7.3f}s {wall / base:19.3f}x", flush=True)
 

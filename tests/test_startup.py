@@ -78,6 +78,18 @@ def test_every_sub_commands_help_loads_nothing_heavy():
     assert text.count("usage: entoscope ") == len(commands)
 
 
+@pytest.mark.parametrize("args", [["lens", "--bogus", "3"], ["info", "--n", "many"], ["nosuch"], ["run"]],
+                         ids=["unknown-option", "not-a-number", "unknown-command", "missing-file"])
+def test_a_usage_mistake_is_one_line_and_loads_nothing_heavy(args):
+    code = (f"from entoscope.cli import main\n    import sys\n    err = io.StringIO()\n"
+            f"    with contextlib.redirect_stderr(err):\n        status = main({args!r})\n"
+            "    assert status == 2, status\n    print('ERR', err.getvalue())")
+    text, modules = _loaded_after(code)
+    assert not modules & set(HEAVY), modules & set(HEAVY)
+    lines = text.split("ERR ", 1)[1].strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("entoscope: error: [bad_arguments]"), lines
+
+
 def test_the_help_printed_is_the_real_parsers_and_the_snapshot_is_current():
     from entoscope import cli
     from entoscope.cli_snapshot import load, snapshot

@@ -397,7 +397,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def help_parser() -> argparse.ArgumentParser:
-    """The parser that prints help and the version: build_parser()'s, rebuilt from cli_snapshot.json."""
+    """The parser that prints help and the version, and refuses a usage mistake (an unknown option, a missing
+    value) at once: build_parser()'s, rebuilt from cli_snapshot.json. A command line it accepts is parsed
+    again by build_parser(), which imports every operation."""
     from .cli_snapshot import load, parser_from_snapshot
 
     return parser_from_snapshot(load(), prog="entoscope", version=_version(), parser_class=_Parser)
@@ -442,8 +444,11 @@ def main(argv: list[str] | None = None) -> int:
     SAVED.clear()
     warnings.showwarning = _show_warning
     try:
-        parser = help_parser() if _only_help(argv) else build_parser()
-        args = parser.parse_args(argv)
+        if _only_help(argv):
+            args = help_parser().parse_args(argv)
+        else:
+            help_parser().parse_args(argv)  # a usage mistake is refused here, before every operation is imported
+            args = build_parser().parse_args(argv)
         args.model_given = any(a == "--model" or a.startswith("--model=") for a in argv)
         return int(args.handler(args) or 0)
     except KeyboardInterrupt:

@@ -4,7 +4,8 @@ sub-command's `--help` start in a fraction of a second: building the parser itse
 
 `cli_snapshot.json` holds what `cli.build_parser()` builds (every sub-command, group and option, in order);
 `parser_from_snapshot()` rebuilds the same argparse parser from it without importing anything heavy. The CLI
-uses it only to print help or the version; every command that runs builds the real parser. A test keeps the
+uses it to print help or the version and to refuse a usage mistake at once; a command line it accepts is parsed
+again by the real parser, which the command runs with. A test keeps the
 file equal to the real parser (`tests/test_startup.py`); after changing an operation's fields or a command's
 options, write it again (a maintainer's script, which imports the real parser):
 
