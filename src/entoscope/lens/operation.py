@@ -298,7 +298,8 @@ def lens_summary(n: int, n_sites: int, read: Any, sites: list[dict[str, Any]], s
     Per site: `kl_mean` (and with answers `target_prob_mean`, `target_logit_mean`, `target_rank_mean`,
     `target_top1` = share of prompts whose answer is the lens's top token), each the mean over prompts
     with its bootstrap interval over prompts (one resampling of the prompts for every column and
-    site), but for `target_top1`, a share, whose interval is Wilson's (stats/proportion.py); `kl_std`, `target_prob_std`, `target_logit_std` the spread over prompts (ddof 0)."""
+    site), but for `target_top1`, a share, whose interval is Wilson's (stats/proportion.py; its `_se` stays
+    the bootstrap's); `kl_std`, `target_prob_std`, `target_logit_std` the spread over prompts (ddof 0)."""
     table = pd.DataFrame.from_records(sites)
     wanted = list(read(0, min(n, 1))) if n else []
     if not wanted:

@@ -1,6 +1,7 @@
 """The Wilson score interval of a share of prompts (Wilson 1927; Brown, Cai & DasGupta 2001).
 
-A share k/n of prompts (IFR's `in_route`, the lens's `target_top1`, feature DLA's `active_share`) resampled by the bootstrap has a degenerate interval at 0 and n:
+A share k/n of prompts (IFR's `in_route`, the lens's `target_top1`, feature DLA's `active_share`)
+resampled by the bootstrap has a degenerate interval at 0 and n:
 every resample of 4 prompts of which 4 qualify also has 4 of 4, so the interval would read [100%, 100%]
 and say the next prompt surely qualifies. The Wilson interval inverts the binomial score test instead: at
 k = n it is [n / (n + z^2), 1], which at n = 4 and 95% is [0.51, 1], and its coverage stays near the
