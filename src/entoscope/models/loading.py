@@ -16,6 +16,7 @@ from typing import Any, Literal
 import torch
 
 from ..errors import ConfigError, ModelLoadError, UnsupportedModelError
+from .gguf import dequantized_folder, is_gguf, read_record
 
 Backend = Literal["bridge", "hooked", "nnsight"]
 DEMO_DIR = Path(__file__).resolve().parent.parent / "demo"
@@ -38,8 +39,10 @@ def load_model(name: str = "demo", *, backend: Backend = "bridge", compat: bool 
                revision: str | None = None, device_map: str | dict[str, Any] | None = None) -> Any:
     """Load a model as a TransformerLens object or an nnsight LanguageModel.
 
-    name:    "demo" (the bundled model), a local folder with a HuggingFace model and tokenizer, or
-             a HuggingFace hub name (needs the hub, or the model already in the local HF cache).
+    name:    "demo" (the bundled model), a local folder with a HuggingFace model and tokenizer, a `.gguf`
+             file (dequantized to float32 through transformers once, into a cached folder: models/gguf.py;
+             the quantization type is kept in the structure record and the manifest), or a HuggingFace hub
+             name (needs the hub, or the model already in the local HF cache).
     backend: "bridge" (TransformerBridge: HuggingFace's own weights and activations) or "hooked"
              (HookedTransformer with TransformerLens's processing: LayerNorm folded, weights centred), or
              "nnsight" (nnsight.LanguageModel: HuggingFace's weights and activations, as a plain bridge's).
@@ -63,6 +66,8 @@ def load_model(name: str = "demo", *, backend: Backend = "bridge", compat: bool 
     check_device_map(device_map, device, backend)
     torch_dtype = _dtype(dtype)
     folder = DEMO_DIR if name == "demo" else Path(name).expanduser()
+    if is_gguf(name):
+        folder = dequantized_folder(folder)
     if name == "demo" and not (folder / "config.json").exists():
         raise ModelLoadError("the bundled demo model is missing from this installation",
                              remedy="reinstall entoscope, or train it: python scripts/train_demo.py "
@@ -239,8 +244,13 @@ def _load_folder(folder: Path, *, backend: Backend, compat: bool, device: str | 
         raise ModelLoadError(f"the tokenizer in {folder} has {len(tokenizer)} token(s): its vocabulary files are "
                              "missing or empty", code="tokenizer_missing",
                              remedy="save the tokenizer into the folder: tokenizer.save_pretrained(folder)")
-    return from_hf(hf_model, tokenizer, backend=backend, compat=compat, device=device,
-                   name=name, folder=str(folder))
+    model = from_hf(hf_model, tokenizer, backend=backend, compat=compat, device=device, name=name, folder=str(folder))
+    record = read_record(folder)
+    if record is not None:  # dequantized from a GGUF file: the structure record says so (ModelAdapter)
+        from .adapter import module_of
+
+        module_of(model)._entoscope_quantization = f"GGUF {record['quantization']}"
+    return model
 
 
 def from_hf(hf_model: Any, tokenizer: Any, *, backend: Backend = "bridge", compat: bool = False,

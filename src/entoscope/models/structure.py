@@ -34,6 +34,7 @@ class Structure:
     backend: Literal["bridge", "hooked"]
     mode: Literal["plain", "compat", "processed", "unprocessed"]
     tied_embeddings: bool
+    quantization: str | None = None  # weights read from a quantized file (GGUF) and dequantized: not the checkpoint
 
     @property
     def group_size(self) -> int:
@@ -56,4 +57,5 @@ class Structure:
             f"{'tied' if self.tied_embeddings else 'untied'} embeddings",
             f"norm           {self.norm}{' (folded)' if self.norm_folded else ''}, "
             f"{self.positional} positions",
-        ])
+        ] + ([f"weights        dequantized from {self.quantization} to float32 (not the original checkpoint)"]
+             if self.quantization else []))
