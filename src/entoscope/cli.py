@@ -52,7 +52,7 @@ def _help(text: str) -> str:
 def _model_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
     g.add_argument("--model", default="demo", metavar="NAME",
-                   help="'demo', a local HuggingFace folder, or a hub name")
+                   help="'demo', a local HuggingFace folder, a .gguf file, or a hub name")
     g.add_argument("--backend", choices=["bridge", "hooked", "nnsight"], default="bridge",
                    help="TransformerBridge (HuggingFace's weights), HookedTransformer (transformer-lens < 4), or an "
                    "nnsight LanguageModel (HuggingFace's weights, traced by nnsight; pip install 'entoscope[nnsight]')")
