@@ -314,6 +314,12 @@ class HFWeights(Weights):
     def norm(self, layer: int, which: str) -> Norm:
         return self._norm(self._block(layer, self.fam.ln1 if which == "ln1" else self.fam.ln2))
 
+    def qk_norm(self, layer: int, which: str) -> Norm:
+        """The per-head norm of q ("q") or k ("k") before rotary (families with q/k norms)."""
+        path = self.fam.q_norm if which == "q" else self.fam.k_norm
+        assert path is not None
+        return self._norm(self._block(layer, path), post=True)
+
     def post_norm(self, layer: int, which: str) -> Norm | None:
         path = self.fam.post_ln1 if which == "attn" else self.fam.post_ln2
         return self._norm(self._block(layer, path), post=True) if path and self.s.post_norms else None

@@ -40,7 +40,7 @@ def post_scale_reads(structure: Structure, layer: int, which: str) -> list[ActNa
     return [ActName("ln1_post_scale" if which == "attn" else "ln2_post_scale", layer)]
 
 
-def through_post_norm(model: ModelAdapter, layer: int, which: str, x: Tensor, scale: Tensor | None) -> Tensor:
+def through_post_norm(model: ModelAdapter, layer: int, which: str, x: Tensor, scale: Tensor | None = None) -> Tensor:
     """x (a component's raw output, [..., d_model]) as it reaches the residual stream: the post-norm's linear
     part with `scale` frozen (broadcast against x), or x itself without a post-norm."""
     norm = model.weights.post_norm(layer, which) if model.structure.post_norms else None
