@@ -495,7 +495,7 @@ class PatchedRun:
             z, scale = (self.x.pop(f"z{layer}"), x) if post else (x, None)
             self.actual[:, :, self.layout.head_senders(layer)] = head_outputs(self.model, layer, z, scale).to(
                 self.actual.dtype)
-            return x
+            return None if scaled else x  # a scale read returns nothing: the bridge's norm keeps its own path
         return fn
 
     def _keep_mlp(self, layer: int) -> Any:

@@ -84,7 +84,7 @@ class Weights:
     def W_E(self) -> Tensor:
         return self._tl.W_E
 
-    def embedding(self, tokens: Tensor) -> Tensor:
+    def embedding(self, tokens: Tensor | int) -> Tensor:
         """What token ids put into the residual stream: W_E[tokens] * embed_scale ([..., d_model])."""
         rows = self.W_E[tokens]
         return rows * self.s.embed_scale if self.s.embed_scale != 1.0 else rows
