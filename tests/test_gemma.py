@@ -226,3 +226,12 @@ def test_a_hooked_transformer_of_gemma_is_refused_with_a_code():
     with pytest.raises(EntoscopeError) as err:
         hooked_config_dict(Gemma3TextConfig(architectures=["Gemma3ForCausalLM"]))
     assert err.value.code == "family_unsupported"
+
+
+def test_the_lens_refuses_z_on_a_post_norm_family():
+    from entoscope.lens.operation import Lens
+    from entoscope.sites import Sites
+
+    with pytest.raises(EntoscopeError) as err:
+        Lens(sites=Sites(activation="z", layers=[0])).plan(get_tiny("gemma3", "bridge", False), random_data(2))
+    assert err.value.code == "lens_through_post_norm"
