@@ -13,6 +13,13 @@ Components (labels in brackets):
 The identity holds exactly (up to float rounding) for sequential and parallel blocks alike, on
 every backend: the tests check it against resid_post on each tiny family and bridge mode.
 
+Post-norm families (Gemma 2/3, docs/families.md): what a block adds is post_ln(attention output) and
+post_ln(MLP output). Each head, b_O, each neuron and b_out is carried through its post-norm with the
+norm's scale FROZEN at this run (models/post_norms.py, read at ln1_post_scale / ln2_post_scale):
+    a{l}.h{h} = (z_h @ W_O[h]) * g1 / s1,  a{l}.b_O = b_O * g1 / s1,
+    m{l}.n{n} = mlp_post[n] W_out[n] * g2 / s2,  m{l}.b_out = b_out * g2 / s2,  m{l} = mlp_out
+(g = 1 + the norm's weight), so the heads plus a{l}.b_O are attn_out and the identity above holds as it is.
+
 Two entry points share one component list:
   component_vectors(...)  -> [C, B, d_model], the vectors themselves (for anyone who needs them);
   component_dots(...)     -> [C, B], each component dotted with one direction per prompt, in
@@ -31,6 +38,7 @@ from torch import Tensor
 from .. import naming
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
+from ..models.post_norms import post_scale_reads, through_post_norm
 from ..models.structure import Structure
 
 
@@ -67,7 +75,8 @@ def decomposition_reads(structure: Structure, neuron_layers: Iterable[int] = ())
     split = set(neuron_layers)
     reads = [ActName("embed")] + ([ActName("pos_embed")] if structure.positional == "learned" else [])
     for L in range(structure.n_layers):
-        reads += [ActName("z", L), ActName("mlp_post" if L in split else "mlp_out", L)]
+        reads += [ActName("z", L), ActName("mlp_post" if L in split else "mlp_out", L),
+                  *post_scale_reads(structure, L, "attn"), *(post_scale_reads(structure, L, "mlp") if L in split else [])]
     return reads
 
 
@@ -76,10 +85,18 @@ def _at(act: Tensor, positions: Tensor) -> Tensor:
     return act[torch.arange(act.shape[0], device=act.device), positions.to(act.device)]
 
 
+def _post_scale(model: ModelAdapter, acts: dict[ActName, Tensor], positions: Tensor, layer: int,
+                which: str) -> Tensor | None:
+    """The post-norm's scale of this run at positions[b], [1, B, 1] (None without post-norms)."""
+    reads = post_scale_reads(model.structure, layer, which)
+    return _at(acts[reads[0]], positions)[None] if reads else None
+
+
 def _dense_parts(model: ModelAdapter, acts: dict[ActName, Tensor], positions: Tensor, neuron_layers: set[int],
                  dtype: torch.dtype) -> list[tuple[str, int | None, Tensor]]:
     """(kind, layer, vectors [n, B, d_model]) per block of components, neurons excepted (kind "neurons"
-    carries mlp_post [B, d_mlp] instead), in `components` order."""
+    carries mlp_post [B, d_mlp] instead; `_neuron_post` carries them through a post-norm), in
+    `components` order. Heads and biases are carried through their post-norms here."""
     w, s = model.weights, model.structure
     B = positions.shape[0]
     parts: list[tuple[str, int | None, Tensor]] = [("embed", None, _at(acts[ActName("embed")], positions)[None])]
@@ -87,11 +104,14 @@ def _dense_parts(model: ModelAdapter, acts: dict[ActName, Tensor], positions: Te
         parts.append(("pos_embed", None, _at(acts[ActName("pos_embed")], positions)[None]))
     for L in range(s.n_layers):
         z = _at(acts[ActName("z", L)], positions).to(dtype)  # [B, H, d_head]
-        parts.append(("heads", L, torch.einsum("bhd,hdm->hbm", z, w.W_O(L).to(dtype))))
-        parts.append(("attn_bias", L, w.b_O(L).to(dtype).expand(1, B, -1)))
+        s1 = _post_scale(model, acts, positions, L, "attn")
+        heads = torch.einsum("bhd,hdm->hbm", z, w.W_O(L).to(dtype))
+        parts.append(("heads", L, through_post_norm(model, L, "attn", heads, s1)))
+        parts.append(("attn_bias", L, through_post_norm(model, L, "attn", w.b_O(L).to(dtype).expand(1, B, -1), s1)))
         if L in neuron_layers:
             parts.append(("neurons", L, _at(acts[ActName("mlp_post", L)], positions).to(dtype)))
-            parts.append(("mlp_bias", L, w.b_out(L).to(dtype).expand(1, B, -1)))
+            s2 = _post_scale(model, acts, positions, L, "mlp")
+            parts.append(("mlp_bias", L, through_post_norm(model, L, "mlp", w.b_out(L).to(dtype).expand(1, B, -1), s2)))
         else:
             parts.append(("mlp", L, _at(acts[ActName("mlp_out", L)], positions)[None]))
     return parts
@@ -105,6 +125,7 @@ def component_vectors(model: ModelAdapter, acts: dict[ActName, Tensor], position
     for kind, layer, x in _dense_parts(model, acts, positions, split, dtype):
         if kind == "neurons":
             x = x.T[:, :, None] * model.weights.W_out(layer).to(dtype)[:, None, :]  # [d_mlp, B, d_model]
+            x = through_post_norm(model, layer, "mlp", x, _post_scale(model, acts, positions, layer, "mlp"))  # type: ignore[arg-type]
         out.append(x.to(dtype))
     return torch.cat(out)
 
@@ -117,8 +138,14 @@ def component_dots(model: ModelAdapter, acts: dict[ActName, Tensor], positions: 
     out = []
     for kind, layer, x in _dense_parts(model, acts, positions, split, torch.float64):
         if kind == "neurons":
-            # mlp_post[b, n] * (W_out[n] . d_b), without building the [d_mlp, B, d_model] vectors
-            out.append((x * (d @ model.weights.W_out(layer).to(torch.float64).T)).T)
+            # mlp_post[b, n] * (W_out[n] . d_b), without building the [d_mlp, B, d_model] vectors; under a
+            # post-norm, d_b is pulled back through its frozen linear part (the adjoint: centre(g d_b) / s_b)
+            post = model.weights.post_norm(layer, "mlp") if model.structure.post_norms else None  # type: ignore[arg-type]
+            d_l = d
+            if post is not None:
+                scale = _post_scale(model, acts, positions, layer, "mlp")[0].to(torch.float64)  # type: ignore[arg-type,index]
+                d_l = post.center(d * post.weight.to(torch.float64) if post.weight is not None else d) / scale
+            out.append((x * (d_l @ model.weights.W_out(layer).to(torch.float64).T)).T)
         else:
             out.append((x.to(torch.float64) * d[None]).sum(-1))
     return torch.cat(out)

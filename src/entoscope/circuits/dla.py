@@ -55,6 +55,7 @@ from ..metrics import at_positions
 from ..metrics import logit as logit_metric
 from ..metrics import logit_diff as logit_diff_metric
 from ..models.adapter import ModelAdapter
+from ..models.guards import require_linear_logits
 from ..models.names import ActName
 from ..models.weights import Norm
 from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
@@ -136,6 +137,7 @@ class DirectLogitAttribution(Sharded, Operation):
     def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[DLAState]:
         assert data is not None
         s = model.structure
+        require_linear_logits(model, "DLA")  # Gemma 2's final tanh cap: no sum of parts is the logit
         if self.neuron_layers is not None and not self.neurons:
             raise ConfigError("neuron_layers is given but neurons is false", code="config_invalid",
                               remedy="set neurons: true, or drop neuron_layers")

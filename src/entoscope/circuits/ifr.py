@@ -16,7 +16,7 @@ node is a sum of parts, and each part is an edge into the node:
    coming from resid_pre.l@i.)
 
 v^h_j is the value of token j for query head h (under grouped-query attention query head h reads
-key/value head h // group); the value bias is inside v, so the parts add up to the node exactly.
+key/value head h // group; post-norms: models/post_norms.py); the value bias is in v: the parts add up exactly.
 With granularity "token" the heads of one layer are summed into one attention edge per source token.
 
 Importance (the paper's proximity, from ALTI, Ferrando et al. 2022): for a node y = sum_k z_k,
@@ -62,6 +62,7 @@ from ..results.lazy import LazyTable
 from ..stats import Stats, interval_columns, share_interval, streamed_mean, summarise
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
+from ..models.post_norms import post_scale_reads, through_post_norm
 from ..models.structure import Structure
 from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
 from ..results.result import Result
@@ -96,12 +97,9 @@ class FlowImportances:
 
 
 def flow_reads(structure: Structure) -> list[ActName]:
-    reads = [ActName("resid_pre", 0)]
-    for L in range(structure.n_layers):
-        reads += [ActName("resid_post", L), ActName("v", L), ActName("pattern", L), ActName("mlp_out", L)]
-        if not structure.parallel:
-            reads.append(ActName("resid_mid", L))
-    return reads
+    kinds = ("resid_post", "v", "pattern", "mlp_out") + (() if structure.parallel else ("resid_mid",))
+    return [ActName("resid_pre", 0)] + [a for L in range(structure.n_layers) for a in
+                                        [*(ActName(k, L) for k in kinds), *post_scale_reads(structure, L, "attn")]]
 
 
 def proximity(parts: Tensor, total: Tensor) -> Tensor:
@@ -148,7 +146,9 @@ def _attention_shares(model: ModelAdapter, acts: dict[ActName, Tensor], layer: i
     def closeness(part: Tensor) -> Tensor:  # proximity to y of one part per node, [Q, d] -> [Q]
         return (norm - (y - part).abs().sum(-1)).clamp(min=0)
 
-    prox_res, prox_bias = closeness(pre[b, i]), closeness(w.b_O(layer).to(dtype).expand_as(y))
+    s1 = [acts[a].to(dtype)[b, i] for a in post_scale_reads(s, layer, "attn")]  # the post-norm's scale [Q, 1], if any
+    bias = through_post_norm(model, layer, "attn", w.b_O(layer).to(dtype).expand_as(y), *s1)
+    prox_res, prox_bias = closeness(pre[b, i]), closeness(bias)
     prox_mlp = closeness(act("mlp_out", layer)[b, i]) if s.parallel else None
     v = act("v", layer).repeat_interleave(s.group_size, dim=2)  # [B, T, H, d_head] per query head
     vo = torch.einsum("bkhd,hdm->bkhm", v, w.W_O(layer).to(dtype))  # [B, T, H, d]
@@ -161,7 +161,7 @@ def _attention_shares(model: ModelAdapter, acts: dict[ActName, Tensor], layer: i
     for n0 in range(0, len(owner), chunk):
         o, j = owner[n0:n0 + chunk], source[n0:n0 + chunk]
         weight = pattern[b[o], :, i[o], j]  # [n, H]
-        parts = weight[..., None] * vo[b[o], j]  # [n, H, d]
+        parts = through_post_norm(model, layer, "attn", weight[..., None] * vo[b[o], j], *[t[o][:, None] for t in s1])
         if granularity == "token":
             parts = parts.sum(1)  # [n, d]: the heads of the layer as one part
         target = y[o][:, None] if granularity == "head" else y[o]

@@ -78,7 +78,7 @@ class Lens(Sharded, Operation):
     def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[LensState]:
         assert data is not None
         kind, _ = self.sites.kind()
-        check_lens_kind(kind.name)
+        check_lens_kind(kind.name, model.structure.post_norms)
         td = tokenize_data(model, data, prepend_bos=self.prepend_bos, answers=data.has_answers,
                            answer_scoring=self.answer_scoring)
         siteset = self.sites.resolve(model, td.lengths, td.roles)

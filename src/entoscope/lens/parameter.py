@@ -9,7 +9,8 @@ top and the bottom tokens are reported. Targets:
   ov          W_E[t] @ W_V[h] @ W_O[h] for each token t in `tokens` (what head h writes when it
               attends to t); without tokens, the head's OV singular directions (output side, scaled
               by the singular value)
-  embedding   W_E[t] for each token t in `tokens`
+  embedding   W_E[t] for each token t in `tokens` (times the family's embedding scale, as it enters the
+              residual stream: Weights.embedding; so too in ov)
 No final norm is applied. A plain bridge uses HuggingFace's W_U; a compatibility-mode bridge or a
 HookedTransformer has the final norm's weight folded into W_U and W_U centred, so the numbers
 differ between the two (and for GPT-2, whose W_U is W_E^T, the two spaces agree only on a plain bridge).
@@ -98,9 +99,9 @@ class ParameterLens(Operation):
             elif self.target == "neuron_in":
                 out.append(w.W_in(u["layer"])[:, u["neuron"]])
             elif self.target == "embedding":
-                out.append(w.W_E[u["token"]])
+                out.append(w.embedding(u["token"]))  # as it enters the residual (Gemma: scaled)
             elif "token" in u:
-                out.append(w.W_E[u["token"]] @ w.W_V(u["layer"])[u["head"]] @ w.W_O(u["layer"])[u["head"]])
+                out.append(w.embedding(u["token"]) @ w.W_V(u["layer"])[u["head"]] @ w.W_O(u["layer"])[u["head"]])
             else:
                 key = (u["layer"], u["head"])
                 if key not in svd_cache:

@@ -32,11 +32,15 @@ RESIDUAL_STATES = ("resid_pre", "resid_mid", "resid_post")
 COMPONENTS = ("embed", "pos_embed", "attn_out", "mlp_out", "result", "z", "v", "mlp_post")
 
 
-def check_lens_kind(kind: str) -> None:
+def check_lens_kind(kind: str, post_norms: bool = False) -> None:
     if kind not in RESIDUAL_STATES + COMPONENTS:
         raise SiteError(f"{kind} is not in the residual basis and has no map to it", code="lens_not_in_residual_basis",
                         remedy="lens reads resid_pre/mid/post, embed, pos_embed, attn_out, mlp_out, result, "
                         "and z, v, mlp_post (taken through W_O / W_out)")
+    if post_norms and kind in ("z", "v", "mlp_post"):  # W_O / W_out alone miss the norm after them (Gemma 2/3)
+        raise SiteError(f"{kind} reaches the residual stream through a norm after attention / the MLP on this "
+                        "family, which W_O / W_out alone do not apply", code="lens_through_post_norm",
+                        remedy="decode result (heads through the post-norm with its scale frozen), attn_out or mlp_out")
 
 
 def residual_after(model: ModelAdapter, kind: str, layer: int | None) -> ActName:

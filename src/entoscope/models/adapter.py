@@ -28,6 +28,7 @@ from .backend import Backend, BaseIntervention, backend_for
 from .guards import (CheckedWeights, check_describable, check_finite_weights, check_unembedding, evaluating,
                      first_non_finite, non_finite, raise_non_finite, unembedding_checked)
 from .names import KINDS, ActName, parse_name
+from .post_norms import head_outputs, post_scale_reads
 from .vocabulary import Vocabulary, vocabulary
 from .weights import Weights
 
@@ -176,6 +177,9 @@ class ModelAdapter:
             raise SiteError(f"{name}: this model has rotary positions: nothing is added to the residual "
                             "stream for position", code="no_learned_positions",
                             remedy="positions enter through q and k; read q.L/k.L, or embed")
+        if act.kind in ("ln1_post_scale", "ln2_post_scale") and not s.post_norms:
+            raise SiteError(f"{name}: {s.architecture} has no norm after its attention and MLP", code="no_post_norm",
+                            remedy="post-norm scales exist on Gemma 2/3 only; read ln1_scale / ln2_scale (pre-norms)")
         self.backend.check_servable(act)
         return act
 
@@ -341,7 +345,7 @@ class ModelAdapter:
         if act.kind == "features":
             return self._sources(self.resolve(features.source(act)))
         if act.kind == "result":
-            return [ActName("z", act.layer)]
+            return [ActName("z", act.layer)] + post_scale_reads(self.structure, act.layer, "attn")
         if self._needs_unfolded_norm(act):
             return [ActName("resid_pre" if act.kind == "attn_in" or self.structure.parallel else "resid_mid",
                             act.layer)]
@@ -352,7 +356,7 @@ class ModelAdapter:
             return features.encode(act, self._derive(self.resolve(features.source(act)), raw))
         if act.kind == "result":
             z = raw[ActName("z", act.layer)]
-            return torch.einsum("bphd,hdm->bphm", z, self.weights.W_O(act.layer).to(z.dtype))
+            return head_outputs(self, act.layer, z, raw.get(ActName("ln1_post_scale", act.layer)))
         if self._needs_unfolded_norm(act):
             src = raw[self._sources(act)[0]]
             return self.weights.norm(act.layer, "ln1" if act.kind == "attn_in" else "ln2")(src)
@@ -383,17 +387,24 @@ class ModelAdapter:
         return out
 
     def _result_writes(self, act: ActName, fn: InterventionFn) -> list[BaseIntervention]:
-        """Writing a head's result: attn_out += sum_h (new_result_h - result_h); result from z."""
+        """Writing a head's result: attn_out += sum_h (new_result_h - result_h); result from z (and, under a
+        post-attention norm, that norm's scale of this run, frozen: the write adds to the post-normed attn_out
+        and the norm is not recomputed; to patch with the norm recomputed, write z)."""
         stash: dict[str, Tensor] = {}
-        W_O = self.weights.W_O(act.layer)
+        layer = act.layer
+        assert layer is not None
 
-        def keep_z(z: Tensor) -> None:
-            stash["z"] = z
+        def keep(key: str) -> Callable[[Tensor], None]:
+            def fn_keep(x: Tensor) -> None:
+                stash[key] = x
+            return fn_keep
 
         def edit_out(out: Tensor) -> Tensor:
-            result = torch.einsum("bphd,hdm->bphm", stash.pop("z"), W_O.to(out.dtype))
+            result = head_outputs(self, layer, stash.pop("z"), stash.pop("scale", None)).to(out.dtype)
             return out + (fn(result) - result).sum(dim=2)
-        return [(ActName("z", act.layer), keep_z), (ActName("attn_out", act.layer), edit_out)]
+        return [(ActName("z", layer), keep("z")),
+                *[(scale, keep("scale")) for scale in post_scale_reads(self.structure, layer, "attn")],
+                (ActName("attn_out", layer), edit_out)]
 
     # ------------------------------------------------------------------ misc
     def axis_sizes(self, kind: str | ActName, seq_len: int | None = None) -> dict[str, int]:

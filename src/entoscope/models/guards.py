@@ -130,8 +130,11 @@ def raise_non_finite(what: str, where: str | None) -> None:
 
 
 CHECK_COLUMNS = 4096  # vocabulary columns of the unembedding check
-_NOT_A_DECODER = ("entoscope supports pre-norm decoder-only transformers (GPT-2, GPT-NeoX/Pythia, Llama, Qwen2, "
-                  "Mistral, ...); encoders (BERT) and encoder-decoders (T5) are not supported")
+_NOT_A_DECODER = ("entoscope describes causal decoders whose residual stream adds up and whose logits are "
+                  "unembed(final_norm(last resid_post)), modelled per family (docs/families.md: GPT-2, GPT-NeoX, "
+                  "Llama, Qwen2, Mistral, Gemma 1/2/3); an encoder (BERT) fails the causal check, and a decoder "
+                  "of another family fails here when it computes something its family row does not say: add one "
+                  "(models/hf_families.py)")
 
 
 def check_describable(adapter: ModelAdapter) -> None:
@@ -172,7 +175,9 @@ def unembedding_checked(adapter: ModelAdapter) -> bool:
 
 def check_unembedding(adapter: ModelAdapter, final: Tensor | None = None, logits: Tensor | None = None) -> None:
     """Refuse a model whose logits are not unembed(final_norm(last resid_post)) (an unmodelled logit cap, a
-    post-norm model, an unembedding read wrongly): what every decomposition of the logits assumes.
+    post-norm model, an unembedding read wrongly): what every decomposition of the logits assumes. A family's
+    final-logit soft cap (structure.final_softcap, Gemma 2) is applied to the unembedding before comparing:
+    the operations that decompose the logits linearly refuse such a model (`require_linear_logits`).
 
     `final` [k, d_model] and `logits` [k, d_vocab] are the last block's output and the model's logits at the
     same k positions of a forward entoscope made anyway (ModelAdapter.run); without them, one forward of
@@ -192,6 +197,8 @@ def check_unembedding(adapter: ModelAdapter, final: Tensor | None = None, logits
         wide = _accumulator(W_U.dtype)
         normed = weights.final_norm(final.detach()).to(wide)
         unembedded = (normed @ W_U.to(wide) + b_U.to(wide)).double()
+        if s.final_softcap:  # Gemma 2: logits = c * tanh(unembedded / c), the family's final cap
+            unembedded = s.final_softcap * torch.tanh(unembedded / s.final_softcap)
     logits = logits.detach()
     scale = float(logits.float().abs().max()) + 1e-6
     tol = _tolerance(logits.dtype)
@@ -200,6 +207,19 @@ def check_unembedding(adapter: ModelAdapter, final: Tensor | None = None, logits
             f"{s.architecture} is not a model entoscope can describe: unembed(final_norm(last resid_post)) is "
             "not the model's logits", code="not_a_decoder", remedy=_NOT_A_DECODER)
     tl._entoscope_unembeds = weights_stamp(tl)
+
+
+def require_linear_logits(adapter: ModelAdapter, what: str) -> None:
+    """Refuse `what` (an operation that splits the logits into a sum of components) on a model whose logits
+    pass through a tanh soft cap (Gemma 2's final_logit_softcapping): no sum of parts is its logits."""
+    s = adapter.structure
+    if s.final_softcap:
+        raise UnsupportedModelError(
+            f"{what} splits the logits into a sum of components, but {s.architecture}'s logits are "
+            f"{s.final_softcap:g} * tanh(unembedded / {s.final_softcap:g}) (a final soft cap), which no sum "
+            "of parts equals", code="logit_softcap",
+            remedy="use an operation that does not decompose the logits (lens, patching, attribution, EAP "
+            "with a metric), or a family without a final soft cap (Gemma 3)")
 
 
 def _tolerance(dtype: torch.dtype) -> float:

@@ -9,6 +9,16 @@ Weight layouts (HuggingFace -> entoscope, see weights.py for the target shapes):
   GPT-2   Conv1D stores [in, out]; c_attn's output is q | k | v, each [d_model] wide, heads contiguous.
   NeoX    nn.Linear stores [out, in]; query_key_value's output is per head [q_h | k_h | v_h].
   Llama   separate q/k/v projections [heads * d_head, d_model]; k and v have n_kv_heads heads.
+  Gemma   Llama's layout; a norm before AND after attention and the MLP (HuggingFace's
+          post_attention_layernorm is the POST-attention norm there, pre_feedforward_layernorm the pre-MLP
+          one), q/k norms per head before rotary, RMSNorm computing x / rms * (1 + weight), embeddings
+          scaled by sqrt(d_model) inside the embedding module.
+
+What a family does differently (norm form, embedding scale, post-norms, q/k norms, soft caps, sliding
+windows, the attention scale) is DATA here, in the `Family` row: backends and operations read the
+structure record and `Weights`, which are made from it, and never branch on an architecture's name.
+The TransformerBridge reads the same rows (`traits_of`) for what TransformerLens does not say itself
+(the norm form entoscope must apply, post-norms, the embedding scale); docs/families.md lists them.
 """
 
 from __future__ import annotations
@@ -43,6 +53,37 @@ class Family:
     mlp_out_proj: str                # its input is mlp_post
     mlp_up: str | None = None        # gated MLPs: the up projection (W_in)
     conv1d: bool = False             # weights stored [in, out]
+    # --- what the family does differently (defaults: a plain pre-norm decoder)
+    norm_offset: float = 0.0         # every RMSNorm multiplies by (norm_offset + weight): Gemma's (1 + weight)
+    embed_scale: str | None = None   # "sqrt_d_model": the embedding module multiplies W_E[token] by sqrt(d_model)
+    post_ln1: str | None = None      # the norm applied to the attention's output before it is added (Gemma 2/3)
+    post_ln2: str | None = None      # the norm applied to the MLP's output before it is added
+    q_norm: str | None = None        # per-head norms of q and k before rotary (relative to a block)
+    k_norm: str | None = None
+    attn_scale_key: str | None = None    # config key whose value**-0.5 scales q.k (Gemma: query_pre_attn_scalar)
+    attn_softcap_key: str | None = None  # config key of the attention-logit tanh cap (Gemma 2), read when set
+    final_softcap_key: str | None = None  # config key of the final-logit tanh cap (Gemma 2)
+    sliding: bool = False            # config's sliding_window applies to the layers layer_types names sliding
+
+    @property
+    def traits(self) -> list[str]:
+        """What this family does beyond a plain pre-norm decoder (words for docs and refusals)."""
+        out = []
+        if self.norm_offset:
+            out.append(f"RMSNorm with ({self.norm_offset:g} + weight)")
+        if self.embed_scale:
+            out.append("embeddings scaled by sqrt(d_model)")
+        if self.post_ln1 or self.post_ln2:
+            out.append("norms after attention and the MLP")
+        if self.q_norm:
+            out.append("q/k norms")
+        if self.attn_scale_key:
+            out.append(f"attention scale {self.attn_scale_key}^-1/2")
+        if self.attn_softcap_key or self.final_softcap_key:
+            out.append("tanh soft caps")
+        if self.sliding:
+            out.append("sliding-window layers")
+        return out
 
 
 GPT2 = Family(blocks="transformer.h", embed="transformer.wte", pos_embed="transformer.wpe",
@@ -59,8 +100,53 @@ LLAMA = Family(blocks="model.layers", embed="model.embed_tokens", pos_embed=None
                qkv=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), qkv_layout="separate",
                attn_out_proj="self_attn.o_proj", mlp_in="mlp.gate_proj", mlp_out_proj="mlp.down_proj",
                mlp_up="mlp.up_proj")
+_GEMMA_PATHS = dict(blocks="model.layers", embed="model.embed_tokens", pos_embed=None, final_norm="model.norm",
+                    ln1="input_layernorm", attn="self_attn", mlp="mlp",
+                    qkv=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), qkv_layout="separate",
+                    attn_out_proj="self_attn.o_proj", mlp_in="mlp.gate_proj", mlp_out_proj="mlp.down_proj",
+                    mlp_up="mlp.up_proj", norm_offset=1.0, embed_scale="sqrt_d_model")
+GEMMA = Family(ln2="post_attention_layernorm", **_GEMMA_PATHS)  # Gemma 1: HF's post_attention_layernorm is pre-MLP
+GEMMA2 = Family(ln2="pre_feedforward_layernorm", post_ln1="post_attention_layernorm",
+                post_ln2="post_feedforward_layernorm", attn_scale_key="query_pre_attn_scalar",
+                attn_softcap_key="attn_logit_softcapping", final_softcap_key="final_logit_softcapping", sliding=True,
+                **_GEMMA_PATHS)
+# Gemma 3's attention ignores attn_logit_softcapping (HuggingFace passes no cap): none is read
+GEMMA3 = Family(ln2="pre_feedforward_layernorm", post_ln1="post_attention_layernorm",
+                post_ln2="post_feedforward_layernorm", q_norm="self_attn.q_norm", k_norm="self_attn.k_norm",
+                attn_scale_key="query_pre_attn_scalar", final_softcap_key="final_logit_softcapping", sliding=True,
+                **_GEMMA_PATHS)
 FAMILIES: dict[str, Family] = {"GPT2LMHeadModel": GPT2, "GPTNeoXForCausalLM": NEOX, "LlamaForCausalLM": LLAMA,
-                               "Qwen2ForCausalLM": LLAMA, "MistralForCausalLM": LLAMA}
+                               "Qwen2ForCausalLM": LLAMA, "MistralForCausalLM": LLAMA, "GemmaForCausalLM": GEMMA,
+                               "Gemma2ForCausalLM": GEMMA2, "Gemma3ForCausalLM": GEMMA3}
+PLAIN = Family(blocks="", embed="", pos_embed=None, final_norm="", ln1="", ln2="", attn="", mlp="", qkv="",
+               qkv_layout="", attn_out_proj="", mlp_in="", mlp_out_proj="")  # no trait: a plain pre-norm decoder
+
+
+def traits_of(architecture: str) -> Family | None:
+    """The family row of an architecture (its traits), or None when entoscope has none."""
+    return FAMILIES.get(architecture)
+
+
+def config_traits(fam: Family, cfg: Any, n_layers: int, d_model: int, d_head: int) -> dict[str, Any]:
+    """The structure record's family fields, read from a HuggingFace config through the family row."""
+    def softcap(key: str | None) -> float | None:
+        value = getattr(cfg, key, None) if key else None
+        return float(value) if value else None
+
+    sliding_layers: tuple[int, ...] = ()
+    window = getattr(cfg, "sliding_window", None) if fam.sliding else None
+    if window:
+        types = list(getattr(cfg, "layer_types", None) or [])
+        if len(types) != n_layers:  # Gemma 2's older configs: every other layer, from layer 0
+            types = ["sliding_attention" if L % 2 == 0 else "full_attention" for L in range(n_layers)]
+        sliding_layers = tuple(L for L, t in enumerate(types) if t == "sliding_attention")
+    scalar = getattr(cfg, fam.attn_scale_key, None) if fam.attn_scale_key else None
+    return {"norm_offset": fam.norm_offset,
+            "embed_scale": float(d_model) ** 0.5 if fam.embed_scale == "sqrt_d_model" else 1.0,
+            "post_norms": bool(fam.post_ln1 and fam.post_ln2), "qk_norm": fam.q_norm is not None,
+            "attn_scale": float(scalar) ** 0.5 if scalar else float(d_head) ** 0.5,
+            "attn_softcap": softcap(fam.attn_softcap_key), "final_softcap": softcap(fam.final_softcap_key),
+            "sliding_window": int(window) if sliding_layers else None, "sliding_layers": sliding_layers}
 
 
 def family_of(hf: Any) -> Family:
@@ -95,7 +181,8 @@ def structure_of(hf: Any, backend: str) -> Structure:
     n_layers = int(getattr(cfg, "n_layer", None) or cfg.num_hidden_layers)
     d_mlp = int(getattr(cfg, "n_inner", None) or getattr(cfg, "intermediate_size", None) or 4 * d_model)
     n_ctx = int(getattr(cfg, "n_positions", None) or cfg.max_position_embeddings)
-    act = str(getattr(cfg, "activation_function", None) or cfg.hidden_act)
+    act = str(getattr(cfg, "activation_function", None) or getattr(cfg, "hidden_act", None)
+              or getattr(cfg, "hidden_activation", None))
     blocks = get(hf, fam.blocks)
     rms = "rmsnorm" if "RMSNorm" in type(getattr(blocks[0], fam.ln1)).__name__ else "layernorm"
     return Structure(
@@ -104,6 +191,7 @@ def structure_of(hf: Any, backend: str) -> Structure:
         positional="learned" if fam.pos_embed else "rotary",
         parallel=bool(getattr(cfg, "use_parallel_residual", False)), gated_mlp=fam.mlp_up is not None,
         act_fn=act, backend=backend, mode="plain", tied_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),  # type: ignore[arg-type]
+        **config_traits(fam, cfg, n_layers, d_model, d_head),
     )
 
 
@@ -225,6 +313,16 @@ class HFWeights(Weights):
 
     def norm(self, layer: int, which: str) -> Norm:
         return self._norm(self._block(layer, self.fam.ln1 if which == "ln1" else self.fam.ln2))
+
+    def qk_norm(self, layer: int, which: str) -> Norm:
+        """The per-head norm of q ("q") or k ("k") before rotary (families with q/k norms)."""
+        path = self.fam.q_norm if which == "q" else self.fam.k_norm
+        assert path is not None
+        return self._norm(self._block(layer, path), post=True)
+
+    def post_norm(self, layer: int, which: str) -> Norm | None:
+        path = self.fam.post_ln1 if which == "attn" else self.fam.post_ln2
+        return self._norm(self._block(layer, path), post=True) if path and self.s.post_norms else None
 
     @property
     def final_norm(self) -> Norm:

@@ -39,7 +39,7 @@ def _architecture(hf_config: Any) -> str:
         return by_type[model_type]
     raise UnsupportedModelError(
         f"entoscope cannot build a HookedTransformer for architecture {archs or model_type!r} from a "
-        f"local folder; it knows {', '.join(_FAMILIES)}",
+        f"local folder; it knows {', '.join(_FAMILIES)}", code="family_unsupported",
         remedy="use the bridge backend (--backend bridge), which supports every architecture "
         "TransformerLens's TransformerBridge does, or a hub name HookedTransformer.from_pretrained knows",
     )

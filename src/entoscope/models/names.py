@@ -42,13 +42,19 @@ _KINDS = [
     Kind("attn_scores", True, ("head", "query_pos", "key_pos"), "scores", "attention logits before softmax"),
     Kind("pattern", True, ("head", "query_pos", "key_pos"), "pattern", "attention probabilities"),
     Kind("z", True, ("pos", "head", "d_head"), "head", "per-head mixed values (pattern @ v), input to W_O"),
-    Kind("result", True, ("pos", "head", "d_model"), "residual", "per-head output in the residual basis (z_h @ W_O[h]); summed with b_O gives attn_out"),
-    Kind("attn_out", True, ("pos", "d_model"), "residual", "attention block output added to the residual"),
+    Kind("result", True, ("pos", "head", "d_model"), "residual", "per-head output in the residual basis (z_h @ W_O[h]; under a post-attention norm, through it with its "
+         "scale frozen at the run: docs/families.md); summed with the bias part gives attn_out"),
+    Kind("ln1_post_scale", True, ("pos", "one"), "scale", "scale of the norm after attention (post-norm families: "
+         "Gemma 2/3)"),
+    Kind("attn_out", True, ("pos", "d_model"), "residual", "attention block output added to the residual (post-normed "
+         "where the family has a post-attention norm)"),
     Kind("ln2_scale", True, ("pos", "one"), "scale", "scale of the norm before the MLP"),
     Kind("mlp_in", True, ("pos", "d_model"), "normalized", "normalised input the MLP reads (output of ln2)"),
     Kind("mlp_pre", True, ("pos", "neuron"), "neuron", "MLP pre-activation (gated MLP: the gate's pre-activation)"),
     Kind("mlp_post", True, ("pos", "neuron"), "neuron", "MLP neuron activations, the input to W_out"),
-    Kind("mlp_out", True, ("pos", "d_model"), "residual", "MLP output added to the residual"),
+    Kind("ln2_post_scale", True, ("pos", "one"), "scale", "scale of the norm after the MLP (post-norm families)"),
+    Kind("mlp_out", True, ("pos", "d_model"), "residual", "MLP output added to the residual (post-normed where the "
+         "family has a post-MLP norm)"),
     Kind("final_scale", False, ("pos", "one"), "scale", "scale of the final norm"),
     Kind("logits", False, ("pos", "vocab"), "vocab", "output logits"),
     Kind("features", True, ("pos", "feature"), "feature", "a dictionary's feature activations (encode on read; "
@@ -86,6 +92,8 @@ _TL_BLOCK = {
     "hook_mlp_out": "mlp_out",
     "ln1.hook_scale": "ln1_scale",
     "ln2.hook_scale": "ln2_scale",
+    "ln1_post.hook_scale": "ln1_post_scale",
+    "ln2_post.hook_scale": "ln2_post_scale",
     "ln1.hook_normalized": "attn_in",
     "ln2.hook_normalized": "mlp_in",
     "ln1.hook_out": "attn_in",

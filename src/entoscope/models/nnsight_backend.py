@@ -57,7 +57,8 @@ from .weights import Weights
 
 HEAD_DERIVED = ("rot_q", "rot_k", "attn_scores", "pattern")
 _LAYER_ORDER = ("resid_pre", "ln1_scale", "attn_in", "q", "k", "v", "rot_q", "rot_k", "attn_scores", "pattern",
-                "z", "attn_out", "resid_mid", "ln2_scale", "mlp_in", "mlp_pre", "mlp_post", "mlp_out", "resid_post")
+                "z", "ln1_post_scale", "attn_out", "resid_mid", "ln2_scale", "mlp_in", "mlp_pre", "mlp_post",
+                "ln2_post_scale", "mlp_out", "resid_post")
 
 
 def _is_nnsight(model: Any) -> bool:
@@ -147,6 +148,8 @@ class NNsightBackend(Backend):
             return s.positional == "learned"
         if act.kind == "resid_mid":
             return not s.parallel
+        if act.kind in ("ln1_post_scale", "ln2_post_scale"):
+            return s.post_norms
         return act.kind in KINDS and act.kind not in ("result", "logits", "features")
 
     def sites(self, structure: Structure) -> list[ActName]:
@@ -223,7 +226,14 @@ class NNsightBackend(Backend):
                 else:
                     tracer.stop()
         out_logits = store.pop(ActName("logits"), None)
+        cap = self.logit_softcap
+        if out_logits is not None and cap > 0:  # HuggingFace caps after the unembedding module (Gemma 2)
+            out_logits = cap * torch.tanh(out_logits / cap)
         return out_logits, store
+
+    @property
+    def logit_softcap(self) -> float:  # type: ignore[override]
+        return float((self.s.final_softcap if self.s is not None else None) or -1.0)
 
     def final_residual(self, tokens: Tensor, interventions: Sequence[BaseIntervention]) -> Tensor:
         final = ActName("resid_post", self.s.n_layers - 1)  # type: ignore[union-attr]
@@ -279,7 +289,21 @@ class NNsightBackend(Backend):
 
     def _norm(self, which: str, layer: int | None) -> Any:
         w = HFWeights(self.module, self.s)  # type: ignore[arg-type]
+        if which in ("attn", "mlp"):  # the post-norms
+            return w.post_norm(layer, which)  # type: ignore[arg-type]
         return w.final_norm if which == "final" else w.norm(layer, which)  # type: ignore[arg-type]
+
+    def _output_site(self, plan: _Plan, store: dict[ActName, Tensor], block: Any, L: int, which: str) -> Any:
+        """The envoy whose output is attn_out / mlp_out (what is added to the residual): the post-norm on a
+        post-norm family (its scale read or written first), else the attention / MLP module itself."""
+        fam = self.fam
+        path = (fam.post_ln1 if which == "attn" else fam.post_ln2) if self.s.post_norms else None  # type: ignore[union-attr]
+        if path is None:
+            return get(block, fam.attn if which == "attn" else fam.mlp)
+        env = get(block, path)
+        kind = "ln1_post_scale" if which == "attn" else "ln2_post_scale"
+        self._norm_scale(plan, store, env, ActName(kind, L), None, which)
+        return env
 
     def _visit_block(self, plan: _Plan, store: dict[ActName, Tensor], block: Any, L: int) -> None:
         fam, s = self.fam, self.s
@@ -292,23 +316,24 @@ class NNsightBackend(Backend):
         self._norm_scale(plan, store, get(block, fam.ln1), act("ln1_scale"), act("attn_in"), "ln1")
         self._visit_attention(plan, store, block, L)
         out = act("attn_out")
+        out_env = self._output_site(plan, store, block, L, "attn")
         if plan.touched(out) or mid_written:
-            attn = get(block, fam.attn)
-            raw = attn.output
-            x, changed = plan.apply(out, raw[0], store)
+            raw = out_env.output
+            tupled = isinstance(raw, tuple)  # the attention module's (output, weights); a post-norm's tensor
+            x, changed = plan.apply(out, raw[0] if tupled else raw, store)
             if mid_written:  # the residual between attention and MLP, written as what attention adds
                 new_mid, mid_changed = plan.apply(act("resid_mid"), resid + x, {})
                 if mid_changed:
                     x, changed = new_mid - resid, True
             if changed:
-                attn.output = (x, *raw[1:])
+                out_env.output = (x, *raw[1:]) if tupled else x
         ln2 = get(block, fam.ln2)
         if act("resid_mid") in plan.reads:
             store[act("resid_mid")] = ln2.input
         self._norm_scale(plan, store, ln2, act("ln2_scale"), act("mlp_in"), "ln2")
         self._site(plan, store, get(block, fam.mlp_in), "output", act("mlp_pre"))
         self._site(plan, store, get(block, fam.mlp_out_proj), "input", act("mlp_post"))
-        self._site(plan, store, get(block, fam.mlp), "output", act("mlp_out"))
+        self._site(plan, store, self._output_site(plan, store, block, L, "mlp"), "output", act("mlp_out"))
         first = (lambda o: o[0] if isinstance(o, tuple) else o, lambda o, x: (x, *o[1:]) if isinstance(o, tuple) else x)
         self._site(plan, store, block, "output", act("resid_post"), view=first)
 
@@ -372,6 +397,9 @@ class NNsightBackend(Backend):
         s = self.s
         assert s is not None
         q, k = seen["q"], seen["k"]
+        if s.qk_norm:  # Gemma 3: per-head norms of q and k, before rotary (the q and k sites are before them)
+            w = HFWeights(self.module, s)
+            q, k = w.qk_norm(L, "q")(q).to(q.dtype), w.qk_norm(L, "k")(k).to(k.dtype)
         if rotary is not None:
             cos, sin = rotary
             q, _ = plan.apply(ActName("rot_q", L), _rotate(q, cos, sin), store)
@@ -380,7 +408,11 @@ class NNsightBackend(Backend):
         k = k.repeat_interleave(g, dim=2)
         T_q, T_k = q.shape[1], k.shape[1]
         scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scaling
+        if s.attn_softcap:  # Gemma 2: c * tanh(scores / c), before the mask (as HuggingFace's eager attention)
+            scores = s.attn_softcap * torch.tanh(scores / s.attn_softcap)
         future = torch.ones(T_q, T_k, dtype=torch.bool, device=q.device).triu(T_k - T_q + 1)
+        if L in s.sliding_layers:  # keys more than sliding_window - 1 positions back are not seen
+            future |= torch.ones(T_q, T_k, dtype=torch.bool, device=q.device).tril(T_k - T_q - s.sliding_window)
         scores = scores.masked_fill(future, torch.finfo(scores.dtype).min)  # HuggingFace's mask value
         scores, _ = plan.apply(ActName("attn_scores", L), scores, store)
         pattern = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)

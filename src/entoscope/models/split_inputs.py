@@ -4,6 +4,11 @@ Senders write into the residual stream: `input` (everything that enters block 0:
 plus the learned positional embedding where there is one; read at resid_pre.0), each attention
 head (its result z_h @ W_O[h]; the attention bias b_O is NOT a sender) and each MLP (mlp_out, which
 includes its output bias: the bias is constant across runs, so it cancels in every difference).
+Under a family's post-norms (Gemma 2/3) a head's output is its result carried through the post-attention
+norm with that norm's scale frozen at the run it comes from (post_norms.py: the heads of a layer then sum
+to attn_out, the post-normed output added to the residual); mlp_out is already post-normed. A corrupt
+sender's output uses the corrupt run's scale, a clean one the clean run's, so delta_s is the change in
+what s adds to the residual stream, and the senders still add up to the final residual (`check_split`).
 Receivers read the residual stream through a norm: each query head's q, each key/value head's k and
 v, each MLP's input, and the logits (the final residual, before the final norm).
 
@@ -39,6 +44,7 @@ from torch import Tensor
 from ..errors import CheckFailedError, SiteError
 from .adapter import Intervention, ModelAdapter, RunOutput
 from .names import ActName
+from .post_norms import head_outputs, post_scale_reads
 from .structure import Structure
 from .weights import Norm
 
@@ -137,7 +143,7 @@ def sender_reads(s: Structure) -> list[ActName]:
     """What a run must read to give every sender's output."""
     reads = [ActName("resid_pre", 0)]
     for L in range(s.n_layers):
-        reads += [ActName("z", L), ActName("mlp_out", L)]
+        reads += [ActName("z", L), *post_scale_reads(s, L, "attn"), ActName("mlp_out", L)]
     return reads
 
 
@@ -167,7 +173,7 @@ def sender_outputs(model: ModelAdapter, acts: dict[ActName, Tensor]) -> Tensor:
     parts = [acts[ActName("resid_pre", 0)][:, :, None]]
     for L in range(s.n_layers):
         z = acts[ActName("z", L)]
-        parts.append(torch.einsum("bphd,hdm->bphm", z, model.weights.W_O(L).to(z.dtype)))
+        parts.append(head_outputs(model, L, z, acts.get(ActName("ln1_post_scale", L))))
         parts.append(acts[ActName("mlp_out", L)][:, :, None])
     return torch.cat(parts, dim=2)
 
@@ -415,6 +421,7 @@ class PatchedRun:
                 if self.touched[rec].any():
                     ivs.append(Intervention(ActName(which, L), self._qkv(L, which, rec)))
             ivs.append(Intervention(ActName("z", L), self._keep_heads(L)))
+            ivs += [Intervention(scale, self._keep_heads(L, scaled=True)) for scale in post_scale_reads(s, L, "attn")]
             if self.touched[lay.mlp_receiver(L)]:
                 ivs.append(Intervention(ActName("mlp_in", L), self._mlp_in(L)))
             ivs.append(Intervention(ActName("mlp_out", L), self._keep_mlp(L)))
@@ -476,11 +483,19 @@ class PatchedRun:
             return x
         return fn
 
-    def _keep_heads(self, layer: int) -> Any:
-        def fn(z: Tensor) -> Tensor:
-            W_O = self.model.weights.W_O(layer).to(z.dtype)
-            self.actual[:, :, self.layout.head_senders(layer)] = torch.einsum("bphd,hdm->bphm", z, W_O)
-            return z
+    def _keep_heads(self, layer: int, scaled: bool = False) -> Any:
+        """The heads' outputs of this run, from z (under post-norms: kept until this run's post-attention
+        scale is seen, `scaled`, and carried through the norm with it)."""
+        post = self.s.post_norms
+
+        def fn(x: Tensor) -> Tensor:
+            if post and not scaled:
+                self.x[f"z{layer}"] = x
+                return x
+            z, scale = (self.x.pop(f"z{layer}"), x) if post else (x, None)
+            self.actual[:, :, self.layout.head_senders(layer)] = head_outputs(self.model, layer, z, scale).to(
+                self.actual.dtype)
+            return None if scaled else x  # a scale read returns nothing: the bridge's norm keeps its own path
         return fn
 
     def _keep_mlp(self, layer: int) -> Any:

@@ -3,7 +3,10 @@
 Used by the test suite (and by anyone writing an operation: every operation runs on all of them).
 Families: "gpt2" (LayerNorm, learned positions, Conv1D weights), "neox" (parallel attention+MLP,
 partial rotary), "llama" (RMSNorm, rotary, gated MLP, grouped-query attention: 4 query heads
-sharing 2 key/value heads). Variants: backend "bridge" (plain or compat) or "hooked"; "nnsight" builds
+sharing 2 key/value heads). "gemma3" and "gemma2" (GEMMA_FAMILIES: not in the suite-wide FAMILIES, their own
+tests in tests/test_gemma.py) carry every Gemma trait: (1 + weight) norms, a scaled embedding, norms
+after attention and the MLP, 4 query heads sharing 1 key/value head, a sliding window of 4 on layer 0,
+query_pre_attn_scalar; Gemma 3 q/k norms, Gemma 2 attention and final-logit soft caps. Variants: backend "bridge" (plain or compat) or "hooked"; "nnsight" builds
 an nnsight LanguageModel around the same HuggingFace model (same seed: the same weights as the bridge's).
 """
 
@@ -17,6 +20,7 @@ from typing import Any
 import torch
 
 FAMILIES = ("gpt2", "neox", "llama")
+GEMMA_FAMILIES = ("gemma3", "gemma2")
 VARIANTS = (("bridge", False), ("bridge", True), ("hooked", False))
 
 _CORPUS = [
@@ -73,8 +77,10 @@ def tiny_hf_model(family: str, seed: int = 0, n_layers: int = 2) -> Any:
                           num_key_value_heads=2, intermediate_size=128, max_position_embeddings=64,
                           vocab_size=vocab, **common)
         model = LlamaForCausalLM(cfg)
+    elif family in GEMMA_FAMILIES:
+        model = _tiny_gemma(family, vocab, n_layers, common)
     else:
-        raise ValueError(f"unknown family {family!r}; known: {FAMILIES}")
+        raise ValueError(f"unknown family {family!r}; known: {FAMILIES + GEMMA_FAMILIES}")
     # Random init leaves norms at weight 1, bias 0; perturb them so folding is really exercised.
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -82,6 +88,27 @@ def tiny_hf_model(family: str, seed: int = 0, n_layers: int = 2) -> Any:
                 p.add_(0.1 * torch.randn_like(p))
     model.config._attn_implementation = "eager"
     return model.eval()
+
+
+def _tiny_gemma(family: str, vocab: int, n_layers: int, common: dict[str, Any]) -> Any:
+    from transformers import Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig
+
+    types = ["sliding_attention" if L % 2 == 0 else "full_attention" for L in range(n_layers)]
+    shape = dict(num_hidden_layers=n_layers, hidden_size=64, num_attention_heads=4, num_key_value_heads=1,
+                 head_dim=16, intermediate_size=128, max_position_embeddings=64, vocab_size=vocab, sliding_window=4,
+                 query_pre_attn_scalar=24, layer_types=types, **common)
+    if family == "gemma3":
+        cfg = Gemma3TextConfig(architectures=["Gemma3ForCausalLM"], **shape)
+        cls = Gemma3ForCausalLM
+    else:
+        cfg = Gemma2Config(architectures=["Gemma2ForCausalLM"], attn_logit_softcapping=5.0,
+                           final_logit_softcapping=3.0, **shape)
+        cls = Gemma2ForCausalLM
+    cfg._attn_implementation = "eager"  # output_attentions (the tests' reference) needs it at construction
+    model = cls(cfg)
+    with torch.no_grad():  # random init leaves Gemma's norm weights at 0 (gain 1): the perturbation below
+        model.model.embed_tokens.weight.mul_(4.0)  # and scores large enough to reach the soft caps
+    return model
 
 
 def tiny_model(family: str = "gpt2", backend: str = "bridge", compat: bool = False, seed: int = 0,

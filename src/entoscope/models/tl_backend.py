@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -19,6 +20,7 @@ from torch import Tensor
 from ..errors import UnsupportedModelError
 from . import bridge_start
 from .backend import Backend, BaseIntervention
+from .hf_families import FAMILIES, PLAIN, Family, config_traits, traits_of
 from .names import KINDS, ActName
 from .structure import Structure
 from .weights import Weights
@@ -33,7 +35,27 @@ _HOOKS = {
     "attn_scores": "blocks.{L}.attn.hook_attn_scores", "pattern": "blocks.{L}.attn.hook_pattern",
     "mlp_pre": "blocks.{L}.mlp.hook_pre", "mlp_post": "blocks.{L}.mlp.hook_post",
     "rot_q": "blocks.{L}.attn.hook_rot_q", "rot_k": "blocks.{L}.attn.hook_rot_k",
+    "ln1_post_scale": "blocks.{L}.ln1_post.hook_scale", "ln2_post_scale": "blocks.{L}.ln2_post.hook_scale",
 }
+
+
+def unmodelled_traits(tl: Any) -> list[str]:
+    """What a TransformerLens model does that only a family row makes entoscope model (an architecture
+    without a row is refused when it shows one): a norm gain of (1 + weight), post-norms, a scaled
+    embedding, a final-logit soft cap."""
+    cfg = tl.cfg
+    blocks = getattr(tl, "blocks", None) or []
+    out = []
+    if getattr(cfg, "rmsnorm_uses_offset", False):
+        out.append("RMSNorm with (1 + weight)")
+    if getattr(cfg, "use_normalization_before_and_after", False) or (len(blocks) and hasattr(blocks[0], "ln1_post")):
+        out.append("norms after attention and the MLP")
+    embed = getattr(getattr(tl, "original_model", None), "get_input_embeddings", lambda: None)()
+    if getattr(embed, "embed_scale", None) is not None:
+        out.append("a scaled embedding")
+    if float(getattr(cfg, "output_logits_soft_cap", -1.0) or -1.0) > 0:
+        out.append("a final-logit soft cap")
+    return out
 # the families whose HookedTransformer key/value cache holds what the k and v hooks return
 _KV_AS_HOOKED = ("GPT2LMHeadModel", "GPTNeoXForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM",
                  "MistralForCausalLM")
@@ -61,7 +83,7 @@ class TLBackend(Backend):
         return str(getattr(self.tl.cfg, "model_name", None) or "")
 
     # --- structure
-    def mode(self, norm_type: str) -> tuple[str, bool]:
+    def mode(self, norm_type: str, norm_offset: float = 0.0) -> tuple[str, bool]:
         """(structure.mode, norm_folded)."""
         raise NotImplementedError
 
@@ -87,10 +109,12 @@ class TLBackend(Backend):
         if pos not in ("standard", "rotary"):
             raise UnsupportedModelError(f"cannot describe positional embedding type {pos!r}",
                                         remedy="entoscope knows learned ('standard') and rotary positions")
-        mode, folded = self.mode(norm_type)
         n_heads = int(cfg.n_heads)
         n_kv = getattr(cfg, "n_key_value_heads", None) or n_heads
         arch = getattr(cfg, "architecture", None) or getattr(cfg, "original_architecture", None) or "unknown"
+        fam = self.family(str(arch))
+        mode, folded = self.mode(norm_type, fam.norm_offset)
+        hf_cfg = getattr(getattr(self.tl, "original_model", None), "config", None) or SimpleNamespace()
         return Structure(
             architecture=str(arch), n_layers=int(cfg.n_layers), n_heads=n_heads, n_kv_heads=int(n_kv),
             d_model=int(cfg.d_model), d_head=int(cfg.d_head), d_mlp=int(getattr(cfg, "d_mlp", 0) or 0),
@@ -100,7 +124,24 @@ class TLBackend(Backend):
             parallel=bool(getattr(cfg, "parallel_attn_mlp", False)),
             gated_mlp=bool(getattr(cfg, "gated_mlp", False)), act_fn=str(getattr(cfg, "act_fn", "")),
             backend=self.name, mode=mode, tied_embeddings=self.tied(),  # type: ignore[arg-type]
+            **config_traits(fam, hf_cfg, int(cfg.n_layers), int(cfg.d_model), int(cfg.d_head)),
         )
+
+    def family(self, arch: str) -> Family:
+        """The family row entoscope reads for this model: its own for a known architecture; for another, the
+        plain row, once the model is seen to have none of what a row would have to say (else refused,
+        `family_unsupported`, naming what entoscope does not model for it)."""
+        fam = traits_of(arch)
+        if fam is not None:
+            return fam
+        missing = unmodelled_traits(self.tl)
+        if missing:
+            raise UnsupportedModelError(
+                f"{arch} is a decoder entoscope has no family row for, and it has {', '.join(missing)}, which "
+                "entoscope must model to decompose it", code="family_unsupported",
+                remedy=f"use a supported family (docs/families.md: {', '.join(FAMILIES)}), or add a row for "
+                f"{arch} to models/hf_families.py")
+        return PLAIN
 
     def weights(self, structure: Structure) -> Weights:
         return Weights(self.tl, structure)
@@ -235,16 +276,17 @@ class BridgeBackend(TLBackend):
             return False
         return isinstance(model, TransformerBridge)
 
-    def mode(self, norm_type: str) -> tuple[str, bool]:
+    def mode(self, norm_type: str, norm_offset: float = 0.0) -> tuple[str, bool]:
         compat = bool(getattr(self.tl, "compatibility_mode", False))
-        return ("compat" if compat else "plain"), compat and self._norms_are_identity()
+        return ("compat" if compat else "plain"), compat and self._norms_are_identity(norm_offset)
 
-    def _norms_are_identity(self) -> bool:
-        """Compatibility mode folds each norm's weight into the next matrices and leaves weight 1, bias 0."""
+    def _norms_are_identity(self, offset: float = 0.0) -> bool:
+        """Compatibility mode folds each norm's weight into the next matrices and leaves gain 1, bias 0 (a
+        stored weight of 1 - offset: Gemma's (1 + weight) norms keep 0). Post-norms are not folded."""
         mods = [self.tl.ln_final] + [getattr(b, ln) for b in self.tl.blocks for ln in ("ln1", "ln2")]
         for mod in mods:
             for name, p in mod.named_parameters():
-                target = 1.0 if name.endswith("weight") or name.endswith("w") else 0.0
+                target = 1.0 - offset if name.endswith("weight") or name.endswith("w") else 0.0
                 if not torch.all(p == target):
                     return False
         return True
@@ -319,7 +361,19 @@ class HookedBackend(TLBackend):
             return False
         return isinstance(model, HookedTransformer)
 
-    def mode(self, norm_type: str) -> tuple[str, bool]:
+    def family(self, arch: str) -> Family:
+        """A HookedTransformer of a family with a row of its own is refused: entoscope builds and reads the
+        plain families only (TransformerLens 3's Gemma support is not mapped here)."""
+        fam = traits_of(arch)
+        if (fam is not None and fam.traits) or unmodelled_traits(self.tl):
+            raise UnsupportedModelError(
+                f"entoscope does not read a HookedTransformer of {arch} (its "
+                f"{', '.join(fam.traits if fam is not None else unmodelled_traits(self.tl))} are not mapped "
+                "on this backend)", code="family_unsupported",
+                remedy="load it with --backend bridge (a TransformerBridge) or --backend nnsight")
+        return fam or PLAIN
+
+    def mode(self, norm_type: str, norm_offset: float = 0.0) -> tuple[str, bool]:
         folded = norm_type.endswith("Pre")
         return ("processed" if folded else "unprocessed"), folded
 

@@ -5,6 +5,15 @@ expanded so that query head h reads key/value head h // group_size (HuggingFace'
 TransformerLens's repeat_interleave agree on this). The unexpanded matrices are W_K_kv/W_V_kv.
 Missing biases (Llama has none) are zeros, so formulas need no special cases.
 
+Family conventions (docs/families.md; the values come from the structure record, read from the family table):
+- W_E is the embedding TABLE (a view of the parameter, as TransformerLens's W_E). What enters the residual
+  stream, and what the `embed` site holds, is `embedding(tokens)` = W_E[tokens] * structure.embed_scale
+  (Gemma: sqrt(d_model)), so resid_pre.0 = embed (+ pos_embed) on every family.
+- A norm's `weight` is its GAIN, what multiplies the normalised vector: Gemma's RMSNorm computes
+  x / rms * (1 + weight), so there the Norm's weight is 1 + the parameter (structure.norm_offset).
+- `post_norm(layer, "attn" | "mlp")`: the norm applied to a block's attention / MLP output before it is
+  added to the residual (Gemma 2/3), None elsewhere; attn_out and mlp_out are what is ADDED (post-normed).
+
 Shapes: W_E [d_vocab, d_model], W_pos [n_ctx, d_model], W_U [d_model, d_vocab], b_U [d_vocab],
 W_Q/W_K/W_V [n_heads, d_model, d_head], b_Q/b_K/b_V [n_heads, d_head],
 W_O [n_heads, d_head, d_model], b_O [d_model], W_in/W_gate [d_model, d_mlp], b_in [d_mlp],
@@ -74,6 +83,11 @@ class Weights:
     @property
     def W_E(self) -> Tensor:
         return self._tl.W_E
+
+    def embedding(self, tokens: Tensor | int) -> Tensor:
+        """What token ids put into the residual stream: W_E[tokens] * embed_scale ([..., d_model])."""
+        rows = self.W_E[tokens]
+        return rows * self.s.embed_scale if self.s.embed_scale != 1.0 else rows
 
     @property
     def W_pos(self) -> Tensor:
@@ -186,13 +200,20 @@ class Weights:
         """`which` is "ln1" (before attention) or "ln2" (before the MLP)."""
         return self._norm(getattr(self._tl.blocks[layer], which))
 
+    def post_norm(self, layer: int, which: str) -> Norm | None:
+        """The norm after the attention ("attn") or the MLP ("mlp") of `layer`, None without post-norms.
+        Never folded (TransformerLens folds only the norms that feed a matrix)."""
+        if not self.s.post_norms:
+            return None
+        return self._norm(getattr(self._tl.blocks[layer], "ln1_post" if which == "attn" else "ln2_post"), post=True)
+
     @property
     def final_norm(self) -> Norm:
         return self._norm(self._tl.ln_final)
 
-    def _norm(self, module: Any) -> Norm:
+    def _norm(self, module: Any, post: bool = False) -> Norm:
         kind = self.s.norm
-        if self.s.norm_folded:
+        if self.s.norm_folded and not post:
             return Norm(kind, None, None, self._eps(module))
         inner = getattr(module, "original_component", None) or module
         weight = getattr(inner, "weight", None)
@@ -201,6 +222,8 @@ class Weights:
         bias = getattr(inner, "bias", None)
         if bias is None and kind == "layernorm":
             bias = getattr(inner, "b", None)
+        if weight is not None and self.s.norm_offset:
+            weight = weight + self.s.norm_offset  # the gain: Gemma's (1 + weight)
         return Norm(kind, weight, bias, self._eps(module))
 
     def _eps(self, module: Any) -> float:
