@@ -1,9 +1,7 @@
 """The real Gemma 3 270M (dequantized from GGUF) against transformers' own forward read with hooks written here:
 the embedding scale, additivity through the post-norms, the attention pattern on a sliding and a full layer,
-the unembedding written by hand, and DLA's identity on IOI prompts. Skips with one line when the folder is missing
-(the integrator switches this to the shared `gemma3` fixture)."""
-
-from pathlib import Path
+the unembedding written by hand, and DLA's identity on IOI prompts. The folder comes from the shared `gemma3_folder`
+fixture (tests/conftest.py: fetched from PyPI, or a one-line skip)."""
 
 import pytest
 import torch
@@ -12,16 +10,13 @@ from entoscope.circuits.dla import DirectLogitAttribution
 from entoscope.data import tasks
 from entoscope.models import adapt
 
-FOLDER = Path("/root/.cache/entoscope/real-models/gemma3-270m")
 pytestmark = pytest.mark.real
 
 
 @pytest.fixture(scope="module")
-def gemma3():
-    """(an nnsight model around transformers' Gemma 3, the same transformers model) or a one-line skip."""
-    if not (FOLDER / "config.json").exists():
-        pytest.skip(f"no Gemma 3 folder at {FOLDER} (the real-model fixture fetches it)")
-    pytest.importorskip("nnsight")
+def gemma3(gemma3_folder):
+    """(an nnsight model around transformers' Gemma 3, the same transformers model)."""
+    FOLDER = gemma3_folder
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from entoscope.models.loading import from_hf
