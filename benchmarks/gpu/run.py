@@ -136,8 +136,8 @@ def compare_model(name: str, path: str, args: argparse.Namespace, tol_over: dict
     ref_model = load(path, "cpu", "float32")
     lens_dir = tempfile.mkdtemp(prefix="entoscope-gpu-lens-")
     lens = es.TunedLens.for_model(ref_model)
-    lens.fit(ref_model, es.tasks.ioi(n=16, seed=5, tokenizer=Ctx(ref_model, name, n, "").tokenizer),
-             steps=SIZES[args.size]["lens_steps"], quiet=True)
+    lens.fit(ref_model, es.tasks.ioi(n=8, seed=5, tokenizer=Ctx(ref_model, name, n, "").tokenizer),
+             steps=SIZES[args.size]["lens_steps"], batch_size=4, quiet=True)  # logits of every layer: 4 prompts
     lens.save(lens_dir)
     ctx = Ctx(ref_model, name, n, lens_dir)
     refs: dict[str, Any] = {}
@@ -148,6 +148,7 @@ def compare_model(name: str, path: str, args: argparse.Namespace, tol_over: dict
             continue
         try:
             refs[case.name] = run_case(case, ref_model, ctx)
+            print(f"  {case.name:<30} ref   {refs[case.name][1]:.2f} s", flush=True)
         except SkipCase as skip:
             print(f"  {case.name}: skipped: {skip}", flush=True)
             rows.append({**base, "dtype": "-", "status": "skipped", "note": str(skip)})
