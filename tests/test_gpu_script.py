@@ -56,7 +56,9 @@ def test_cpu_path_runs_every_operation_green(tmp_path: Path) -> None:
     assert set(skipped) <= {"interchange"}, skipped  # only the operation not written yet
     for r in rows:
         if r["dtype"] == "bfloat16":
-            assert r["status"] == "ok" and 0 < r["err"] <= r["tol"], r  # bfloat16 differs, within its tolerance
+            assert r["status"] == "ok" and 0 <= r["err"] <= r["tol"], r  # within its tolerance
+            # bfloat16 moves every number (a probe's accuracy over 24 prompts may well stay where it was)
+            assert r["err"] > 0 or r["operation"] == "probing", r
     assert {t["name"] for t in report["timings"]} == {"eap_ig", "exact_sweep"}
     for t in report["timings"]:
         assert t["seconds"] > 0 and t["floor_seconds"] > 0 and t["n"] == 16, t
