@@ -56,7 +56,8 @@ class Case:
     extra: Callable[[Any], dict[str, tuple[pd.DataFrame, tuple[str, ...], tuple[str, ...]]]] | None = None
     models: tuple[str, ...] = ("demo", "smollm2")
     table: bool = True  # compare result.table (False: only the extra parts)
-    scales: dict[str, str] = field(default_factory=dict)  # column -> the column whose scale measures it
+    scales: dict[str, str | float] = field(default_factory=dict)  # column -> the column whose scale measures
+    # it, or the least scale it is measured on (fractions of a gap: faithfulness, CPR, CMD on a scale of 1)
 
 
 def _es() -> Any:
@@ -78,6 +79,8 @@ def _circuit_parts(result: Any) -> dict[str, tuple[pd.DataFrame, tuple[str, ...]
     s = result.extra["summary"]
     names = [k for k in ("m_full", "m_empty", "m_circuit", "faithfulness", "cpr", "cmd") if k in s]
     parts = {"summary": (pd.DataFrame([{"part": "summary", **{k: s[k] for k in names}}]), ("part",), tuple(names))}
+    # faithfulness, CPR and CMD are fractions of the clean - corrupt gap: measured on a scale of at least 1
+    # (CMD is a distance from 1, so near 0 for a good circuit)
     curve = result.extra.get("curve")
     if curve is not None:
         parts["curve"] = (curve, ("fraction",), ("faithfulness",))
@@ -201,7 +204,7 @@ def _key_frame(frame: pd.DataFrame, keys: tuple[str, ...]) -> pd.DataFrame:
 
 
 def compare_frames(ref: pd.DataFrame, got: pd.DataFrame, keys: tuple[str, ...], columns: tuple[str, ...],
-                   part: str, scales: dict[str, str] | None = None) -> Diff:
+                   part: str, scales: dict[str, str | float] | None = None) -> Diff:
     """err (module docstring) of `columns` between two tables joined on `keys`."""
     keys = tuple(k for k in keys if k in ref.columns)
     diff = Diff()
@@ -226,8 +229,10 @@ def compare_frames(ref: pd.DataFrame, got: pd.DataFrame, keys: tuple[str, ...], 
         if not ok.any():
             continue
         on = (scales or {}).get(col)  # a difference of two metrics is measured on the metrics' scale
-        scale = float(np.nanmax(np.abs(both[f"{on}_ref"].to_numpy(dtype=np.float64)))) if on else \
-            float(np.abs(x[ok]).max())
+        if isinstance(on, str):
+            scale = float(np.nanmax(np.abs(both[f"{on}_ref"].to_numpy(dtype=np.float64))))
+        else:
+            scale = max(float(np.abs(x[ok]).max()), float(on or 0.0))
         d = np.abs(x - y)
         d[~ok] = 0.0
         i = int(np.argmax(d))
@@ -238,6 +243,7 @@ def compare_frames(ref: pd.DataFrame, got: pd.DataFrame, keys: tuple[str, ...], 
 
 
 ACDC_PREFIX = "decisions"
+FRACTIONS = {"faithfulness": 1.0, "cpr": 1.0, "cmd": 1.0}  # the circuits' summary and curve (see _circuit_parts)
 
 
 def compare_results(case: Case, ref: Any, got: Any) -> Diff:
@@ -253,7 +259,7 @@ def compare_results(case: Case, ref: Any, got: Any) -> Diff:
                 frame, other, note = _common_prefix(frame, other)
                 if note:
                     total.where = total.where or note
-            total.take(compare_frames(frame, other, keys, cols, part))
+            total.take(compare_frames(frame, other, keys, cols, part, FRACTIONS))
     return total
 
 
