@@ -22,7 +22,8 @@ Sizes (--size): "full" (the GPU default) compares on 32 demo prompts and 8 SmolL
 the logit lens and the exact patching read 2 positions, S2 and END: the CPU reference pays for them)
 and times 1,000 prompts / pairs, cut to whole batches that fit the remaining time (--budget-s, 450 s
 for the whole script by default on a GPU: under 8 minutes with start-up), with the cut printed and
-kept in the JSON; "small" (CI) compares on 8 prompts and times 16.
+kept in the JSON; "small" (CI) compares on 8 prompts and times 16. Comparisons still to run once 60% of
+--budget-s has passed are skipped, each with a line, so that the timings keep their share.
 """
 
 from __future__ import annotations
@@ -122,8 +123,11 @@ def run_case(case: Any, model: Any, ctx: Ctx) -> tuple[Any, float]:
     return result, time.perf_counter() - t
 
 
+COMPARE_SHARE = 0.6  # of --budget-s: past it, the remaining comparisons are skipped (each with a line)
+
+
 def compare_model(name: str, path: str, args: argparse.Namespace, tol_over: dict[str, float],
-                  rows: list[dict[str, Any]]) -> None:
+                  rows: list[dict[str, Any]], start: float) -> None:
     import tempfile
 
     import entoscope as es
@@ -141,8 +145,13 @@ def compare_model(name: str, path: str, args: argparse.Namespace, tol_over: dict
     lens.save(lens_dir)
     ctx = Ctx(ref_model, name, n, lens_dir)
     refs: dict[str, Any] = {}
+    late = lambda: time.perf_counter() - start > COMPARE_SHARE * args.budget_s  # noqa: E731
     for case in todo:
         base = {"model": name, "operation": case.name}
+        if late():
+            print(f"  {case.name}: skipped: past {COMPARE_SHARE:.0%} of --budget-s", flush=True)
+            rows.append({**base, "dtype": "-", "status": "skipped", "note": "past the comparisons' time budget"})
+            continue
         if name not in case.models:
             rows.append({**base, "dtype": "-", "status": "skipped", "note": f"not run on {name}"})
             continue
@@ -168,6 +177,11 @@ def compare_model(name: str, path: str, args: argparse.Namespace, tol_over: dict
         model = load(path, args.device, dtype)
         for case in todo:
             if case.name not in refs:
+                continue
+            if late():
+                print(f"  {case.name}: skipped: past {COMPARE_SHARE:.0%} of --budget-s", flush=True)
+                rows.append({"model": name, "operation": case.name, "dtype": dtype, "device": args.device,
+                             "status": "skipped", "note": "past the comparisons' time budget"})
                 continue
             tol = tol_over.get(case.name, case.tol[dtype])
             row: dict[str, Any] = {"model": name, "operation": case.name, "dtype": dtype, "device": args.device,
@@ -205,7 +219,7 @@ def timings(args: argparse.Namespace, models: dict[str, str], start: float) -> l
     out = []
     for i, which in enumerate(("eap_ig", "exact_sweep")):
         left = args.budget_s - (time.perf_counter() - start)
-        share = left / (2 - i)  # what is left, shared by the timings still to run
+        share = max(left, 0.0) / (2 - i)  # what is left, shared by the timings still to run
         t = time_one(which, model, name, args.timing_dtype, args.device, data, warm, args.steps, share, n)
         out.append(t.as_dict())
         print(f"  {which}: {t.seconds:.1f} s over {t.n} (floor {t.floor_seconds:.1f} s, {t.ratio:.2f}x), "
@@ -258,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         models[name] = path
     rows: list[dict[str, Any]] = []
     for name, path in models.items():
-        compare_model(name, path, args, tol_over, rows)
+        compare_model(name, path, args, tol_over, rows, start)
     times = timings(args, models, start) if args.timings == "on" and models else []
     show(rows, times)
     failed = [r for r in rows if r["status"] == "FAIL"]
