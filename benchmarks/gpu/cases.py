@@ -15,10 +15,11 @@ catches a real fault (a tensor left on the wrong device, a dtype cast in the wro
 bfloat16 keeps 8 bits of mantissa (relative step 2^-8 = 0.4%); through a few layers the logits move by a few
 per cent of their range, and a quantity that is a difference of two nearby runs (a patched minus a clean
 metric, an edge score) by more. The bfloat16 tolerances are ~3x the largest error measured on the CPU
-(demo model, 8 prompts; SmolLM2, 8 prompts): see docs/scale.md for those measurements. A column that is a
-difference of two metrics (steering's effect and its margin over the random direction) is measured on the
-scale of the metric itself (Case.scales): its own scale can be near 0 while bfloat16 moves each metric by a
-step of the metric's size.
+(demo model, 8 prompts; SmolLM2, 8 prompts, six of the operations): docs/scale.md has the measurements.
+A column that is a difference of two metrics (steering's effect and its margin over the random direction)
+is measured on the scale of the metric itself (Case.scales): its own scale can be near 0 while bfloat16
+moves each metric by a step of the metric's size. The circuits' faithfulness, CPR and CMD are fractions
+of the clean - corrupt gap, measured on a scale of at least 1 (FRACTIONS).
 Probing compares test accuracy and AUROC: one prompt more or less classified right moves the accuracy by
 1/n, so its tolerance is absolute-like (the column's scale is ~1).
 """
