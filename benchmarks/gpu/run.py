@@ -191,7 +191,7 @@ def compare_model(name: str, path: str, args: argparse.Namespace, tol_over: dict
                 diff = compare_results(case, refs[case.name][0], result)
                 bad = diff.err > tol or diff.problems
                 row.update(status="FAIL" if bad else "ok", err=diff.err, abs_diff=diff.abs_diff, scale=diff.scale,
-                           where=diff.where, seconds=seconds, note="; ".join(diff.problems))
+                           where=diff.where, seconds=seconds, note="; ".join(diff.problems + diff.notes))
             except Exception as err:  # noqa: BLE001
                 traceback.print_exc()
                 row.update(status="FAIL", note=f"raised {type(err).__name__}: {err}")
