@@ -93,7 +93,7 @@ class Lens(Sharded, Operation):
             if kind.name not in ("resid_pre", "resid_post"):
                 raise ConfigError(f"the tuned lens decodes resid_pre/resid_post, not {kind.name}",
                                   code="tuned_lens_site", remedy="use method 'logit' for components")
-            lens = TunedLens.load(self.translators)
+            lens = TunedLens.load(self.translators).to(model.device)  # loaded on the CPU; read on the model's device
             lens.check_model(model)
         rows = _rows(siteset)
         reads = _reads(model, siteset, kind.name, self.component_scale)

@@ -69,8 +69,8 @@ class TunedLens(nn.Module):
     def transform(self, h: Tensor, index: int | None) -> Tensor:
         if index is None:
             return h
-        t = self.translators[index]
-        return h + t(h.to(t.weight.dtype)).to(h.dtype)
+        t = self.translators[index]  # on the model's device; a layer placed elsewhere (device_map) is moved to it
+        return h + t(h.to(t.weight.device, t.weight.dtype)).to(h.device, h.dtype)
 
     def check_model(self, model: ModelAdapter) -> None:
         s = model.structure
