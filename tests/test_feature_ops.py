@@ -374,3 +374,35 @@ def test_feature_dla_active_share_interval_is_the_wilson_interval_of_the_prompts
         assert row.active_share_ci_high == pytest.approx(high, abs=1e-12)
     comp = t[t["kind"] == "head"].iloc[0]
     assert comp.active_share == comp.active_share_ci_low == comp.active_share_ci_high == 1.0
+
+
+def test_feature_dla_identity_csv_has_the_decoder_bias_and_its_columns_add_up_to_the_logit_difference(demo, tmp_path):
+    """Issue 37: identity.csv lacked the decoder_bias column docs/features.md lists. Per prompt, from the saved
+    file: sum_of_rows + decoder_bias + (the final norm's bias and b_U along u, by hand) = the logit difference
+    read from the model's logits; decoder_bias = b_dec through the frozen final norm, by hand."""
+    import pandas as pd
+
+    a = adapt(demo)
+    data = es.tasks.ioi(n=4, seed=8)
+    FeatureDLA(dictionary="demo", activation="mlp_out", top_k_features=8).run(demo, data, quiet=True).save(
+        tmp_path / "run")
+    ident = pd.read_csv(tmp_path / "run" / "identity.csv")
+    assert "decoder_bias" in ident.columns
+    norm = a.weights.final_norm
+    w, b = norm.weight.detach().double(), norm.bias.detach().double()
+    b_U = a.weights.b_U.detach().double()
+    for i, ex in enumerate(data):
+        cache = last_cache(demo, ex.prompt)
+        with torch.no_grad():
+            logits = demo(torch.tensor([a.tokenize(ex.prompt)]), return_type="logits")[0, -1].double()
+        ans, wrong = a.token_id(ex.answers[0]), a.token_id(ex.wrong_answers[0])
+        value = float(logits[ans] - logits[wrong])
+        u, scale = _u(a, ex), cache["ln_final.hook_scale"][0, -1, 0].double()
+        bias = 0.0
+        for L in range(a.structure.n_layers):  # the demo release: one transcoder per layer's MLP
+            b_dec = get_dictionary(f"demo/transcoder.{L}").b_dec.double()
+            bias += float(((b_dec - b_dec.mean()) / scale * w) @ u)
+        rest = float(b @ u + b_U[ans] - b_U[wrong])  # DLA's own constant: the final norm's bias and b_U
+        assert ident["decoder_bias"][i] == pytest.approx(bias, abs=1e-5)
+        assert ident["sum_of_rows"][i] + ident["decoder_bias"][i] + rest == pytest.approx(value, abs=1e-4)
+        assert ident["value"][i] == pytest.approx(value, abs=1e-4)

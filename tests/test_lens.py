@@ -201,3 +201,26 @@ def test_target_top1_interval_is_the_wilson_interval_of_the_prompts_counted_from
         assert row.target_top1_ci_high == pytest.approx(high, abs=1e-12)
         seen_full |= k == n
     assert seen_full  # a site where every prompt's answer is the top token: [n / (n + z^2), 1], not [1, 1]
+
+
+def test_a_position_selection_without_a_position_axis_is_the_position_decoded():
+    """Issue 37: over=[layer], positions=[-2] decoded the last token and labelled it END; it decodes each
+    prompt's second-to-last token (TransformerLens's accumulated_resid there), and several positions
+    without a position axis are refused."""
+    demo = load_model("demo")
+    data, a = _ioi(3), adapt(demo)
+    pp = es.Lens(sites=es.Sites(activation="resid_pre", over=["layer"], positions=[-2])).run(
+        demo, data, quiet=True).per_prompt
+    assert set(pp.position) == {"END-1"}
+    for i, ex in enumerate(data):
+        tokens = demo.to_tokens(ex.prompt, prepend_bos=True)
+        _, cache = demo.run_with_cache(tokens)
+        acc = cache.accumulated_resid(layer=-1, incl_mid=False, apply_ln=True)
+        expected = (acc[:, 0, -2] @ demo.W_U + demo.b_U)[: a.structure.n_layers, a.token_id(ex.answers[0])]
+        rows = pp[pp.example == i].sort_values("layer")
+        assert rows.token_position.tolist() == [tokens.shape[1] - 2] * a.structure.n_layers
+        torch.testing.assert_close(torch.tensor(rows.target_logit.to_numpy(), dtype=torch.float32),
+                                   expected.float(), atol=2e-4, rtol=1e-4)
+    with pytest.raises(es.errors.SiteError) as err:
+        es.Lens(sites=es.Sites(activation="attn_out", over=["layer"], positions=[-2, -1])).run(demo, data, quiet=True)
+    assert err.value.code == "bad_selection"

@@ -445,3 +445,37 @@ def test_result_saves_a_page_and_the_yaml_examples_plan(tmp_path):
         op, spec = build_operation(entry, where=name)
         plan = op.plan(model, spec.model_copy(update={"n": 4}) if spec.n else spec)
         assert plan.rows > 0, name
+
+
+def test_a_position_selection_without_a_position_axis_patches_only_those_positions():
+    """Issue 37: Sites(over=[layer], positions=[-1]) patched every position (normalised effect 1 at the
+    first layer); it patches each prompt's last token at every layer: one run_with_hooks per prompt and
+    layer written here. positions=[-2, -1] patches both tokens together in one row."""
+    model = load_model("demo")
+    data = random_pairs(3, [7, 9, 8], seed=6)
+    n_layers = adapt(model).structure.n_layers
+    for offsets in ([-1], [-2, -1]):
+        op = Patching(sites=es.Sites(activation="resid_pre", over=["layer"], positions=offsets),
+                      comparison="absolute", metric="logprob")
+        result = op.run(model, data, quiet=True)
+        got = result.extra["patched"]  # [prompts, layers]
+        assert got.shape == (len(data), n_layers)
+        for e, ex in enumerate(data):
+            clean, corrupt = torch.tensor([ex.prompt]), torch.tensor([ex.counterfactual])
+            T = clean.shape[1]
+            _, cache = model.run_with_cache(clean)
+            for L in range(n_layers):
+                name = f"blocks.{L}.hook_resid_pre"
+
+                def hook(x, hook, name=name):
+                    x = x.clone()
+                    for p in offsets:
+                        x[:, T + p] = cache[name][:, T + p]
+                    return x
+                with torch.no_grad():
+                    logits = model.run_with_hooks(corrupt, fwd_hooks=[(name, hook)])
+                expected = logits[0, -1].log_softmax(-1)[ex.answers[0]]
+                assert abs(float(got[e, L]) - float(expected)) < 1e-4, (offsets, e, L)
+        # at layer 0 the patched residual differs from the clean one except at the patched tokens, so the
+        # patched run is not the clean run (it was, exactly, when every position was patched)
+        assert (got[:, 0] - result.extra["m_source"]).abs().max() > 1e-3

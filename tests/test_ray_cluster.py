@@ -220,3 +220,52 @@ def test_a_driver_killed_with_sigkill_leaves_no_ray_process_behind(ray_tmp, tmp_
         for pid, (start, _) in cluster.items():  # whatever the outcome, nothing this test started lingers
             if _alive(pid, start):
                 os.kill(pid, signal.SIGKILL)
+
+
+# ---------------------------------------------------------------------- every address Ray accepts (issue 37.3)
+@pytest.mark.parametrize("how", ["RAY_ADDRESS", "address"])
+def test_local_starts_a_new_local_cluster_as_ray_documents(monkeypatch, how):
+    """Ray's `local` means "start a new local cluster, even where one runs": no probe, no ray_unreachable, and
+    ray.init is called with "local" (not None, which would join a `ray start` cluster). ray.init is replaced
+    here, so no cluster starts."""
+    import entoscope as es
+    from entoscope.executors import ray_cluster
+
+    calls = []
+    monkeypatch.setattr(ray_cluster, "_init", lambda ray, address, timeout, **kw: calls.append((address, kw)))
+    monkeypatch.setattr(ray_cluster, "start_watchdog", lambda: None)
+    monkeypatch.setattr("ray.is_initialized", lambda: False)
+    monkeypatch.setattr("ray._private.services.find_bootstrap_address",
+                        lambda *a: pytest.fail("`local` must not look for a running cluster"))
+    monkeypatch.setenv("RAY_ADDRESS", "local" if how == "RAY_ADDRESS" else "auto")  # a given address wins
+    executor = es.Ray(address="local") if how == "address" else es.Ray()
+    assert ray_cluster.check_reachable(executor) is None
+    _, started = ray_cluster.connect(executor)
+    assert started and len(calls) == 1 and calls[0][0] == "local" and "num_cpus" in calls[0][1]
+
+
+def test_other_ray_client_schemes_pass_through_and_http_is_refused(monkeypatch):
+    """A `module://...` address is another Ray client (Ray imports the module): handed to ray.init unprobed;
+    an http(s) address is refused in one line, as Ray refuses it."""
+    import entoscope as es
+    from entoscope.errors import ConfigError
+    from entoscope.executors import ray_cluster
+
+    monkeypatch.setattr("ray.is_initialized", lambda: False)
+    monkeypatch.setattr(ray_cluster, "probe", lambda *a, **k: pytest.fail("not probed"))
+    assert ray_cluster.check_reachable(es.Ray(address="anyscale://my-cluster")) == "anyscale://my-cluster"
+    with pytest.raises(ConfigError) as err:
+        ray_cluster.check_reachable(es.Ray(address="http://127.0.0.1:8265"))
+    assert err.value.code == "ray_unreachable" and "6379" in str(err.value)
+
+
+@pytest.mark.slow
+def test_a_run_with_ray_address_local_starts_its_own_cluster(ray_tmp, in_process_table, tmp_path):
+    """RAY_ADDRESS=local (CI jobs set it to keep runs apart) used to be refused as `not an address`: the run
+    starts a local cluster in its own Ray temp folder and gives the in-process table bit for bit."""
+    done = _entoscope([*LENS, "--executor", "ray", "--workers", "1", "--out", str(tmp_path / "run")],
+                      _env(ray_tmp, RAY_ADDRESS="local"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "run" / "table.parquet"), in_process_table,
+                                  check_exact=True)
+    assert list(Path(ray_tmp).rglob("session_2*")), "a local cluster was started in this run's Ray folder"

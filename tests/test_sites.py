@@ -88,3 +88,41 @@ def test_absolute_positions():
     lengths = torch.tensor([5, 8])
     assert absolute_positions(-1, lengths).tolist() == [4, 7]
     assert absolute_positions(2, lengths).tolist() == [2, 2]
+
+
+def test_a_selection_on_an_axis_left_out_of_over_is_read_not_dropped(gpt2):
+    """Issue 37: positions=[-1] without position in `over` used to read every position (the selection
+    was dropped); each row now reads the selected indices of the axes it does not split over."""
+    s = Sites(activation="resid_pre", over=["layer"], positions=[-1]).resolve(gpt2, [6, 7])
+    assert [u.members for u in s.units] == [((("layer", L), ("pos", -1)),) for L in range(2)]
+    s = Sites(activation="z", over=["layer"], heads=[0, 3], positions=[2]).resolve(gpt2, [6])
+    assert [set(u.members) for u in s.units] == [{(("head", h), ("layer", L), ("pos", 2)) for h in (0, 3)}
+                                                 for L in range(2)]
+    s = Sites(activation="mlp_post", over=["position"], neurons="0:2", layers=[1]).resolve(gpt2, [6])
+    assert len(s) == 6 and set(s.units[0].members) == {(("layer", 1), ("neuron", n), ("pos", 0)) for n in (0, 1)}
+    # an exclusion reaches the members of the axes a row reads part of
+    s = Sites(activation="z", over=["layer"], heads=[0, 3], exclude=[{"layer": 1, "head": 0}]).resolve(gpt2)
+    assert [sorted(dict(m)["head"] for m in u.members) for u in s.units] == [[0, 3], [3]]
+
+
+def test_a_feature_selection_without_a_feature_axis_reads_those_features():
+    from entoscope.models import load_model
+
+    m = adapt(load_model("demo"))
+    s = Sites(activation="resid_post", dictionary="demo", over=["layer"], features=[3, 7]).resolve(m)
+    assert all({dict(c)["feature"] for c in u.members} == {3, 7} for u in s.units) and len(s) > 1
+
+
+@pytest.mark.parametrize("bad, code", [
+    (dict(activation="resid_pre", over=["layer"], heads=[1]), "axis_not_in_activation"),
+    (dict(activation="mlp_out", over=["layer"], neurons=[1]), "axis_not_in_activation"),
+    (dict(activation="resid_post", over=["layer"], features=[1]), "axis_not_in_activation"),  # no dictionary
+    (dict(activation="pattern", over=["layer"], positions=[1]), "axis_not_in_activation"),  # query/key positions
+    (dict(activation="z", over=["layer"], exclude=[{"layer": 0, "head": 1}]), "bad_selection"),  # heads read whole
+    (dict(activation="resid_pre", over=["layer"], exclude=[{"pos": 0}]), "bad_selection"),
+    (dict(activation="blocks.1.hook_resid_pre", over=["position"], layers=[0]), "bad_selection"),
+])
+def test_a_selection_that_cannot_be_honoured_is_refused(gpt2, bad, code):
+    with pytest.raises(SiteError) as err:
+        Sites(**bad).resolve(gpt2, [6])
+    assert err.value.code == code and err.value.remedy

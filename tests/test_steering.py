@@ -198,17 +198,21 @@ def test_a_mean_difference_equals_numpys_on_run_with_cache_activations(demo):
     want = acts[0::2].mean(0) - acts[1::2].mean(0)
     np.testing.assert_allclose(d.vector.double().numpy(), want, atol=1e-5, rtol=1e-5)
     assert d.provenance["source"] == "mean_difference" and d.provenance["n_positive"] == 12
-    # two prompt sets, read as the mean over positions
+    # two prompt sets, read as the mean over the prompt's tokens: the BOS left out (default), or counted
     pos, neg = es.tasks.ioi(n=5, seed=1), es.tasks.facts(n=4, seed=1)
-    d2 = es.Direction.mean_difference(demo, "mlp_out.0", pos, neg, read_at="mean")
-    mean_of = []
-    for ds in (pos, neg):
-        rows = []
-        for e in ds:
-            _, cache = demo.run_with_cache(torch.tensor([a.tokenize(e.prompt)]))
-            rows.append(cache["blocks.0.hook_mlp_out"][0].double().mean(0).numpy())
-        mean_of.append(np.mean(rows, 0))
-    np.testing.assert_allclose(d2.vector.double().numpy(), mean_of[0] - mean_of[1], atol=1e-5, rtol=1e-5)
+    for bos_in_mean, first in ((False, 1), (True, 0)):
+        d2 = es.Direction.mean_difference(demo, "mlp_out.0", pos, neg, read_at="mean", bos_in_mean=bos_in_mean)
+        mean_of = []
+        for ds in (pos, neg):
+            rows = []
+            for e in ds:
+                tokens = a.tokenize(e.prompt)
+                assert tokens[0] == a.bos_token_id
+                _, cache = demo.run_with_cache(torch.tensor([tokens]))
+                rows.append(cache["blocks.0.hook_mlp_out"][0, first:].double().mean(0).numpy())
+            mean_of.append(np.mean(rows, 0))
+        np.testing.assert_allclose(d2.vector.double().numpy(), mean_of[0] - mean_of[1], atol=1e-5, rtol=1e-5)
+        assert d2.provenance["bos_in_mean"] is bos_in_mean
     # the top principal component of the paired differences (numpy's SVD), scaled by the mean's component
     d3 = es.Direction.mean_difference(demo, "resid_pre.2", data, pca=True)
     diffs = acts[0::2] - acts[1::2]
@@ -307,3 +311,29 @@ def test_projecting_a_direction_out_everywhere_equals_orthogonalised_weights():
     assert np.abs(np.array(want) - np.array(plain)).max() > 1e-3  # removing it changed the model
     assert r.manifest["direction"]["written_at"] == ["resid_pre.0", "resid_mid.0", "resid_pre.1", "resid_mid.1",
                                                      "resid_post.1"]
+
+
+def test_a_mean_read_leaves_the_bos_out_unless_asked_in_python_and_in_a_run(demo):
+    """Issue 37: read_at mean counted the BOS although the docs said "the prompt's tokens". Two prompt sets of
+    different lengths (where the BOS does not cancel), the run-made direction and the Python one against the
+    mean over tokens 1.. (or 0.. with bos_in_mean) of run_with_cache activations."""
+    a = adapt(demo)
+    pos, neg = ({"task": "ioi", "n": 4, "seed": 2}, {"task": "facts", "n": 3, "seed": 2})
+    data = {k: es.load_data(v) for k, v in (("pos", pos), ("neg", neg))}
+    assert {len(a.tokenize(e.prompt)) for e in data["pos"]} != {len(a.tokenize(e.prompt)) for e in data["neg"]}
+    for bos_in_mean, first in ((False, 1), (True, 0)):
+        means = []
+        for ds in (data["pos"], data["neg"]):
+            rows = []
+            for e in ds:
+                _, cache = demo.run_with_cache(torch.tensor([a.tokenize(e.prompt)]))
+                rows.append(cache["blocks.1.hook_resid_post"][0, first:].double().mean(0).numpy())
+            means.append(np.mean(rows, 0))
+        want = means[0] - means[1]
+        spec = {"source": "mean_difference", "site": "resid_post.1", "data": pos, "negative": neg, "read_at": "mean",
+                "bos_in_mean": bos_in_mean}
+        r = es.Steering(direction=spec, coefficients=[0.25], side_effects=None, metric="prob_diff",
+                        stats={"n_boot": 0}).run(demo, {"task": "greater_than", "n": 2, "seed": 7}, quiet=True)
+        np.testing.assert_allclose(r.extra["direction"].vector.double().numpy(), want, atol=1e-5, rtol=1e-5)
+        d = es.Direction.mean_difference(demo, "resid_post.1", pos, neg, read_at="mean", bos_in_mean=bos_in_mean)
+        np.testing.assert_allclose(d.vector.double().numpy(), want, atol=1e-5, rtol=1e-5)

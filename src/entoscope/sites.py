@@ -45,6 +45,8 @@ _SELECTION_FIELD = {"layer": "layers", "pos": "positions", "head": "heads", "kv_
                     "neuron": "neurons", "feature": "features", "query_pos": "query_positions",
                     "key_pos": "key_positions"}
 _POSITION_AXES = ("pos", "query_pos", "key_pos")
+_INNER_FIELDS = {"positions": "pos", "heads": "head", "neurons": "neuron", "features": "feature",
+                 "query_positions": "query_pos", "key_positions": "key_pos"}  # selections of non-layer axes
 
 Coord = tuple[tuple[str, int], ...]  # sorted (axis, index) pairs
 
@@ -125,7 +127,8 @@ class Sites(ConfigModel):
                 attn_scores, result, mlp_pre, mlp_post, embed, ...), or a full name/alias with a layer
                 (`blocks.5.hook_resid_post`), which then fixes `layers`.
     over:       the axes that make rows, e.g. [layer, position] or [layer, head]; axes left out are
-                read whole (e.g. all of d_model).
+                read whole (e.g. all of d_model), unless their selection names indices: each row then
+                reads those together (over=[layer], positions=[-1]: each layer's last token).
     layers, positions, heads, neurons, query_positions, key_positions: "all", an index, a list of
                 indices (negative from the end), or a range "a:b" (end exclusive, like Python).
     exclude:    coordinates to drop, e.g. [{layer: 0, head: 3}].
@@ -210,22 +213,22 @@ class Sites(ConfigModel):
             units = [self._unit([self._coord(c, sizes, fixed_layer, kind, lengths, roles) for c in g], roles, named)
                      for g in raw_groups or []]
         else:
-            # A per-layer kind with no layer axis in `over`: each row reads every selected layer at once.
             grid_axes = list(self.over)
             choices = [self._select(ax, sizes, lengths, roles) if not (ax == "layer" and fixed_layer is not None)
                        else [fixed_layer] for ax in grid_axes]
-            excluded = {tuple(sorted((_axis(k), int(v)) for k, v in e.items())) for e in self.exclude}
+            # Axes left out of `over` are read whole, except where a selection names some of their indices:
+            # then each row reads those together (a per-layer kind: every selected layer; positions=[-1]:
+            # the last token) instead of the whole axis.
+            inner = self._inner_axes(kind, axes_of_kind, fixed_layer, sizes, lengths, roles)
+            excluded = self._exclusions(grid_axes + [ax for ax, _ in inner])
             units = []
             for combo in itertools.product(*choices):
                 coord = dict(zip(grid_axes, combo))
-                if any(all(coord.get(a) == v for a, v in ex) for ex in excluded):
-                    continue
-                if kind.per_layer and "layer" not in coord:
-                    layers = [fixed_layer] if fixed_layer is not None else self._select("layer", sizes, lengths)
-                    units.append(self._unit([tuple(sorted({**coord, "layer": L}.items())) for L in layers], roles,
-                                              named))
-                else:
-                    units.append(self._unit([tuple(sorted(coord.items()))], roles, named))
+                members = [tuple(sorted({**coord, **dict(zip([ax for ax, _ in inner], rest))}.items()))
+                           for rest in itertools.product(*[c for _, c in inner])]
+                members = [m for m in members if not any(all(dict(m).get(a) == v for a, v in ex) for ex in excluded)]
+                if members:
+                    units.append(self._unit(members, roles, named))
         if not units:
             raise SiteError(f"the selection of {kind.name} sites is empty", code="empty_selection",
                             remedy="widen layers/positions/heads, or drop some exclusions")
@@ -236,6 +239,42 @@ class Sites(ConfigModel):
             warn_mixed_roles(units, lengths, roles)
         return SiteSet(kind, tuple(self.over), tuple(units), s.n_layers, note, bases,
                        roles.names if roles is not None else ())
+
+    def _inner_axes(self, kind: Kind, axes_of_kind: set[str], fixed_layer: int | None, sizes: dict[str, int],
+                    lengths: list[int] | None, roles: RoleTable | None) -> list[tuple[str, list[int]]]:
+        """The axes outside `over` that each row reads only some indices of, with those indices: the layers
+        of a per-layer kind, and every axis whose selection is not "all". A selection for an axis the
+        activation lacks, or one that contradicts a layer fixed by the activation's name, is refused."""
+        if fixed_layer is not None and self.layers != "all" and self.kind()[1] is not None:
+            if self._select("layer", sizes, lengths) != [fixed_layer]:
+                raise SiteError(f"layers={self.layers!r}, but activation {self.activation!r} names layer {fixed_layer}",
+                                code="bad_selection", remedy="drop layers, or name the activation by its kind "
+                                f"({kind.name}) and select layers")
+        inner = []
+        if kind.per_layer and "layer" not in self.over:
+            inner.append(("layer", [fixed_layer] if fixed_layer is not None else self._select("layer", sizes, lengths)))
+        for field, axis in _INNER_FIELDS.items():
+            value = getattr(self, field)
+            if value == "all" or axis in self.over or field == "heads" and "kv_head" in self.over:
+                continue
+            if axis not in axes_of_kind:
+                raise SiteError(f"{field}={value!r}, but {kind.name} has no {axis} axis to select from",
+                                code="axis_not_in_activation",
+                                remedy=f"drop {field}" + (", or give a dictionary" if field == "features" else ""))
+            inner.append((axis, self._select(axis, sizes, lengths, roles)))
+        return inner
+
+    def _exclusions(self, axes: list[str]) -> set[Coord]:
+        """The exclusions as coordinates; one on an axis that rows read whole cannot be honoured: refused."""
+        out = set()
+        for e in self.exclude:
+            ex = tuple(sorted((_axis(k), int(v)) for k, v in e.items()))
+            whole = ["position" if a == "pos" else a for a, _ in ex if a not in axes]
+            if whole:
+                raise SiteError(f"exclude {e}: the rows read {whole[0]} whole, so there is nothing to exclude",
+                                code="bad_selection", remedy=f"add {whole[0]} to over, or select its indices")
+            out.add(ex)
+        return out
 
     def _feature_basis(self, model: ModelAdapter, written: Kind, fixed_layer: int | None,
                        ) -> tuple[Kind, int | None, tuple[tuple[int, str], ...], int]:

@@ -7,7 +7,10 @@ Detection patterns follow TransformerLens's head detector (transformer_lens.head
                    earlier occurrence of the current token)
 With `period` P (repeated random sequences), the targets are fixed by position instead of by
 token identity: duplicate q -> q-P, induction q -> q-P+1 (chance repeats inside a sequence do
-not count).
+not count), for the queries q >= o + P of the second copy, where o is where the first copy starts:
+the example's meta `offset` (tokens before the first copy in the prompt as given, as
+repeated_tokens records it; a BOS prepended to a text prompt adds one), else 1 when the prompt's
+first token is the BOS, else 0. A BOS is never part of the repeated sequence.
 
 Two scores per head, averaged over prompts:
   score     mean, over the query positions that HAVE a target, of the attention mass on the targets.
@@ -51,9 +54,13 @@ from .scores_takeaway import head_scores_takeaway
 HeadKind = Literal["previous_token", "duplicate_token", "induction"]
 
 
-def detection_patterns(kind: str, tokens: Tensor, lengths: Tensor, period: int | None = None) -> Tensor:
-    """[B, T, T] 0/1 targets (query, key) for a right-padded batch; zero outside each prompt."""
+def detection_patterns(kind: str, tokens: Tensor, lengths: Tensor, period: int | None = None,
+                       offsets: Tensor | None = None) -> Tensor:
+    """[B, T, T] 0/1 targets (query, key) for a right-padded batch; zero outside each prompt. With a
+    period, offsets [B] is where each prompt's first copy starts (default 0)."""
     B, T = tokens.shape
+    if period is not None:
+        start = (torch.zeros(B, dtype=torch.long) if offsets is None else offsets.long())[:, None, None] + period
     q = torch.arange(T)[:, None]
     k = torch.arange(T)[None, :]
     valid = (torch.arange(T)[None, :, None] < lengths[:, None, None]) & \
@@ -61,9 +68,9 @@ def detection_patterns(kind: str, tokens: Tensor, lengths: Tensor, period: int |
     if kind == "previous_token":
         det = (k == q - 1).expand(B, T, T)
     elif period is not None and kind == "duplicate_token":
-        det = ((k == q - period) & (q >= period)).expand(B, T, T)
+        det = (k == q - period) & (q >= start)
     elif period is not None and kind == "induction":
-        det = ((k == q - period + 1) & (q >= period)).expand(B, T, T)
+        det = (k == q - period + 1) & (q >= start)
     elif kind == "duplicate_token":
         det = (tokens[:, :, None] == tokens[:, None, :]) & (k < q)
     elif kind == "induction":
@@ -72,6 +79,19 @@ def detection_patterns(kind: str, tokens: Tensor, lengths: Tensor, period: int |
     else:
         raise ValueError(kind)
     return (det & valid).to(torch.float32)
+
+
+def period_offsets(model: ModelAdapter, data: Dataset, prompts: list[list[int]], prepend_bos: bool) -> list[int]:
+    """Per prompt, the token index where the first copy of a repeated sequence starts: meta `offset`
+    (counted in the prompt as given; a BOS prepended to a text prompt adds one), else 1 when the
+    tokens start with the BOS, else 0."""
+    bos, out = model.bos_token_id, []
+    for e, ids in zip(data, prompts):
+        if "offset" in e.meta:
+            out.append(int(e.meta["offset"]) + int(prepend_bos and isinstance(e.prompt, str)))
+        else:
+            out.append(int(bool(ids) and bos is not None and ids[0] == bos))
+    return out
 
 
 def score_patterns(pattern: Tensor, det: Tensor, lengths: Tensor, exclude_bos: bool = False,
@@ -100,6 +120,7 @@ class HeadScoresState:
     """What the head scores' prepare resolved: the batches."""
 
     batches: list[Batch]
+    offsets: tuple[int, ...] = ()  # with a period: where each prompt's first copy starts (period_offsets)
 
 
 @register_operation
@@ -107,7 +128,8 @@ class HeadScores(Sharded, Operation):
     """Previous-token, duplicate-token and induction scores of every head (a layer x head table).
 
     kinds:           which scores.
-    period:          the repeat period of repeated random sequences (targets by position), or None.
+    period:          the repeat period of repeated random sequences (targets by position), or None;
+                     the first copy starts after a leading BOS, or at the example's meta `offset`.
     exclude_bos:     ignore attention to position 0.
     exclude_current: ignore attention to the query's own position.
     """
@@ -121,12 +143,13 @@ class HeadScores(Sharded, Operation):
     def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[HeadScoresState]:
         assert data is not None
         td = tokenize_data(model, data, prepend_bos=self.prepend_bos)
+        offsets = period_offsets(model, data, td.prompts, self.prepend_bos) if self.period is not None else []
         if self.period is not None and {"duplicate_token", "induction"} & set(self.kinds):
-            short = [n for n in td.lengths if n <= self.period]
+            short = [n for n, o in zip(td.lengths, offsets) if n <= o + self.period]
             if short:
-                raise ConfigError(f"period {self.period} needs prompts longer than {self.period} tokens (a position "
-                                  f"q >= period to score); {len(short)} of {len(td)} prompts have at most "
-                                  f"{self.period} (shortest: {min(td.lengths)})", code="period_too_long",
+                raise ConfigError(f"period {self.period} needs prompts longer than their offset + {self.period} "
+                                  f"tokens (a query of the second copy to score); {len(short)} of {len(td)} prompts "
+                                  f"are not (shortest: {min(td.lengths)})", code="period_too_long",
                                   remedy="use the period the prompts repeat with (repeated_tokens: its length), or "
                                   "longer prompts")
         s = model.structure
@@ -137,7 +160,7 @@ class HeadScores(Sharded, Operation):
         plan = Plan(self.name, rows=s.n_layers * s.n_heads * len(self.kinds), forward_passes=len(td),
                     backward_passes=0, batch_sizes=[len(b) for b in batches], examples=len(td),
                     peak_memory_bytes=model_bytes(model) + bs * per_example)
-        return Prepared(model, data, plan, HeadScoresState(batches))
+        return Prepared(model, data, plan, HeadScoresState(batches, tuple(offsets)))
 
     # sharded (docs/scale.md): a shard returns its prompts' scores; summarise has every prompt's
     def execute_shard(self, prepared: Prepared[HeadScoresState], phase: str, batches: list[int], *,
@@ -156,7 +179,8 @@ class HeadScores(Sharded, Operation):
             idx = torch.arange(start, start + len(b))  # this shard's rows
             start += len(b)
             for kind in self.kinds:
-                det = detection_patterns(kind, b.tokens, b.lengths, self.period)
+                det = detection_patterns(kind, b.tokens, b.lengths, self.period,
+                                         torch.tensor([st.offsets[i] for i in b.index]) if st.offsets else None)
                 for L in range(s.n_layers):
                     sc, tl = score_patterns(out[reads[L]].float(), det, b.lengths, self.exclude_bos,
                                             self.exclude_current)

@@ -17,7 +17,8 @@ one resid_post layer at a time. The other components stay DLA rows. The identity
     sum of feature rows + error rows + other component rows + constant = the model's logit (difference)
 
 is checked on every prompt exactly as DLA checks its own (`DirectLogitAttribution._check`; a failure
-refuses with dla_identity_failed). Wide dictionaries: the table keeps every feature active at the last
+refuses with dla_identity_failed); identity.csv (extra["identity"]) has, per prompt, value, constant,
+decoder_bias (the b_dec part of the constant), sum_of_rows, error and allowed. Wide dictionaries: the table keeps every feature active at the last
 position of some prompt (an inactive feature's row is exactly zero); per prompt, the `top_k_features`
 rows of largest |contribution| per dictionary and one "other features" row holding the rest, so each
 prompt's rows still add up.
@@ -158,6 +159,7 @@ class FeatureDLA(DirectLogitAttribution):
                     active[j].append((idx[at[:, 0]], at[:, 1], fr[at[:, 0], at[:, 1]]))
             ident["value"][idx], ident["constant"][idx], ident["sum"][idx] = value.cpu(), constant.cpu(), total.cpu()
         identity = self._check(ident, st.tol)
+        identity.insert(int(identity.columns.get_loc("constant")) + 1, "decoder_bias", ident["decoder_bias"].numpy())
         kept = st.kept
         table = _table(kept, comp_rows, bases, err_rows, active, n, self.stats, self.seed)
         per_prompt = _per_prompt(kept, comp_rows, bases, err_rows, rest_rows, top_idx, top_val)

@@ -36,7 +36,9 @@ class Ray(ConfigModel):
 
     address:              a running cluster ("host:port", "auto", "ray://host:10001"); None: the cluster
                           RAY_ADDRESS names, else one started on this machine with `ray start`, else a local
-                          one started here (or the one this process already joined).
+                          one started here (or the one this process already joined). "local" (here or in
+                          RAY_ADDRESS): a new local cluster, as Ray means it; another "scheme://" is a Ray
+                          client of that name, passed to ray.init as it is.
     workers:              model replicas (Ray actors); each loads the model once from the model spec.
     resources_per_worker: Ray resources of one worker, e.g. {CPU: 4, GPU: 1}; CPU sets the worker's torch threads.
     shard_size:           prompts per shard, rounded up to whole length-grouped batches; default: one batch

@@ -7,6 +7,11 @@ Which cluster a run uses (es.Ray(address=...), `--address`):
     no address, a cluster started here with `ray start`          that one (Ray's record of it: the file
                                                                  ray_current_cluster in Ray's temp folder)
     none of these                                                a local cluster started by this driver
+    "local" (as address or RAY_ADDRESS)                         a new local cluster started by this driver,
+                                                                 even where one runs already (as ray.init)
+
+Other "scheme://..." addresses name a Ray client other than ray:// (Ray imports the module the scheme
+names): they are passed to ray.init as they are, unprobed; http(s):// addresses are refused, as by Ray.
 
 An existing cluster is joined as it is (no num_cpus: Ray refuses resources for a cluster it did not
 start). Before joining, its address is probed within `connect_timeout_s` (default 30 s): a TCP
@@ -42,7 +47,7 @@ _WATCHDOG: subprocess.Popen | None = None
 def unreachable(address: str, why: str, timeout: float) -> ConfigError:
     return ConfigError(f"cannot reach a Ray cluster at {address!r}: {why}", code="ray_unreachable",
                        remedy=f"start it (ray start --head) and pass its address, raise connect_timeout_s "
-                       f"(now {timeout:g} s) for a slow network, or leave address out (and unset RAY_ADDRESS) "
+                       f"(now {timeout:g} s) for a slow network, or give address local (or RAY_ADDRESS=local) "
                        "to start a local cluster")
 
 
@@ -81,12 +86,15 @@ def _split(address: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
+LOCAL = "local"  # Ray's address for "start a new local cluster"
+
+
 def existing_cluster(address: str | None) -> str | None:
     """The address of the cluster to join (see the module docstring), or None for a new local one."""
     if address is not None:
-        return address
+        return None if address == LOCAL else address
     if os.environ.get("RAY_ADDRESS"):
-        return os.environ["RAY_ADDRESS"]
+        return None if os.environ["RAY_ADDRESS"] == LOCAL else os.environ["RAY_ADDRESS"]
     try:  # what `ray start` recorded on this machine (ray.init() looks there too)
         from ray._private.services import find_bootstrap_address
 
@@ -117,6 +125,12 @@ def check_reachable(executor: Any) -> str | None:
     address = existing_cluster(executor.address)
     if address is None:
         return None
+    scheme = address.split("://", 1)[0] if "://" in address else "ray"
+    if scheme in ("http", "https"):
+        raise unreachable(address, "an HTTP address (the dashboard's?) is not a cluster address: give the GCS "
+                          "address, host:6379", timeout)
+    if scheme != "ray":
+        return address  # another Ray client (the scheme names its module): ray.init dials it
     try:
         target = dial_address(address)
     except (ConnectionError, ValueError) as err:  # "auto" with no cluster running, a malformed address
@@ -142,7 +156,8 @@ def connect(executor: Any) -> tuple[Any, bool]:
     address = check_reachable(executor)
     if address is None:
         cpus = max(os.cpu_count() or 1, int(executor.workers * executor.cpus()))
-        _init(ray, None, executor.connect_timeout_s, num_cpus=cpus, include_dashboard=False, **kwargs)
+        # "local", not None: ray.init(None) would join a cluster `ray start` left running here
+        _init(ray, LOCAL, executor.connect_timeout_s, num_cpus=cpus, include_dashboard=False, **kwargs)
         start_watchdog()
         return ray, True
     _use_local_token()
@@ -170,7 +185,7 @@ def _init(ray: Any, address: str | None, timeout: float, **kwargs: Any) -> None:
         ray.init(address=address, **kwargs)
     except (ConnectionError, RuntimeError, ValueError, TimeoutError, SystemExit) as err:
         why = " ".join(str(err).split())[:200] or type(err).__name__
-        if address is not None:  # it answered the probe: most often a token the cluster does not accept
+        if address not in (None, LOCAL):  # it answered the probe: most often a token the cluster does not accept
             why += ("; a cluster with token authentication (Ray's default) needs its token here: ~/.ray/auth_token "
                     "or RAY_AUTH_TOKEN, with RAY_AUTH_MODE=token")
         raise unreachable(str(address), why, timeout) from None

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from ..data.examples import Dataset
 from ..data.tokenized import Batch, TokenizedData, make_batches, pad_id, tokenize_data
-from ..errors import ConfigError
+from ..errors import ConfigError, SiteError
 from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
 from ..models.adapter import ModelAdapter
@@ -200,15 +200,18 @@ def _unit_chunk(n_rows: int, d_vocab: int, budget_floats: int = 2**24) -> int:
 
 
 def _rows(siteset: SiteSet) -> list[dict[str, Any]]:
-    """One row per (unit): its members and its table columns. Without a pos axis: each prompt's last
-    token (position -1, labelled END)."""
+    """One row per (unit): its members and its table columns. Without a pos axis: the position that
+    `positions` selects, else each prompt's last token (position -1, labelled END)."""
     rows = []
     frame = siteset.frame().to_dict("records")  # roles and positions from the end as labels ("S2", "END-2")
     for i, u in enumerate(siteset.units):
         pos = u.get("pos")
+        if pos is None and any("pos" in dict(m) for m in u.members):
+            raise SiteError(f"site {u.label!r} reads several positions together: a lens decodes one position "
+                            "per row", code="bad_selection", remedy="add position to sites.over")
         cols: dict[str, Any] = dict(frame[i])
         if "pos" not in siteset.over:
-            cols["position"] = position_text(-1)
+            cols["position"] = position_text(-1 if pos is None else pos, siteset.role_names)
         layer = u.get("layer")
         act = ActName(siteset.kind.name, layer) if siteset.kind.per_layer and layer is not None else None
         rows.append({"unit": u, "pos": -1 if pos is None else pos, "cols": cols, "act": act})

@@ -2,7 +2,11 @@
 
 Where a prompt's vector is read (`read_at`, CAA reads the last token, Panickssery et al. 2023):
   "last"      the prompt's last token
-  "mean"      the mean over the prompt's tokens (BOS included)
+  "mean"      the mean over the prompt's tokens; a leading BOS (position 0 holding the model's BOS
+              token) is left out unless bos_in_mean. The BOS's activation is the same in every prompt
+              (position 0 sees only itself) and often of outsized norm (an attention sink), so counted
+              in it adds x_BOS (1/n+ - 1/n-) to a difference of prompts of lengths n+ and n-: a
+              length effect, not the contrast.
   a role      the role's token (`END`, `YY`, `S2+1`; data/roles.py)
 
 The difference (float64 throughout, so the mean does not depend on batch order):
@@ -38,15 +42,21 @@ def read_code(read_at: str, roles: Any, where: str) -> int | str:
 
 
 def site_vectors(model: ModelAdapter, tokens: Tensor, lengths: Tensor, roles: Tensor | None, site: ActName,
-                 head: int | None, at: int | str) -> Tensor:
-    """[B, width] float32: each prompt's vector at `site` (and `head`), read at `at` (see the module docstring)."""
+                 head: int | None, at: int | str, bos_id: int | None = None) -> Tensor:
+    """[B, width] float32: each prompt's vector at `site` (and `head`), read at `at` (see the module docstring);
+    "mean" leaves out position 0 of the prompts that start with `bos_id` (None: every token counts)."""
     x = model.run(tokens, [site], logits=False)[site]
     if head is not None:
         x = x[:, :, head]
     lengths = lengths.to(x.device)
     if at == "mean":
-        mask = (torch.arange(x.shape[1], device=x.device)[None, :] < lengths[:, None]).to(x.dtype)
-        return ((x * mask[..., None]).sum(1) / lengths[:, None].to(x.dtype)).float().cpu()
+        first = (tokens[:, 0] == bos_id).long().to(x.device) if bos_id is not None else torch.zeros_like(lengths)
+        t = torch.arange(x.shape[1], device=x.device)[None, :]
+        mask = ((t >= first[:, None]) & (t < lengths[:, None])).to(x.dtype)
+        if bool((mask.sum(1) == 0).any()):
+            raise DataError("a prompt has no token after its BOS to average over", code="direction_data",
+                            remedy="give prompts with text, read_at last, or bos_in_mean: true")
+        return ((x * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)).float().cpu()
     if at == "last":
         pos = lengths - 1
     else:

@@ -336,6 +336,7 @@ class Steering(Sharded, Operation):
         vector, info = difference(pos, neg, paired=paired, pca=spec.pca)
         provenance = {"source": "pca" if spec.pca else "mean_difference", "site": str(st.act),
                       "read_at": spec.read_at, "pairs": paired,
+                      **({"bos_in_mean": spec.bos_in_mean} if spec.read_at == "mean" else {}),
                       "data": spec.data.model_dump(exclude_defaults=True) if spec.data else None,
                       "negative": spec.negative.model_dump(exclude_defaults=True) if spec.negative else None, **info}
         return Direction(str(st.act), torch.from_numpy(vector), spec.head, provenance)
@@ -385,7 +386,8 @@ class Steering(Sharded, Operation):
         s = next(x for x in st.sets if x.name == name)
         local = [i - s.lo for i in idx]
         pos, neg = collect_sides(prepared.model, st.tds[name], local, st.act, st.setup.head,
-                                 self.direction.read_at, pairs=name == "direction=", batch_size=len(local))
+                                 self.direction.read_at, pairs=name == "direction=", batch_size=len(local),
+                                 bos_in_mean=self.direction.bos_in_mean)
         arrays["act"][row:row + len(idx)] = pos
         if neg is not None:
             arrays["act_cf"][row:row + len(idx)] = neg

@@ -33,12 +33,13 @@ def prompt_digest(prompt: Any) -> str:
 
 
 def collect_sides(model: ModelAdapter, td: Any, index: list[int], site: Any, head: int | None, read_at: str,
-                  *, pairs: bool, batch_size: int) -> tuple[np.ndarray, np.ndarray | None]:
+                  *, pairs: bool, batch_size: int, bos_in_mean: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
     """Vectors of prompts `index` of `td` ([n, width] float32; and their counterfactuals' when pairs), in `index`
-    order."""
+    order; read_at "mean" leaves a leading BOS out unless bos_in_mean (collect.py)."""
     from ..data.tokenized import pad, pad_id
 
     pid = pad_id(model)
+    bos = None if bos_in_mean else model.bos_token_id
     at = read_code(read_at, td.roles, "read_at")
     at_cf = read_code(read_at, td.cf_roles, "read_at") if pairs else None
     out, out_cf = [], []
@@ -47,18 +48,18 @@ def collect_sides(model: ModelAdapter, td: Any, index: list[int], site: Any, hea
             idx = index[lo:lo + batch_size]
             tokens, lengths = pad([td.prompts[i] for i in idx], pid)
             roles = None if td.roles is None else td.roles.subset(idx)
-            out.append(site_vectors(model, tokens, lengths, roles, site, head, at))
+            out.append(site_vectors(model, tokens, lengths, roles, site, head, at, bos))
             if pairs:
                 tokens, lengths = pad([td.counterfactuals[i] for i in idx], pid)
                 roles = None if td.cf_roles is None else td.cf_roles.subset(idx)
-                out_cf.append(site_vectors(model, tokens, lengths, roles, site, head, at_cf))
+                out_cf.append(site_vectors(model, tokens, lengths, roles, site, head, at_cf, bos))
     first = torch.cat(out).numpy()
     return first, (torch.cat(out_cf).numpy() if pairs else None)
 
 
 def mean_difference(model: Any, site: str, data: Any, negative: Any = None, *, read_at: str = "last",
                     pca: bool = False, head: int | None = None, batch_size: int = 32,
-                    prepend_bos: bool = True) -> Direction:
+                    prepend_bos: bool = True, bos_in_mean: bool = False) -> Direction:
     """The mean difference at `site` of `data` minus `negative` (two prompt sets), or, without `negative`, of each
     prompt of `data` minus its counterfactual (contrastive pairs); see the module docstring."""
     from ..data.loading import load_data
@@ -71,7 +72,8 @@ def mean_difference(model: Any, site: str, data: Any, negative: Any = None, *, r
     td = tokenize_data(a, pos_data, prepend_bos=prepend_bos, pairs=pairs)
     order = [i for b in length_batches(td.lengths, batch_size) for i in b]  # length-grouped, read back in data order
     with a.evaluating():
-        pos, neg = collect_sides(a, td, order, act, head, read_at, pairs=pairs, batch_size=batch_size)
+        pos, neg = collect_sides(a, td, order, act, head, read_at, pairs=pairs, batch_size=batch_size,
+                                 bos_in_mean=bos_in_mean)
         back = np.argsort(order)
         pos = pos[back]
         neg_data = None
@@ -82,12 +84,14 @@ def mean_difference(model: Any, site: str, data: Any, negative: Any = None, *, r
             neg_data = load_data(negative, tokenizer=a.tokenizer)
             td_neg = tokenize_data(a, neg_data, prepend_bos=prepend_bos)
             order_neg = [i for b in length_batches(td_neg.lengths, batch_size) for i in b]
-            neg, _ = collect_sides(a, td_neg, order_neg, act, head, read_at, pairs=False, batch_size=batch_size)
+            neg, _ = collect_sides(a, td_neg, order_neg, act, head, read_at, pairs=False, batch_size=batch_size,
+                                   bos_in_mean=bos_in_mean)
             neg = neg[np.argsort(order_neg)]
     vector, info = difference(pos, neg, paired=pairs, pca=pca)
     prompts = [e.prompt for e in pos_data] + ([e.counterfactual for e in pos_data] if pairs else
                                               [e.prompt for e in neg_data or []])
     provenance = {"source": "pca" if pca else "mean_difference", "site": str(act), "read_at": read_at,
+                  **({"bos_in_mean": bos_in_mean} if read_at == "mean" else {}),
                   "pairs": pairs, "data": _data_record(pos_data, data),
                   "negative": None if pairs else _data_record(neg_data, negative), **info,
                   "prompt_digests": [prompt_digest(p) for p in prompts][:MAX_DIGESTS]}

@@ -1,7 +1,8 @@
 """`DirectionSpec`: a direction as configuration (YAML, the command line, the manifest).
 
     source: mean_difference   data (pairs: each prompt minus its counterfactual), or data minus negative;
-                              read_at (last, mean, a role); pca: the top principal component (pairs)
+                              read_at (last, mean, a role); bos_in_mean (mean: count a leading BOS; default
+                              no); pca: the top principal component (pairs)
                               -> made by the run itself, on the driver, from its own prompts
     source: probe             path (directions.safetensors of a Probing run), probe_site (its label), site
     source: feature           dictionary (demo/resid_post.1, a folder, a registered name), feature
@@ -38,6 +39,8 @@ class DirectionSpec(ConfigModel):
                                   "pairs)")
     negative: DataSpec | None = Field(default=None, description="mean_difference: the prompts subtracted")
     read_at: str = Field(default="last", description="mean_difference: last, mean, or a role (END, YY, S2+1)")
+    bos_in_mean: bool = Field(default=False, description="mean_difference, read_at mean: count a leading BOS in "
+                              "the mean (default: left out)")
     pca: bool = Field(default=False, description="mean_difference: the top principal component of the paired "
                       "differences")
     path: str | None = None
