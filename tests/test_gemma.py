@@ -235,3 +235,20 @@ def test_the_lens_refuses_z_on_a_post_norm_family():
     with pytest.raises(EntoscopeError) as err:
         Lens(sites=Sites(activation="z", layers=[0])).plan(get_tiny("gemma3", "bridge", False), random_data(2))
     assert err.value.code == "lens_through_post_norm"
+
+
+@pytest.mark.parametrize("backend", ["bridge", "nnsight"])
+def test_a_cached_gemma_serves_the_post_norm_sites_and_dla_from_disk(tmp_path, backend):
+    """CachedModel around Gemma 3: the second DLA run reads its activations (post-norm scales included) from the
+    cache and gives the same table as the model itself."""
+    from entoscope.models.cached import CachedModel
+
+    model = get_tiny("gemma3", backend, False)
+    data = random_data(3, seed=4)
+    plain = DirectLogitAttribution().run(model, data, quiet=True).per_prompt
+    cm = CachedModel(model, tmp_path)
+    first = DirectLogitAttribution().run(cm, data, quiet=True).per_prompt
+    second = DirectLogitAttribution().run(cm, data, quiet=True).per_prompt
+    assert cm.cache_stats()["hits"] >= 1
+    for table in (first, second):
+        assert table["contribution"].to_numpy() == pytest.approx(plain["contribution"].to_numpy(), abs=1e-6)
