@@ -283,3 +283,23 @@ def test_gemma_1_passes_the_load_checks_and_dla_sums_to_its_logit_difference(bac
     for i, (ex, logits) in enumerate(zip(data, reference)):
         value = float(logits[list(ex.answers)].mean() - logits[list(ex.wrong_answers)].mean())
         assert pp[pp.example == i]["contribution"].sum() == pytest.approx(value, abs=1e-4 * max(1.0, abs(value)))
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=IDS)
+def test_writing_a_heads_result_changes_attn_out_by_that_much(variant):
+    """The result write convention under a post-norm: attn_out' = attn_out + (new_h - result_h), the post-norm's
+    scale of the run frozen (not recomputed), so zeroing head 2 removes exactly its result from attn_out."""
+    from entoscope.models.adapter import Intervention
+
+    a = adapt(get_tiny(*variant))
+
+    def zero_head_2(result):
+        result = result.clone()
+        result[:, :, 2] = 0
+        return result
+
+    with torch.no_grad():
+        clean = {str(k): v for k, v in a.run(TOKENS, ["result.0", "attn_out.0"]).acts.items()}
+        edited = a.run(TOKENS, ["attn_out.0"], interventions=[Intervention("result.0", zero_head_2)]).acts
+    torch.testing.assert_close(next(iter(edited.values())), clean["attn_out.0"] - clean["result.0"][:, :, 2],
+                               atol=1e-5, rtol=1e-5)
