@@ -235,3 +235,71 @@ def test_the_lens_refuses_z_on_a_post_norm_family():
     with pytest.raises(EntoscopeError) as err:
         Lens(sites=Sites(activation="z", layers=[0])).plan(get_tiny("gemma3", "bridge", False), random_data(2))
     assert err.value.code == "lens_through_post_norm"
+
+
+@pytest.mark.parametrize("backend", ["bridge", "nnsight"])
+def test_a_cached_gemma_serves_the_post_norm_sites_and_dla_from_disk(tmp_path, backend):
+    """CachedModel around Gemma 3: the second DLA run reads its activations (post-norm scales included) from the
+    cache and gives the same table as the model itself."""
+    from entoscope.models.cached import CachedModel
+
+    model = get_tiny("gemma3", backend, False)
+    data = random_data(3, seed=4)
+    plain = DirectLogitAttribution().run(model, data, quiet=True).per_prompt
+    cm = CachedModel(model, tmp_path)
+    first = DirectLogitAttribution().run(cm, data, quiet=True).per_prompt
+    second = DirectLogitAttribution().run(cm, data, quiet=True).per_prompt
+    assert cm.cache_stats()["hits"] >= 1
+    for table in (first, second):
+        assert table["contribution"].to_numpy() == pytest.approx(plain["contribution"].to_numpy(), abs=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["bridge", "nnsight"])
+def test_gemma_1_passes_the_load_checks_and_dla_sums_to_its_logit_difference(backend):
+    """Gemma 1's row: (1 + weight) norms and a scaled embedding, no post-norms (HF's post_attention_layernorm is
+    its pre-MLP norm there). Loading checks unembed(final_norm(last resid_post)) = logits; DLA's rows add up."""
+    from transformers import GemmaConfig, GemmaForCausalLM
+
+    from entoscope.models.loading import from_hf
+    from entoscope.models.tiny import tiny_tokenizer, tokenizer_dir
+
+    torch.manual_seed(0)
+    cfg = GemmaConfig(architectures=["GemmaForCausalLM"], num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                      num_key_value_heads=1, head_dim=16, intermediate_size=128, max_position_embeddings=64,
+                      vocab_size=len(tiny_tokenizer()), bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    cfg._attn_implementation = "eager"
+    hf = GemmaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    data = random_data(3, seed=5)
+    with torch.no_grad():
+        reference = [hf(torch.tensor([list(ex.prompt)])).logits[0, -1].double() for ex in data]
+    model = from_hf(hf, tiny_tokenizer(), backend=backend, folder=tokenizer_dir())
+    s = adapt(model).structure
+    assert (s.norm_offset, s.embed_scale, s.post_norms) == (1.0, 8.0, False)
+    pp = DirectLogitAttribution().run(model, data, quiet=True).per_prompt
+    for i, (ex, logits) in enumerate(zip(data, reference)):
+        value = float(logits[list(ex.answers)].mean() - logits[list(ex.wrong_answers)].mean())
+        assert pp[pp.example == i]["contribution"].sum() == pytest.approx(value, abs=1e-4 * max(1.0, abs(value)))
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=IDS)
+def test_writing_a_heads_result_changes_attn_out_by_that_much(variant):
+    """The result write convention under a post-norm: attn_out' = attn_out + (new_h - result_h), the post-norm's
+    scale of the run frozen (not recomputed), so zeroing head 2 removes exactly its result from attn_out."""
+    from entoscope.models.adapter import Intervention
+
+    a = adapt(get_tiny(*variant))
+
+    def zero_head_2(result):
+        result = result.clone()
+        result[:, :, 2] = 0
+        return result
+
+    with torch.no_grad():
+        clean = {str(k): v for k, v in a.run(TOKENS, ["result.0", "attn_out.0"]).acts.items()}
+        edited = a.run(TOKENS, ["attn_out.0"], interventions=[Intervention("result.0", zero_head_2)]).acts
+    torch.testing.assert_close(next(iter(edited.values())), clean["attn_out.0"] - clean["result.0"][:, :, 2],
+                               atol=1e-5, rtol=1e-5)
