@@ -189,6 +189,11 @@ LENS_DESCRIPTIVE = {
     **{f"{m}_std": f"the spread over prompts of {m}_mean (stats.moments)"
        for m in ("kl", "target_prob", "target_logit")},
 }
+JACOBIAN_DESCRIPTIVE = {
+    "norm": "the fitted matrix's Frobenius norm (a property of the fit)",
+    "identity_distance": "how far the fitted matrix is from the logit lens's identity (a property of the fit)",
+    "split_half_change": "the fit's settledness: relative change between even- and odd-numbered prompts",
+}
 WEIGHTS = "a projection of the weights (no prompts, so nothing to resample)"
 _TRANSLATORS: list[str] = []
 
@@ -217,6 +222,10 @@ CASES: dict[str, dict[str, Case]] = {
                       random=("kl_mean_ci_low",),
                       refused={"compat": ("tuned_lens_mismatch", PROCESSED_REFUSED),
                                "hooked": ("tuned_lens_mismatch", PROCESSED_REFUSED)}),
+    },
+    "jacobian_lens_fit": {
+        "default": Case(lambda s: es.JacobianLensFit(skip_first=2, max_length=8, seed=s, batch_size=4), pairs,
+                        ids=("layer",), descriptive=JACOBIAN_DESCRIPTIVE),
     },
     "parameter_lens": {
         "neuron_out": Case(lambda s: es.ParameterLens(neurons="0:4", top_k=3, seed=s), None, ids=("layer", "neuron"),
