@@ -65,6 +65,7 @@ class JacobianLensFit(Sharded, Operation):
     dim_chunk:  one-hot cotangents per batched backward; default the most the memory budget allows.
     corpus:     the provenance name recorded in the lens (a merge refuses lenses whose names differ);
                 default the dataset's name and parameters.
+    save:       where to write the lens (a .pt file, or a folder that gets lens.pt), for YAML and the CLI.
     """
 
     name = "jacobian_lens_fit"
@@ -73,6 +74,7 @@ class JacobianLensFit(Sharded, Operation):
     max_length: int = Field(default=128, ge=2)
     dim_chunk: int | None = Field(default=None, ge=1)
     corpus: str | None = None
+    save: str | None = None
 
     def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[FitState]:
         assert data is not None
@@ -162,6 +164,8 @@ class JacobianLensFit(Sharded, Operation):
                             d_model=model.structure.d_model, metadata=fit_metadata(model, self, st, n),
                             settledness=settled)
         table = pd.DataFrame(rows)
+        if self.save:
+            lens.save(self.save)
         return Result(self.name, table, title="Jacobian lens fit: how far each layer's transport is from the "
                       "identity and how settled it is", extra={"lens": lens}, takeaway=_takeaway)
 
