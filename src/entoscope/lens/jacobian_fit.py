@@ -178,12 +178,13 @@ def prompt_jacobians(model: ModelAdapter, tokens: Tensor, lengths: Tensor, layer
     target = ActName("resid_post", s.n_layers - 1)
     reads = [ActName("resid_post", L) for L in layers] + [target]
     root = Intervention(ActName("resid_post", layers[0]), lambda x: x.detach().requires_grad_(True))
-    out = model.run(tokens, reads, interventions=[root], grad=True, logits=False)
+    # the last position is neither a source nor a target, and (causal attention) changes no other: left out
+    out = model.run(tokens[:, :-1], reads, interventions=[root], grad=True, logits=False)
     final, sources = out.acts[target], [out.acts[a] for a in reads[:-1]]
     B, T, d = final.shape
     pos = torch.arange(T, device=final.device)
     lengths = lengths.to(final.device)
-    valid = (pos[None, :] >= skip_first) & (pos[None, :] < lengths[:, None] - 1)  # [B, T]
+    valid = (pos[None, :] >= skip_first) & (pos[None, :] < lengths[:, None] - 1)  # [B, T] (T: the padded length - 1)
     weights = (valid / valid.sum(1, keepdim=True)).to(final.dtype)  # the mean over source positions
     result = torch.zeros(B, len(layers), d, d)
     starts = list(range(0, d, dim_chunk))
