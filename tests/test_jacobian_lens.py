@@ -103,3 +103,28 @@ def test_a_lens_is_refused_on_another_mode(tmp_path):
         es.Lens(method="jacobian", lens=str(tmp_path / "l"),
                 sites=es.Sites(activation="resid_pre", over=["layer"])).plan(plain, _texts(2, 8))
     assert err.value.code == "jacobian_lens_site"  # resid_pre.0 is the embedding: no matrix
+
+
+def test_the_side_by_side_comparison_counts_agreement_like_a_direct_readout(tmp_path):
+    from entoscope.lens.compare import compare_lenses
+    from entoscope.lens.project import decode_states
+
+    model = get_tiny("gpt2", "bridge", False)
+    lens = es.JacobianLens.fit(model, _texts(4, 10), skip_first=1, quiet=True)
+    lens.save(tmp_path / "j")
+    data = _texts(12, 7, seed=4)
+    r = compare_lenses(model, data, jacobian=str(tmp_path / "j"))
+    t = r.table.set_index(["lens", "layer"])
+    assert t.loc[("logit", 1), "agree"] == 1 and t.loc[("jacobian", 1), "kl_mean"] == 0  # the last layer is the model
+    # the Jacobian lens at layer 0, by hand: argmax of W_U norm(J h) + b_U against argmax of the logits, at END
+    a = adapt(model)
+    lens.check_model(a)
+    hits = 0
+    for ex in data:
+        tokens = torch.tensor([list(ex.prompt)])
+        out = a.run(tokens, [ActName("resid_post", 0)])
+        h = out.acts[ActName("resid_post", 0)][0, -1]
+        hits += int(decode_states(a, lens.transform(h, 0)).argmax() == out.logits[0, -1].argmax())
+    assert t.loc[("jacobian", 0), "agree"] == pytest.approx(hits / 12)
+    assert t.loc[("jacobian", 0), "agree_ci_low"] <= hits / 12 <= t.loc[("jacobian", 0), "agree_ci_high"]
+    assert "layer" in r.takeaway and "jacobian lens" in r.takeaway
