@@ -128,3 +128,33 @@ def test_the_side_by_side_comparison_counts_agreement_like_a_direct_readout(tmp_
     assert t.loc[("jacobian", 0), "agree"] == pytest.approx(hits / 12)
     assert t.loc[("jacobian", 0), "agree_ci_low"] <= hits / 12 <= t.loc[("jacobian", 0), "agree_ci_high"]
     assert "layer" in r.takeaway and "jacobian lens" in r.takeaway
+
+
+def test_decompose_recovers_a_planted_sparse_combination():
+    from entoscope.lens.jspace import decompose
+
+    g = torch.Generator().manual_seed(0)
+    atoms = torch.randn(300, 64, generator=g)
+    x = 2.0 * atoms[3] + 0.5 * atoms[7] + 1.2 * atoms[150]
+    d = decompose(x, atoms, k=10)
+    assert set(d.support) == {3, 7, 150} and d.error < 1e-6
+    assert dict(zip(d.support, d.coefficients)) == pytest.approx({3: 2.0, 7: 0.5, 150: 1.2}, abs=1e-6)
+    assert set(d.support) <= set(d.selected) and len(d.selected) <= 10
+    d1 = decompose(x, atoms, k=1)  # k is an upper bound
+    assert len(d1.selected) == 1 and 0 < d1.error < 1
+    neg = decompose(-atoms[5], atoms[5:6], k=1)  # nothing positively correlated: nothing selected
+    assert neg.selected == [] and neg.error == pytest.approx(1.0)
+
+
+def test_decompose_matches_transformer_lens_on_lens_vectors():
+    analysis = pytest.importorskip("transformer_lens.tools.analysis.jacobian_lens_decomposition")
+    model = get_tiny("gpt2", "bridge", False)
+    lens = es.JacobianLens.fit(model, _texts(3, 10), skip_first=1, quiet=True)
+    a = adapt(model)
+    h = a.run(torch.tensor([list(_texts(1, 9, seed=9)[0].prompt)]), [ActName("resid_post", 0)]).acts[
+        ActName("resid_post", 0)][0, -1]
+    mine = lens.decompose(model, h, 0, k=8)
+    theirs = analysis.get_sparse_decomposition(h, lens.lens_vectors(model, 0), 8)
+    assert mine.selected == theirs.selected_support.tolist() and mine.support == theirs.support.tolist()
+    torch.testing.assert_close(torch.tensor(mine.coefficients, dtype=torch.float64), theirs.coordinates.double(),
+                               atol=1e-4, rtol=1e-4)

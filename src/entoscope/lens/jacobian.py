@@ -131,6 +131,13 @@ class JacobianLens:
         W_U = a.weights.W_U.detach().float().cpu()  # [d_model, d_vocab]
         return (self.jacobians[layer].T @ W_U).T
 
+    def decompose(self, model: Any, activation: Tensor, layer: int, k: int = 25) -> Any:
+        """Block `layer`'s output `activation` [d_model] as a sparse nonnegative combination of at most k lens
+        vectors (jspace.decompose: greedy selection, NNLS re-solve); the supports are token ids."""
+        from .jspace import decompose
+
+        return decompose(activation, self.lens_vectors(model, layer), k)
+
     # ------------------------------------------------------------------ files
     def save(self, path: str | Path, *, dtype: torch.dtype = torch.float16) -> Path:
         """Write TransformerLens's format. A path ending in .pt is the file; otherwise a folder with lens.pt."""
