@@ -39,7 +39,6 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     threads = set_threads(args.threads)
-    import torch
     from transformer_lens.tools.analysis import JacobianLens as TLJacobianLens
 
     import entoscope as es
@@ -67,7 +66,6 @@ def main() -> None:
     print(f"  largest |J_entoscope - J_TL| {diff:.2e} (largest entry {scale:.2f}); prompts {ours.n_prompts} = "
           f"{theirs.n_prompts}")
     assert diff <= 1e-4 * max(1.0, scale), "the matrices differ"
-    del torch
 
 
 if __name__ == "__main__":
