@@ -189,6 +189,11 @@ LENS_DESCRIPTIVE = {
     **{f"{m}_std": f"the spread over prompts of {m}_mean (stats.moments)"
        for m in ("kl", "target_prob", "target_logit")},
 }
+JACOBIAN_DESCRIPTIVE = {
+    "norm": "the fitted matrix's Frobenius norm (a property of the fit)",
+    "identity_distance": "how far the fitted matrix is from the logit lens's identity (a property of the fit)",
+    "split_half_change": "the fit's settledness: relative change between even- and odd-numbered prompts",
+}
 WEIGHTS = "a projection of the weights (no prompts, so nothing to resample)"
 _TRANSLATORS: list[str] = []
 
@@ -204,6 +209,17 @@ def tuned_translators() -> str:
 
 
 PROCESSED_REFUSED = "translators trained on the plain model's activations; this model gives processed ones"
+JACOBIAN_REFUSED = "a Jacobian lens fitted on the plain model's activations; this model gives processed ones"
+_JACOBIAN: list[str] = []
+
+
+def jacobian_lens_file() -> str:
+    """A Jacobian lens for the tiny model (plain activations), fitted once on a few prompts."""
+    if not _JACOBIAN:
+        folder = tempfile.mkdtemp(prefix="entoscope-conformance-jlens-")
+        es.JacobianLens.fit(plain_model("tiny", "bridge"), pairs(4, seed=5), skip_first=1, quiet=True).save(folder)
+        _JACOBIAN.append(folder)
+    return _JACOBIAN[0]
 CIRCUIT_IDS = ("edge", "sender", "receiver")
 
 CASES: dict[str, dict[str, Case]] = {
@@ -217,6 +233,16 @@ CASES: dict[str, dict[str, Case]] = {
                       random=("kl_mean_ci_low",),
                       refused={"compat": ("tuned_lens_mismatch", PROCESSED_REFUSED),
                                "hooked": ("tuned_lens_mismatch", PROCESSED_REFUSED)}),
+        "jacobian": Case(lambda s: es.Lens(method="jacobian", lens=jacobian_lens_file(),
+                                           sites=es.Sites(activation="resid_post", over=["layer"]), stats=FAST, seed=s,
+                                           batch_size=4), pairs, ids=("site", "layer"), descriptive=LENS_DESCRIPTIVE,
+                         random=("kl_mean_ci_low",),
+                         refused={"compat": ("jacobian_lens_mismatch", JACOBIAN_REFUSED),
+                                  "hooked": ("jacobian_lens_mismatch", JACOBIAN_REFUSED)}),
+    },
+    "jacobian_lens_fit": {
+        "default": Case(lambda s: es.JacobianLensFit(skip_first=2, max_length=8, seed=s, batch_size=4), pairs,
+                        ids=("layer",), descriptive=JACOBIAN_DESCRIPTIVE),
     },
     "parameter_lens": {
         "neuron_out": Case(lambda s: es.ParameterLens(neurons="0:4", top_k=3, seed=s), None, ids=("layer", "neuron"),

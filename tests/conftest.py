@@ -92,6 +92,7 @@ def example_runs(tmp_path_factory):
     lens.fit(model, es.tasks.ioi(n=8, seed=1), steps=5, quiet=True)
     lens.save(root / "translators")
     os.environ["TUNED_LENS"] = str(root / "translators")
+    os.environ["JACOBIAN_LENS"] = str(root / "jacobian")  # examples/jacobian_lens.yaml fits it, then reads it
     done = {}
     for path in sorted(Path(__file__).resolve().parent.parent.glob("examples/*.yaml")):
         for name, entry in load_experiments(path).items():

@@ -31,6 +31,8 @@ _EXPORTS = {  # public name -> the module it lives in ("module:" is the module i
     "InProcess": ".executors.config",
     "InformationFlowRoutes": ".circuits.ifr",
     "Intervention": ".models.adapter",
+    "JacobianLens": ".lens.jacobian",
+    "JacobianLensFit": ".lens.jacobian_fit",
     "Lens": ".lens.operation",
     "Metric": ".metrics",
     "ModelAdapter": ".models.adapter",

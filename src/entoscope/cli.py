@@ -305,19 +305,30 @@ def _report(args: argparse.Namespace) -> int:
 def _train_lens(args: argparse.Namespace) -> int:
     from .data.loading import DataSpec, load_data
     from .lens import TunedLens
-    from .results.folder import TUNED_LENS, check_out, writing_run
+    from .results.folder import JACOBIAN_LENS, TUNED_LENS, check_out, writing_run
 
     if args.steps < 1:
         raise ConfigError(f"--steps must be at least 1, got {args.steps}", code="bad_steps",
                           remedy="train for at least one step, e.g. --steps 300")
     if not 0 < args.lr < float("inf"):
         raise ConfigError(f"--lr must be a finite number > 0, got {args.lr}", code="bad_lr", remedy="e.g. --lr 1e-3")
-    check_out(args.out, overwrite=args.overwrite, output=TUNED_LENS)
+    output = JACOBIAN_LENS if args.method == "jacobian" else TUNED_LENS
+    check_out(args.out, overwrite=args.overwrite, output=output)
     data_arg = _data_arg(args.data)
     if isinstance(data_arg, dict):
         _check_before_load(None, DataSpec(**data_arg))
     model = _load(args)
     data = load_data(data_arg, tokenizer=getattr(model, "tokenizer", None))
+    if args.method == "jacobian":  # the sharded fit (--executor ray runs its shards on workers)
+        from .lens import JacobianLens
+
+        jl = JacobianLens.fit(model, data, skip_first=args.skip_first, max_length=args.max_length,
+                              quiet=args.quiet, executor=_executor(args))
+        with writing_run(args.out, overwrite=args.overwrite, output=output) as partial:
+            jl.save(partial)
+        SAVED.append(args.out)
+        print(jl.fit_result.takeaway + f" Saved {args.out}")
+        return 0
     lens = TunedLens.for_model(model)
     losses = lens.fit(model, data, steps=args.steps, lr=args.lr, quiet=args.quiet, executor=_executor(args))
     with writing_run(args.out, overwrite=args.overwrite, output=TUNED_LENS) as partial:
@@ -373,8 +384,13 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--quiet", action="store_true", help="no progress bar")
     _executor_options(q)
     q.set_defaults(handler=_run_file)
-    q = sub.add_parser("train-lens", help="train tuned-lens translators and save them")
+    q = sub.add_parser("train-lens", help="train tuned-lens translators (or fit a Jacobian lens) and save them")
     _model_options(q)
+    q.add_argument("--method", choices=("tuned", "jacobian"), default="tuned",
+                   help="tuned: translators (Belrose et al. 2023); jacobian: the Jacobian lens (Gurnee et al. 2026)")
+    q.add_argument("--skip-first", type=int, default=16, metavar="N",
+                   help="jacobian: leading positions left out of the average")
+    q.add_argument("--max-length", type=int, default=128, metavar="N", help="jacobian: prompts cut to N tokens")
     q.add_argument("--data", required=True, metavar="DATA", help="a task name, a file, or YAML")
     q.add_argument("--steps", type=int, default=300, metavar="N", help="optimiser steps (>= 1)")
     q.add_argument("--lr", type=float, default=1e-3, metavar="FLOAT", help="Adam learning rate")

@@ -37,6 +37,7 @@ from ..stats.columns import hover_value, interval_bars, level_text
 from ..stats.moments import column_moments
 from .project import (COMPONENTS, RESIDUAL_STATES, ComponentScale, check_lens_kind, decode_components,
                       decode_states, residual_after, to_residual_basis)
+from .jacobian import JacobianLens
 from .takeaway import lens_takeaway
 from .tuned import TunedLens
 
@@ -50,29 +51,33 @@ class LensState:
     rows: list[dict[str, Any]]  # one per unit: its members, position, table columns, activation (_rows)
     reads: list[ActName]
     batches: list[Batch]
-    lens: TunedLens | None  # method "tuned": the loaded translators
+    lens: TunedLens | JacobianLens | None  # method "tuned": the loaded translators; "jacobian": the matrices
     chunk: int  # sites decoded per matmul
 
 
 @register_operation
 class Lens(Sharded, Operation):
-    """Logit lens or tuned lens over sites x prompts.
+    """Logit, tuned or Jacobian lens over sites x prompts.
 
-    method:          "logit" (nostalgebraist 2020) or "tuned" (Belrose et al. 2023; needs `translators`).
+    method:          "logit" (nostalgebraist 2020), "tuned" (Belrose et al. 2023; needs `translators`) or
+                     "jacobian" (Gurnee et al. 2026; needs `lens`, a fitted JacobianLens file or folder).
     sites:           what to decode; default every layer's resid_post at every position. Without a
                      position axis in `over`, the last token of each prompt is decoded.
     top_k:           how many top tokens to report per site.
     component_scale: how a component output (attn_out, mlp_out, result, ...) is normalised:
                      "residual", "final" or "recompute" (see entoscope.lens.project).
     translators:     folder of a trained tuned lens (ours or the tuned-lens package's).
+    lens:            a Jacobian lens: the .pt file (ours, TransformerLens 4.3's or the reference package's) or
+                     its folder (entoscope train-lens --method jacobian).
     """
 
     name = "lens"
-    method: Literal["logit", "tuned"] = "logit"
+    method: Literal["logit", "tuned", "jacobian"] = "logit"
     sites: Sites = Field(default_factory=lambda: Sites(activation="resid_post", over=["layer", "position"]))
     top_k: int = Field(default=5, ge=1, le=100)
     component_scale: ComponentScale = "residual"
     translators: str | None = None
+    lens: str | None = None
     answer_scoring: Literal["single", "first_token"] = "single"
 
     def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[LensState]:
@@ -96,6 +101,8 @@ class Lens(Sharded, Operation):
             lens = TunedLens.load(self.translators).to(model.device)  # loaded on the CPU; read on the model's device
             lens.check_model(model)
         rows = _rows(siteset)
+        if self.method == "jacobian":
+            lens = _jacobian_lens(self.lens, model, kind.name, rows)
         reads = _reads(model, siteset, kind.name, self.component_scale)
         s = model.structure
         T = max(td.lengths)
@@ -422,3 +429,18 @@ def _figures(result: Result) -> list[tuple[str, Any]]:
         if "target_prob_mean" in t:
             figs.append(_by_layer(t, "target_prob_mean", "probability of the answer"))
     return figs
+
+
+def _jacobian_lens(path: str | None, model: ModelAdapter, kind: str, rows: list[dict[str, Any]]) -> JacobianLens:
+    """The Jacobian lens at `path`, checked against the model and every site (before any work)."""
+    if path is None:
+        raise ConfigError("method 'jacobian' needs lens", code="jacobian_lens_missing",
+                          remedy="fit one (entoscope train-lens --method jacobian ... --out DIR) and pass lens: DIR")
+    if kind not in ("resid_pre", "resid_post"):
+        raise ConfigError(f"the Jacobian lens transports block outputs (resid_post), not {kind}",
+                          code="jacobian_lens_site", remedy="use resid_post sites, or method 'logit' for components")
+    lens = JacobianLens.load(path)
+    lens.check_model(model)
+    for r in rows:
+        lens.index_of(r["act"])
+    return lens

@@ -66,6 +66,7 @@ class Output:
 RUN = Output("run", ("manifest.json",), "run_exists")
 DICTIONARY = Output("dictionary", ("cfg.json", "sae_weights.safetensors"), "dictionary_exists")
 TUNED_LENS = Output("tuned lens", ("config.json", "translators.safetensors"), "lens_exists")
+JACOBIAN_LENS = Output("Jacobian lens", ("lens.pt",), "lens_exists")
 
 
 def is_unfinished(folder: str | Path) -> bool:

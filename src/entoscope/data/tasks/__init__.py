@@ -18,6 +18,7 @@ from typing import Any
 from entoscope.data.examples import Dataset
 from entoscope.data.tasks._common import TaskParamError, TaskVocabularyError
 from entoscope.errors import ConfigError, DataError
+from entoscope.data.tasks.corpus import corpus
 from entoscope.data.tasks.facts import facts
 from entoscope.data.tasks.greater_than import greater_than
 from entoscope.data.tasks.induction import induction, repeated_tokens
@@ -29,6 +30,7 @@ TASKS: dict[str, Callable[..., Dataset]] = {
     "facts": facts,
     "greater_than": greater_than,
     "repeated_tokens": repeated_tokens,
+    "corpus": corpus,
 }
 
 
@@ -63,5 +65,5 @@ def get(name: str, **kwargs: Any) -> Dataset:
 
 
 __all__ = [
-    "TASKS", "TaskParamError", "TaskVocabularyError", "check", "facts", "get", "greater_than", "induction", "ioi", "repeated_tokens",
+    "TASKS", "TaskParamError", "corpus", "TaskVocabularyError", "check", "facts", "get", "greater_than", "induction", "ioi", "repeated_tokens",
 ]

@@ -1,0 +1,72 @@
+"""Fitting the Jacobian lens: entoscope's JacobianLensFit (one forward per batch of prompts, batched
+vector-Jacobian products) against TransformerLens 4.3's JacobianLens.fit (per prompt: a forward of
+dim_batch=8 copies and d_model/8 backward passes) in the same script, on the same random 4-layer GPT-2
+(d_model 256) bridge and the same texts (the built-in corpus task, cut to 64 tokens, skip_first 16).
+Both matrices are compared: the largest absolute difference is printed (entries are O(1); float32).
+Threads: --threads (default 1), set for torch before anything runs.
+
+    python benchmarks/bench_jacobian_lens.py [--threads 1] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import set_threads  # noqa: E402
+
+
+def model_4x256():
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from entoscope.models.loading import from_hf
+    from entoscope.models.tiny import tiny_tokenizer, tokenizer_dir
+
+    torch.manual_seed(0)
+    hf = GPT2LMHeadModel(GPT2Config(n_layer=4, n_embd=256, n_head=4, vocab_size=512, bos_token_id=0,
+                                    eos_token_id=0)).eval()
+    hf.config._attn_implementation = "eager"
+    return from_hf(hf, tiny_tokenizer(), backend="bridge", name="gpt2-4x256-random", folder=tokenizer_dir())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="2 prompts instead of 8")
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    threads = set_threads(args.threads)
+    from transformer_lens.tools.analysis import JacobianLens as TLJacobianLens
+
+    import entoscope as es
+
+    n = 2 if args.quick else 8
+    model = model_4x256()
+    data = es.tasks.get("corpus", n=n, seed=1)
+    texts = [ex.prompt for ex in data]
+    es.JacobianLens.fit(model, data[:1], max_length=64, quiet=True)  # warm-up (model checks, allocator)
+    TLJacobianLens.fit(model, texts[:1], corpus="c", max_seq_len=64, show_progress=False)
+    t = time.perf_counter()
+    theirs = TLJacobianLens.fit(model, texts, corpus="c", max_seq_len=64, show_progress=False)
+    tl_s = time.perf_counter() - t
+    t = time.perf_counter()
+    ours = es.JacobianLens.fit(model, data, max_length=64, quiet=True)
+    es_s = time.perf_counter() - t
+    diff = max(float((ours.jacobians[L] - theirs.jacobians[L]).abs().max()) for L in ours.source_layers)
+    scale = max(float(theirs.jacobians[L].abs().max()) for L in ours.source_layers)
+    plan = ours.fit_result.plan
+    print(f"Jacobian lens fit, {n} texts (<= 64 tokens, skip_first 16), 4-layer d_model-256 GPT-2 bridge, "
+          f"{threads} threads; entoscope batches {plan.batch_sizes}, {plan.notes[0]}")
+    print(f"  TransformerLens JacobianLens.fit   {tl_s:.2f} s")
+    print(f"  entoscope JacobianLens.fit         {es_s:.2f} s")
+    print(f"  ratio (TL time / entoscope time): {tl_s / es_s:.2f}x")
+    print(f"  largest |J_entoscope - J_TL| {diff:.2e} (largest entry {scale:.2f}); prompts {ours.n_prompts} = "
+          f"{theirs.n_prompts}")
+    assert diff <= 1e-4 * max(1.0, scale), "the matrices differ"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,248 @@
+"""Fitting the Jacobian lens over a dataset of texts: a sharded operation (docs/lens.md, docs/scale.md).
+
+The estimator is TransformerLens 4.3's (`JacobianLens.fit`, after Gurnee et al. 2026): for each prompt
+of at most `max_length` tokens and each source layer l, row i of the prompt's matrix is
+
+    (1/|V|) sum_{t in V} d (sum_{t' in V} h_final[t', i]) / d h_l[t]
+
+with V = positions skip_first .. len-2 (the first `skip_first` and the last skipped); prompts are
+averaged with equal weight. Causal attention makes a cotangent planted at every target position give,
+at source t, exactly the sum over targets t' >= t. How it is computed here: ONE forward of a batch of
+prompts with the graph rooted at the earliest source block's output (weights frozen), then batched
+vector-Jacobian products, `torch.autograd.grad(..., is_grads_batched=True)`, `dim_chunk` one-hot
+cotangents at a time (ceil(d_model / dim_chunk) backward calls per batch), instead of TransformerLens's
+forward of `dim_batch` copies of one prompt per prompt and d_model / dim_batch backward calls.
+
+Shards return float64 sums of their prompts' matrices, split by the prompt's index parity (even / odd);
+the merge adds them in shard order and divides by the prompt count once, so a sharded fit equals the
+single-process one to float32 rounding (bit for bit with one batch per shard). The settledness of J[l]
+is ||J_even - J_odd||_F / ||J||_F, the relative change between the two halves of the prompts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from pydantic import Field
+from torch import Tensor
+
+from ..data.examples import Dataset
+from ..data.tokenized import Batch, length_batches, pad, pad_id
+from ..errors import ConfigError, DataError, warn
+from ..executors.contract import Sharded
+from ..executors.shards import PerPrompt
+from ..models.adapter import Intervention, ModelAdapter
+from ..models.names import ActName
+from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
+from ..results.result import Result
+from .jacobian import ESTIMATOR, JacobianLens
+
+
+@dataclass(frozen=True)
+class FitState:
+    """What the fit's prepare resolved: the kept prompts' batches, the layers, the cotangents per backward."""
+
+    batches: list[Batch]
+    layers: list[int]
+    dim_chunk: int
+    max_length: int
+    corpus: str
+
+
+@register_operation
+class JacobianLensFit(Sharded, Operation):
+    """Fit a Jacobian lens (Gurnee et al. 2026) over texts; `result.extra["lens"]` is the `JacobianLens`.
+
+    layers:     source layers (block outputs, resid_post.l); default every layer but the last.
+    skip_first: leading positions left out of the average (attention sinks; TransformerLens's default 16).
+    max_length: prompts are cut to this many tokens (and to the model's context).
+    dim_chunk:  one-hot cotangents per batched backward; default 16 (fewer where the memory budget says so).
+    corpus:     the provenance name recorded in the lens (a merge refuses lenses whose names differ);
+                default the dataset's name and parameters.
+    save:       where to write the lens (a .pt file, or a folder that gets lens.pt), for YAML and the CLI.
+    """
+
+    name = "jacobian_lens_fit"
+    layers: list[int] | None = None
+    skip_first: int = Field(default=16, ge=0)
+    max_length: int = Field(default=128, ge=2)
+    dim_chunk: int | None = Field(default=None, ge=1)
+    corpus: str | None = None
+    save: str | None = None
+
+    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[FitState]:
+        assert data is not None
+        s = model.structure
+        if s.n_layers < 2:
+            raise ConfigError("a one-layer model has no layer before its last to transport", code="jacobian_layers",
+                              remedy="use the logit lens on this model")
+        layers = sorted({L + s.n_layers if L < 0 else L for L in (self.layers or range(s.n_layers - 1))})
+        if not layers or layers[0] < 0 or layers[-1] >= s.n_layers - 1:
+            raise ConfigError(f"layers {self.layers} must lie in 0..{s.n_layers - 2} (the last block is the target)",
+                              code="jacobian_layers", remedy=f"pick source layers in 0..{s.n_layers - 2}")
+        max_length = min(self.max_length, s.n_ctx)
+        ids = [model.tokenize(ex.prompt, prepend_bos=self.prepend_bos)[:max_length] for ex in data]
+        kept = [i for i, t in enumerate(ids) if len(t) > self.skip_first + 1]
+        if not kept:
+            raise DataError(f"every prompt is {max(map(len, ids), default=0)} tokens or fewer after cutting to "
+                            f"{max_length}; the fit needs more than skip_first + 1 = {self.skip_first + 1}",
+                            code="jacobian_prompts_too_short",
+                            remedy="use longer texts (e.g. {task: corpus}), or a smaller skip_first")
+        if len(kept) < len(ids):
+            warn(f"{len(ids) - len(kept)} of {len(ids)} prompts have at most skip_first + 1 = {self.skip_first + 1} "
+                 "tokens and are left out of the fit", code="jacobian_prompt_short")
+        kept_data = Dataset(data.name, tuple(data[i] for i in kept), data.description, data.params)
+        ids = [ids[i] for i in kept]
+        T = max(map(len, ids))
+        # memory: the saved forward of one prompt, and per cotangent its backward and the source gradients
+        act = 4 * T * s.n_layers * (12 * s.d_model + 3 * s.d_mlp + 2 * s.n_heads * T)
+        per_cot = act + 4 * T * s.d_model * (len(layers) + 1)
+        budget = int(self.memory_budget_mb * 2**20)
+        # default 16 cotangents per call: wider vmapped backwards measured slower on CPU (benchmarks/bench_jacobian_lens.py)
+        chunk = self.dim_chunk or max(1, min(16, s.d_model, budget // (2 * per_cot)))
+        chunk = min(chunk, s.d_model)
+        n_chunks = -(-s.d_model // chunk)
+        chunk = -(-s.d_model // n_chunks)  # equal chunks
+        bs = self.choose_batch_size(act + chunk * per_cot, len(ids))
+        batches = []
+        for idx in length_batches([len(t) for t in ids], bs):
+            tokens, lens = pad([ids[i] for i in idx], pad_id(model))
+            batches.append(Batch(idx, tokens, lens))
+        corpus = self.corpus or _corpus_name(data)
+        notes = [f"each backward carries {chunk} one-hot cotangents: {s.d_model} vector-Jacobian products per "
+                 f"prompt ({n_chunks} backward calls per batch)",
+                 f"positions {self.skip_first}.. and each prompt's last left out of the average"]
+        if max_length < self.max_length:
+            notes.append(f"max_length cut to the model's context, {max_length}")
+        mats = 2 * len(layers) * s.d_model ** 2 * 8
+        plan = Plan(self.name, rows=len(layers), forward_passes=len(ids), backward_passes=len(ids) * n_chunks,
+                    batch_sizes=[len(b) for b in batches], examples=len(ids), files=[],
+                    peak_memory_bytes=model_bytes(model) + bs * (act + chunk * per_cot) + 2 * mats, notes=notes)
+        return Prepared(model, kept_data, plan, FitState(batches, layers, chunk, max_length, corpus))
+
+    def execute_shard(self, prepared: Prepared[FitState], phase: str, batches: list[int], *,
+                      quiet: bool = False) -> PerPrompt:
+        model, st = prepared.model, prepared.state
+        d = model.structure.d_model
+        total = {k: np.zeros((len(st.layers), d, d)) for k in ("even", "odd")}
+        mine = [st.batches[i] for i in batches]
+        counts = []
+        with frozen(model.module):
+            for b in progress(mine, total=len(mine), desc="Jacobian lens", quiet=quiet):
+                per_prompt = prompt_jacobians(model, b.tokens, b.lengths, st.layers, self.skip_first, st.dim_chunk)
+                parity = torch.tensor(b.index) % 2
+                for key, mask in (("even", parity == 0), ("odd", parity == 1)):  # batch sums, then added in order
+                    total[key] += per_prompt[mask].double().sum(0).numpy()
+                counts += (b.lengths - 1 - self.skip_first).tolist()
+        return PerPrompt([i for b in mine for i in b.index], {"positions": np.asarray(counts, dtype=np.int64)},
+                         sums=total)
+
+    def summarise(self, prepared: Prepared[FitState], merged: dict[str, Any], *, quiet: bool = False) -> Result:
+        model, st = prepared.model, prepared.state
+        cols = merged["main"]
+        n = cols.n
+        idx = np.arange(n)
+        n_even, n_odd = int((idx % 2 == 0).sum()), int((idx % 2 == 1).sum())
+        even, odd = torch.from_numpy(cols["even"]), torch.from_numpy(cols["odd"])
+        mean = (even + odd) / n
+        eye = torch.eye(model.structure.d_model, dtype=torch.float64)
+        rows = []
+        settled = {}
+        for i, L in enumerate(st.layers):
+            norm = float(mean[i].norm())
+            change = float((even[i] / n_even - odd[i] / n_odd).norm() / norm) if n_odd and norm > 0 else float("nan")
+            settled[L] = change
+            rows.append({"layer": L, "n_prompts": n, "positions": int(cols.read(0, n, ["positions"])["positions"].sum()),
+                         "norm": norm, "identity_distance": float((mean[i] - eye).norm() / eye.norm()),
+                         "split_half_change": change})
+        lens = JacobianLens({L: mean[i].float() for i, L in enumerate(st.layers)}, n_prompts=n,
+                            d_model=model.structure.d_model, metadata=fit_metadata(model, self, st, n),
+                            settledness=settled)
+        table = pd.DataFrame(rows)
+        if self.save:
+            lens.save(self.save)
+        return Result(self.name, table, title="Jacobian lens fit: how far each layer's transport is from the "
+                      "identity and how settled it is", extra={"lens": lens}, takeaway=_takeaway)
+
+
+def prompt_jacobians(model: ModelAdapter, tokens: Tensor, lengths: Tensor, layers: list[int], skip_first: int,
+                     dim_chunk: int) -> Tensor:
+    """Each prompt's matrices [B, len(layers), d_model, d_model] (float32): one forward, batched VJPs.
+    The model's weights must not require gradients (`frozen`): the graph is rooted at resid_post.layers[0]."""
+    s = model.structure
+    target = ActName("resid_post", s.n_layers - 1)
+    reads = [ActName("resid_post", L) for L in layers] + [target]
+    root = Intervention(ActName("resid_post", layers[0]), lambda x: x.detach().requires_grad_(True))
+    # the last position is neither a source nor a target, and (causal attention) changes no other: left out
+    out = model.run(tokens[:, :-1], reads, interventions=[root], grad=True, logits=False)
+    final, sources = out.acts[target], [out.acts[a] for a in reads[:-1]]
+    B, T, d = final.shape
+    pos = torch.arange(T, device=final.device)
+    lengths = lengths.to(final.device)
+    valid = (pos[None, :] >= skip_first) & (pos[None, :] < lengths[:, None] - 1)  # [B, T] (T: the padded length - 1)
+    weights = (valid / valid.sum(1, keepdim=True)).to(final.dtype)  # the mean over source positions
+    result = torch.zeros(B, len(layers), d, d)
+    starts = list(range(0, d, dim_chunk))
+    for n_done, start in enumerate(starts):
+        c = min(dim_chunk, d - start)
+        cot = torch.zeros(c, B, T, d, dtype=final.dtype, device=final.device)
+        cot[torch.arange(c), :, :, start + torch.arange(c)] = valid.to(final.dtype)
+        grads = torch.autograd.grad(final, sources, cot, retain_graph=n_done < len(starts) - 1,
+                                    is_grads_batched=True)
+        for i, g in enumerate(grads):  # [c, B, T, d] -> rows start..start+c of every prompt's matrix
+            result[:, i, start:start + c] = torch.einsum("cbtd,bt->bcd", g, weights).float().cpu()
+    return result
+
+
+@contextmanager
+def frozen(module: Any) -> Iterator[None]:
+    """The weights stop requiring gradients (the graph starts at the residual stream); restored after."""
+    saved = [(p, p.requires_grad) for p in module.parameters()]
+    for p, _ in saved:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p, flag in saved:
+            p.requires_grad_(flag)
+
+
+def fit_metadata(model: ModelAdapter, op: JacobianLensFit, st: FitState, n: int) -> dict[str, Any]:
+    """Provenance in TransformerLens's keys (so its `validate_model` accepts a lens fitted on a plain bridge),
+    plus entoscope's: the model mode and version."""
+    from .. import __version__
+
+    module = model.module
+    cfg = getattr(module, "cfg", None)
+    hf = getattr(getattr(module, "original_model", None), "config", None) or getattr(module, "config", None)
+    revision = getattr(hf, "_commit_hash", None)
+    return {"model_name": getattr(cfg, "model_name", None) or model.name,
+            "model_revision": revision if isinstance(revision, str) and revision else None,
+            "estimator": ESTIMATOR, "hook_convention": "blocks.{layer}.hook_out", "corpus": st.corpus,
+            "n_prompts": n, "fit_dtype": str(next(module.parameters()).dtype).removeprefix("torch."),
+            "target_layer": model.structure.n_layers - 1, "max_seq_len": st.max_length,
+            "skip_first_positions": op.skip_first, "prepend_bos": op.prepend_bos,
+            "entoscope_mode": model.structure.mode, "entoscope_version": __version__}
+
+
+def _corpus_name(data: Dataset) -> str:
+    params = ", ".join(f"{k}={v}" for k, v in sorted(data.params.items()))
+    return f"{data.name}({params})" if params else data.name
+
+
+def _takeaway(result: Result) -> str:
+    t = result.table
+    worst = t.loc[t["split_half_change"].fillna(np.inf).idxmax()]
+    far = t.loc[t["identity_distance"].idxmax()]
+    settled = "" if not np.isfinite(worst["split_half_change"]) else (
+        f"; between the even- and odd-numbered prompts the matrices change by at most "
+        f"{worst['split_half_change']:.1%} (layer {int(worst['layer'])})")
+    return (f"The Jacobian lens was fitted on {int(t['n_prompts'].iloc[0])} prompts ({int(t['positions'].iloc[0])} "
+            f"positions) for layers {int(t['layer'].min())}..{int(t['layer'].max())}; layer {int(far['layer'])} is "
+            f"furthest from the logit lens's identity (relative distance {far['identity_distance']:.2f}){settled}.")

@@ -1,0 +1,36 @@
+"""The Jacobian lens fit on two Ray workers equals the in-process fit (shards of prompts; docs/scale.md)."""
+
+import logging
+import os
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow  # a local Ray cluster (CI runs them: -m slow)
+
+if os.environ.get("ENTOSCOPE_REQUIRE_RAY") == "1":
+    import ray
+else:
+    ray = pytest.importorskip("ray", reason="ray is an optional extra (pip install 'entoscope[ray]')")
+
+import entoscope as es  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False,
+             _node_ip_address="127.0.0.1")
+    yield
+    es.executors.shutdown()
+    ray.shutdown()
+
+
+def test_the_fit_on_two_workers_equals_in_process(cluster):
+    model = es.load_model("demo")
+    data = es.tasks.get("corpus", n=6, seed=2)
+    op = es.JacobianLensFit(max_length=40, batch_size=2)
+    here = op.run(model, data, quiet=True)
+    there = op.run(model, data, quiet=True, executor=es.Ray(workers=2))
+    assert there.manifest["executor"]["shards"] == 3
+    for layer in (0, 1):  # float64 sums added in shard order, one batch per shard: bit for bit
+        assert torch.equal(here.extra["lens"].jacobians[layer], there.extra["lens"].jacobians[layer])
