@@ -31,7 +31,7 @@ from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
-from ..models.partial import prefix_support
+from ..models.partial import prefix_reads, prefix_support, record_past
 from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
 from ..results.result import Result
 from ..sites import position_text, resolve_positions, role_ref
@@ -56,6 +56,7 @@ class InterchangeState:
     conditions: list[tuple[str, int]]  # (basis name, mode) of the eval runs (mode FULL, BASIS, PLACEBO)
     batches: list[list[int]]
     start: bool  # runs start at the cell's block from a cached residual
+    positions: bool  # ... and at the batch's earliest intervened position (a frozen key/value prefix)
     pad: int
 
 
@@ -127,8 +128,9 @@ class Interchange(Sharded, Operation):
         per_example = _bytes_per_example(model, T)
         size = self.choose_batch_size(per_example, len(td))
         batches = length_batches(td.lengths, size)
-        start = prefix_support(model) != "none"
-        state = InterchangeState(pairs, td, classes, held, cells, width, conditions, batches, start, pad_id(model))
+        support = prefix_support(model)
+        state = InterchangeState(pairs, td, classes, held, cells, width, conditions, batches, support != "none",
+                                 support == "positions", pad_id(model))
         return Prepared(model, pairs.prompts, self._plan(model, state, per_example), state)
 
     def _check_bases(self) -> None:
@@ -174,8 +176,9 @@ class Interchange(Sharded, Operation):
         n_cells = len(st.cells)
         das = "das" in self.bases
         steps = -(-n_train // self.das_batch_size) * self.epochs
-        train = (n_train if st.start else 0) + (self.epochs * n_train * n_cells if das else 0)
-        evaluate = (n_test if st.start else 0) + n_test * n_cells * len(st.conditions)
+        cache = (2 if st.positions and model.structure.backend == "bridge" else 1) if st.start else 0
+        train = (n_train * cache if das else 0) + (self.epochs * n_train * n_cells if das else 0)
+        evaluate = n_test * cache + n_test * n_cells * len(st.conditions)
         forward = len(st.td) + train + evaluate
         backward = self.epochs * n_train * n_cells if das else 0
         notes = [f"{P} pairs of variable {st.pairs.variable!r}: {n_train} train the bases, {n_test} held out measure "
@@ -183,6 +186,8 @@ class Interchange(Sharded, Operation):
                  f"grid: {n_cells} cells ({', '.join(c.label for c in st.cells)}); conditions per cell: "
                  f"{', '.join(n + (' placebo' if m == PLACEBO else '') for n, m in st.conditions)}",
                  f"forwards: {len(st.td)} reads, {train} training ({steps} DAS steps per cell), {evaluate} evaluation"]
+        if cache == 2:
+            notes.append("the bridge's key/value prefix: each cached base runs the blocks once more (record_past)")
         if not st.start:
             notes.append("this model cannot start part-way: every training and evaluation run is a full forward")
         peak = model_bytes(model) + ROWS_PER_FORWARD * per_example
@@ -257,6 +262,7 @@ class Interchange(Sharded, Operation):
             for lo in range(0, len(rows), ROWS_PER_FORWARD):
                 chunk = rows[lo:lo + ROWS_PER_FORWARD]
                 ex = torch.tensor([i for i, _ in chunk])
+                first = int(pos[ex].min()) if st.positions else 0
                 basis = torch.zeros(len(chunk), st.width, rank, dtype=torch.float64)
                 random = torch.zeros_like(basis)
                 mode = torch.zeros(len(chunk), dtype=torch.long)
@@ -270,10 +276,10 @@ class Interchange(Sharded, Operation):
                             q = torch.from_numpy(ctx.placebos[k][name])
                             random[r, :, :q.shape[1]] = q
                 src = torch.from_numpy(ctx.sources[st.pairs.source[np.array(idx)[ex.numpy()]], k])
-                fn = edit(cell, pos[ex], src, mode, basis, random, self.strength)
+                fn = edit(cell, pos[ex] - first, src, mode, basis, random, self.strength)
                 with torch.no_grad():
                     logits = class_logits(model, cell, tokens[ex], lengths[ex], st.classes[np.array(idx)[ex.numpy()]],
-                                          fn, cache, ex)
+                                          fn, cache, ex, first=first)
                 out[ex.numpy(), k, [j for _, j in chunk]] = correct(logits, targets[ex])
         return out
 
@@ -286,7 +292,7 @@ class Interchange(Sharded, Operation):
         train = np.flatnonzero(~st.held)
         prompts = np.unique(np.concatenate([pairs.base[train], pairs.source[train]]))
         gen = torch.Generator().manual_seed(self.seed)
-        cfg = DasSettings(self.rank, self.epochs, self.das_batch_size, self.lr, self.strength, self.seed)
+        cfg = DasSettings(self.rank, self.epochs, self.das_batch_size, self.lr, self.strength, self.seed, st.positions)
         bases, placebos, losses = [], [], []
         das_inputs = self._das_inputs(model, st, train) if "das" in self.bases else None
         for k, cell in enumerate(st.cells):
@@ -310,8 +316,7 @@ class Interchange(Sharded, Operation):
                     pos = pos_of(cell)
                     b, loss = train_das(model, cell, st.width, tokens, lengths, pos, x[pairs.source[train]],
                                         st.classes[train], torch.from_numpy(pairs.target[train]),
-                                        None if cache is None else {a: t for a, t in cache.items()
-                                                                    if a.layer == cell.layer}, cfg)
+                                        cache, cfg)
                     losses.append(loss)
                 made[name] = b.numpy()
             bases.append(made)
@@ -345,11 +350,15 @@ class Interchange(Sharded, Operation):
 
 
 def _cache(model: ModelAdapter, st: InterchangeState, tokens: torch.Tensor) -> dict[ActName, torch.Tensor]:
-    """The residual entering each grid layer's block, for runs that start there (one read-only forward)."""
+    """The residual entering each grid layer's block (and, for runs that start at a position, what each block's
+    attention caches), for runs that start there: one read-only forward (the bridge: one more walk)."""
     layers = sorted({c.layer for c in st.cells})
     with torch.no_grad():
-        out = model.run(tokens, [ActName("resid_pre", L) for L in layers], logits=False)
-    return {ActName("resid_pre", L): out[ActName("resid_pre", L)] for L in layers}
+        out = model.run(tokens, prefix_reads(model, layers, st.positions), logits=False)
+        acts = dict(out.acts)
+        if st.positions:
+            record_past(model, acts, layers[0])
+    return acts
 
 
 def _bytes_per_example(model: ModelAdapter, T: int) -> int:

@@ -12,8 +12,9 @@ rule, one of
                                                       (bases.placebo: moves exactly as far, elsewhere)
 
 where h_src is the source's activation at the source's own token for the rule. Runs that can start
-part-way (models/partial.py: blocks from the cell's layer on, from the base's residual stream entering it)
-do; the logits are read at each base's last token for the pair's classes only.
+part-way (models/partial.py: blocks from the cell's layer on, from the base's residual stream entering it,
+and where the model allows, only positions from the batch's earliest intervened token on, attending to the
+unchanged ones through a frozen key/value prefix) do; the logits are read at each base's last token for the pair's classes only.
 
 DAS (Geiger et al. 2024): B = the orthonormal columns of a torch orthogonal parametrisation of a
 [width, r] matrix, trained with Adam on the cross-entropy of the class logits under the interchange
@@ -87,14 +88,15 @@ def edit(cell: Cell, pos: Tensor, source: Tensor, mode: Tensor, basis: Tensor | 
 
 def class_logits(model: ModelAdapter, cell: Cell, tokens: Tensor, lengths: Tensor, classes: Tensor,
                  fn: Callable[[Tensor], Tensor], cache: dict[ActName, Tensor] | None, rows: Tensor,
-                 grad: bool = False) -> Tensor:
+                 grad: bool = False, first: int = 0) -> Tensor:
     """[R, C] logits of each row's classes (class ids -1: -inf) at its base's last token, under `fn` at the
-    cell; from the cached residual entering the cell's block when `cache` is given (rows index it)."""
+    cell; with `cache`, a run from the cached residual entering the cell's block (rows index it) at positions
+    `first`.. (`fn` then sees those positions only: it must be made with positions counted from `first`)."""
     columns, inverse = torch.unique(classes.clamp_min(0), return_inverse=True)
     iv = [Intervention(cell.act, fn)]
-    positions = lengths - 1
+    positions = lengths - 1 - first
     if cache is not None:
-        start = slice_start(cache, rows.to(model.device), cell.layer, 0, model.structure.n_layers)
+        start = slice_start(cache, rows.to(model.device), cell.layer, first, model.structure.n_layers)
         logits = logits_at(model, positions, start=start, interventions=iv, grad=grad, columns=columns)
     else:
         logits = logits_at(model, positions, tokens=tokens, interventions=iv, grad=grad, columns=columns)
@@ -110,6 +112,7 @@ class DasSettings:
     lr: float
     strength: float
     seed: int
+    positions: bool  # runs may start at a position (the cache holds the attention's keys and values)
 
 
 def train_das(model: ModelAdapter, cell: Cell, width: int, tokens: Tensor, lengths: Tensor, pos: Tensor,
@@ -135,9 +138,10 @@ def train_das(model: ModelAdapter, cell: Cell, width: int, tokens: Tensor, lengt
             for lo in range(0, len(order), cfg.batch_size):
                 rows = order[lo:lo + cfg.batch_size]
                 mode = torch.full((len(rows),), BASIS)
-                fn = edit(cell, pos[rows], source[rows], mode, lambda: layer.weight, None, cfg.strength)
+                first = int(pos[rows].min()) if cache is not None and cfg.positions else 0
+                fn = edit(cell, pos[rows] - first, source[rows], mode, lambda: layer.weight, None, cfg.strength)
                 logits = class_logits(model, cell, tokens[rows], lengths[rows], classes[rows], fn, cache, rows,
-                                      grad=True)
+                                      grad=True, first=first)
                 loss = nn.functional.cross_entropy(logits.float(), targets[rows].to(logits.device))
                 grads = torch.autograd.grad(loss, params)
                 opt.zero_grad()
