@@ -164,7 +164,8 @@ def test_the_ioi_variable_is_located_on_the_demo_model():
         assert t.loc[(site, "das"), "iia_ci_low"] > t.loc[(site, "das placebo"), "iia_ci_high"]
     for site in ("resid_post.2@S2", "resid_post.0@END"):
         assert t.loc[(site, "full"), "iia"] == 0.0 and t.loc[(site, "das"), "iia"] == 0.0
-    assert result.takeaway.startswith("Variable io: the das subspace (rank 8) is strongest at resid_post.")
+    assert result.takeaway.startswith("Variable io, das subspace (rank 8): the highest IIA")
+    assert "lies above the placebo's" in result.takeaway
 
 
 def test_iia_matches_transformer_lens_fit_das_within_its_interval():

@@ -101,7 +101,6 @@ class Interchange(Sharded, Operation):
     epochs: int = Field(default=10, ge=1)
     das_batch_size: int = Field(default=32, ge=1)
     lr: float = Field(default=1e-2, gt=0)
-    answer_scoring: Literal["single"] = "single"
 
     # ------------------------------------------------------------------ prepare
     def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[InterchangeState]:

@@ -90,9 +90,11 @@ def interchange_takeaway(result: Any) -> Takeaway | str:
     row, col = best_cell(t, main)
     b = TakeawayBuilder(key=KEY)
     which = "the pairs whose output the interchange changes" if col == "iia_changed" else "every pair"
-    b.say(f"Variable {variable}: the {main} subspace (rank {int(row['rank'])}) is strongest at {row['site']}, "
-          f"IIA on {which} ")
+    b.say(f"Variable {variable}, {main} subspace (rank {int(row['rank'])}): the ")
+    word = b.qualify("highest", "top_by_value", condition=f"basis={main}")
+    b.say(f" IIA on {which} is at {row['site']}, ")
     mine = b.quote(row, col, name=False, fmt=".2f")
+    b.refer(word, [mine])
     b.say(" (")
     b.constant(row["n_changed"] if col == "iia_changed" else row["n_pairs"], "n_changed" if col == "iia_changed"
                else "n_pairs", unit="held-out pairs")
@@ -105,7 +107,8 @@ def interchange_takeaway(result: Any) -> Takeaway | str:
         b.say("; its placebo, a random subspace moved exactly as far, gives ")
         other = b.quote(placebo.iloc[0], col, name=False, fmt=".2f")
         b.say(": the interval ")
-        b.separation(mine, other, above="lies above the placebo's", overlap="overlaps the placebo's")
+        b.separation(mine, other, above="lies above the placebo's (the subspace carries the variable there)",
+                     overlap="overlaps the placebo's (no evidence that the subspace carries the variable)")
     none = same[same["basis"] == "none"]
     b.say(". Without intervention the base's own output gives ")
     b.quote(none.iloc[0], col, name=False, fmt=".2f")
@@ -115,9 +118,11 @@ def interchange_takeaway(result: Any) -> Takeaway | str:
         b.quote(full.iloc[0], col, name=False, fmt=".2f")
     fixed = same[(same["kind"] == "basis") & (same["basis"] != main)]
     if len(fixed):
-        top = fixed.loc[fixed[col].astype(float).fillna(-1).idxmax()]
-        b.say(f". The best fixed basis there is {top['basis']}: ")
-        b.quote(top, col, name=False, fmt=".2f")
+        b.say(". The other bases there: ")
+        for i, (_, other_row) in enumerate(fixed.iterrows()):
+            if i:
+                b.say(", ")
+            b.quote(other_row, col, fmt=".2f")
     b.say(".")
     return b.build()
 
