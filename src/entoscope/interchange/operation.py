@@ -29,7 +29,7 @@ from ..data.tokenized import TokenizedData, length_batches, pad, pad_id, tokeniz
 from ..errors import ConfigError, DataError, SiteError
 from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
-from ..models.adapter import ModelAdapter
+from ..models.adapter import Intervention, ModelAdapter
 from ..models.names import ActName
 from ..models.partial import prefix_reads, prefix_support, record_past
 from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
@@ -38,7 +38,7 @@ from ..sites import position_text, resolve_positions, role_ref
 from ..steering.sites import steerable
 from . import bases as B
 from .causal import Pairs, build_pairs, split
-from .runs import BASIS, FULL, PLACEBO, Cell, DasSettings, class_logits, correct, edit, select, train_das
+from .runs import BASIS, FULL, PLACEBO, Cell, DasSettings, correct, edit, grid_logits, select, train_das_grid
 from .summary import interchange_figures, interchange_table, interchange_takeaway
 
 FLOAT = 4
@@ -249,38 +249,56 @@ class Interchange(Sharded, Operation):
 
     def _eval_batch(self, model: ModelAdapter, st: InterchangeState, ctx: InterchangeContext,
                     idx: list[int]) -> np.ndarray:
+        """[n, cells, conditions] 1.0 where the intervened run gives the prediction. Cells of one position rule
+        run together where runs start part-way: each cell's rows join at its own block."""
         tokens, lengths, roles = self._rows(st, idx)
         cache = _cache(model, st, tokens) if st.start else None
         n, J = len(idx), len(st.conditions)
         out = np.zeros((n, len(st.cells), J))
         targets = torch.from_numpy(st.pairs.target[idx])
-        rank = max(max(b.shape[1] for b in ctx.bases[k].values()) for k in range(len(st.cells)))
+        groups: dict[int, list[int]] = {}
         for k, cell in enumerate(st.cells):
-            pos = self._pos(cell, lengths, roles)
-            rows = [(i, j) for j in range(J) for i in range(n)]
-            for lo in range(0, len(rows), ROWS_PER_FORWARD):
-                chunk = rows[lo:lo + ROWS_PER_FORWARD]
+            groups.setdefault(cell.code if cache is not None else k, []).append(k)
+        rows = [(i, j) for j in range(J) for i in range(n)]
+        for members in groups.values():
+            members = sorted(members, key=lambda k: st.cells[k].layer)
+            pos = self._pos(st.cells[members[0]], lengths, roles)
+            per_cell = max(1, ROWS_PER_FORWARD // len(members))
+            for lo in range(0, len(rows), per_cell):
+                chunk = rows[lo:lo + per_cell]
                 ex = torch.tensor([i for i, _ in chunk])
                 first = int(pos[ex].min()) if st.positions else 0
-                basis = torch.zeros(len(chunk), st.width, rank, dtype=torch.float64)
-                random = torch.zeros_like(basis)
-                mode = torch.zeros(len(chunk), dtype=torch.long)
-                for r, (_, j) in enumerate(chunk):
-                    name, m = st.conditions[j]
-                    mode[r] = m
-                    if m != FULL:
-                        b = torch.from_numpy(ctx.bases[k][name])
-                        basis[r, :, :b.shape[1]] = b
-                        if m == PLACEBO:
-                            q = torch.from_numpy(ctx.placebos[k][name])
-                            random[r, :, :q.shape[1]] = q
-                src = torch.from_numpy(ctx.sources[st.pairs.source[np.array(idx)[ex.numpy()]], k])
-                fn = edit(cell, pos[ex] - first, src, mode, basis, random, self.strength)
+                ivs = [Intervention(st.cells[k].act, self._edit(st, ctx, k, idx, chunk, ex, pos, first, g * len(chunk)))
+                       for g, k in enumerate(members)]
+                stacked = ex.repeat(len(members))
                 with torch.no_grad():
-                    logits = class_logits(model, cell, tokens[ex], lengths[ex], st.classes[np.array(idx)[ex.numpy()]],
-                                          fn, cache, ex, first=first)
-                out[ex.numpy(), k, [j for _, j in chunk]] = correct(logits, targets[ex])
+                    logits = grid_logits(model, ivs, tokens[stacked], lengths[stacked] - 1 - first,
+                                         st.classes[np.array(idx)[stacked.numpy()]], cache, stacked,
+                                         torch.tensor([st.cells[k].layer for k in members]).repeat_interleave(len(chunk)),
+                                         first)
+                for g, k in enumerate(members):
+                    part = logits[g * len(chunk):(g + 1) * len(chunk)]
+                    out[ex.numpy(), k, [j for _, j in chunk]] = correct(part, targets[ex])
         return out
+
+    def _edit(self, st: InterchangeState, ctx: InterchangeContext, k: int, idx: list[int], chunk: list[tuple[int, int]],
+              ex: torch.Tensor, pos: torch.Tensor, first: int, offset: int) -> Any:
+        """Cell k's intervention for the rows of `chunk` ((example, condition) pairs), at rows offset.. of the run."""
+        rank = max(b.shape[1] for b in ctx.bases[k].values()) if ctx.bases[k] else 1
+        basis = torch.zeros(len(chunk), st.width, rank, dtype=torch.float64)
+        random = torch.zeros_like(basis)
+        mode = torch.zeros(len(chunk), dtype=torch.long)
+        for r, (_, j) in enumerate(chunk):
+            name, m = st.conditions[j]
+            mode[r] = m
+            if m != FULL:
+                b = torch.from_numpy(ctx.bases[k][name])
+                basis[r, :, :b.shape[1]] = b
+                if m == PLACEBO:
+                    q = torch.from_numpy(ctx.placebos[k][name])
+                    random[r, :, :q.shape[1]] = q
+        src = torch.from_numpy(ctx.sources[st.pairs.source[np.array(idx)[ex.numpy()]], k])
+        return edit(st.cells[k], pos[ex] - first, src, mode, basis, random, self.strength, offset=offset)
 
     def before_phase(self, prepared: Prepared[InterchangeState], phase: str, merged: dict[str, Any]) -> Any:
         if phase != "eval":
@@ -293,7 +311,7 @@ class Interchange(Sharded, Operation):
         gen = torch.Generator().manual_seed(self.seed)
         cfg = DasSettings(self.rank, self.epochs, self.das_batch_size, self.lr, self.strength, self.seed, st.positions)
         bases, placebos, losses = [], [], []
-        das_inputs = self._das_inputs(model, st, train) if "das" in self.bases else None
+        das = self._das(model, st, train, acts, cfg) if "das" in self.bases else None
         for k, cell in enumerate(st.cells):
             x = acts[:, k]
             labels = torch.from_numpy(pairs.labels[prompts])
@@ -310,12 +328,8 @@ class Interchange(Sharded, Operation):
                 elif name == "random":
                     b = B.random_basis(st.width, self.rank, gen)
                 else:
-                    assert das_inputs is not None
-                    tokens, lengths, pos_of, cache = das_inputs
-                    pos = pos_of(cell)
-                    b, loss = train_das(model, cell, st.width, tokens, lengths, pos, x[pairs.source[train]],
-                                        st.classes[train], torch.from_numpy(pairs.target[train]),
-                                        cache, cfg)
+                    assert das is not None
+                    b, loss = das[k]
                     losses.append(loss)
                 made[name] = b.numpy()
             bases.append(made)
@@ -326,14 +340,16 @@ class Interchange(Sharded, Operation):
         sources[used] = acts[used].numpy()
         return InterchangeContext(bases, placebos, sources, losses)
 
-    def _das_inputs(self, model: ModelAdapter, st: InterchangeState, train: np.ndarray) -> Any:
-        idx = [int(st.pairs.base[i]) for i in train]
-        tokens, lengths, roles = self._rows(st, idx)
+    def _das(self, model: ModelAdapter, st: InterchangeState, train: np.ndarray, acts: torch.Tensor,
+             cfg: DasSettings) -> list[tuple[torch.Tensor, list[float]]]:
+        """Every cell's DAS basis and losses, from the training pairs (runs.train_das_grid)."""
+        pairs = st.pairs
+        tokens, lengths, roles = self._rows(st, [int(pairs.base[i]) for i in train])
         cache = _cache(model, st, tokens) if st.start else None
-
-        def pos_of(cell: Cell) -> torch.Tensor:
-            return self._pos(cell, lengths, roles)
-        return tokens, lengths, pos_of, cache
+        positions = [self._pos(cell, lengths, roles) for cell in st.cells]
+        sources = [acts[pairs.source[train], k] for k in range(len(st.cells))]
+        return train_das_grid(model, st.cells, st.width, tokens, lengths, positions, sources, st.classes[train],
+                              torch.from_numpy(pairs.target[train]), cache, cfg)
 
     # ------------------------------------------------------------------ summarise
     def summarise(self, prepared: Prepared[InterchangeState], merged: dict[str, Any], *, quiet: bool = False) -> Result:

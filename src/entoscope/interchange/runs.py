@@ -61,12 +61,15 @@ def select(x: Tensor, cell: Cell, pos: Tensor) -> Tensor:
 
 
 def edit(cell: Cell, pos: Tensor, source: Tensor, mode: Tensor, basis: Tensor | Callable[[], Tensor],
-         random: Tensor | None, strength: float) -> Callable[[Tensor], Tensor]:
+         random: Tensor | None, strength: float, offset: int = 0) -> Callable[[Tensor], Tensor]:
     """The intervention function of one batched run (see the module docstring): per row r its token pos[r], the
     source's vector source[r], the mode, the basis (a shared [width, r] or per row [R, width, r]; a callable
-    is read at run time: the trained parameters), and the placebo's random bases [R, width, r]."""
+    is read at run time: the trained parameters), and the placebo's random bases [R, width, r]. The rows are
+    the run's rows offset.. offset + R - 1 (other rows, other cells', are left as they are)."""
 
     def fn(x: Tensor) -> Tensor:
+        whole = x
+        x = x[offset:offset + len(pos)]
         h = select(x, cell, pos)
         src = source.to(h.device, h.dtype)
         B = basis() if callable(basis) else basis
@@ -76,8 +79,8 @@ def edit(cell: Cell, pos: Tensor, source: Tensor, mode: Tensor, basis: Tensor | 
         if random is not None and bool((mode == PLACEBO).any()):
             shifted = placebo(h, src, moved - h, random.to(h.device))
             new = torch.where((mode == PLACEBO).to(h.device)[:, None], shifted, new)
-        rows = torch.arange(len(pos), device=x.device)
-        out = x.clone()
+        rows = torch.arange(len(pos), device=x.device) + offset
+        out = whole.clone()
         if cell.head is not None:
             out[rows, pos.to(x.device), cell.head] = new.to(x.dtype)
         else:
@@ -100,6 +103,22 @@ def class_logits(model: ModelAdapter, cell: Cell, tokens: Tensor, lengths: Tenso
         logits = logits_at(model, positions, start=start, interventions=iv, grad=grad, columns=columns)
     else:
         logits = logits_at(model, positions, tokens=tokens, interventions=iv, grad=grad, columns=columns)
+    picked = logits.gather(1, inverse.to(logits.device))
+    return picked.masked_fill((classes < 0).to(logits.device), float("-inf"))
+
+
+def grid_logits(model: ModelAdapter, ivs: list[Intervention], tokens: Tensor, last: Tensor, classes: Tensor,
+                cache: dict[ActName, Tensor] | None, rows: Tensor, layers: Tensor, first: int,
+                grad: bool = False) -> Tensor:
+    """[R, C] class logits (ids -1: -inf) at positions `last` (counted from `first`) of runs under `ivs`: from the
+    cache, rows (indices into it, sorted by `layers`) each joining at its own block at positions first..;
+    without a cache, full forwards of `tokens` (then first is 0)."""
+    columns, inverse = torch.unique(classes.clamp_min(0), return_inverse=True)
+    if cache is not None:
+        start = slice_start(cache, rows.to(model.device), layers.to(model.device), first, model.structure.n_layers)
+        logits = logits_at(model, last, start=start, interventions=ivs, grad=grad, columns=columns)
+    else:
+        logits = logits_at(model, last, tokens=tokens, interventions=ivs, grad=grad, columns=columns)
     picked = logits.gather(1, inverse.to(logits.device))
     return picked.masked_fill((classes < 0).to(logits.device), float("-inf"))
 
@@ -161,3 +180,85 @@ def train_das(model: ModelAdapter, cell: Cell, width: int, tokens: Tensor, lengt
 def correct(logits: Tensor, targets: Tensor) -> np.ndarray:
     """1.0 where the row's largest class logit is its target's (ties: the first class, as argmax)."""
     return (logits.argmax(-1).cpu() == targets.cpu()).double().numpy()
+
+
+def train_das_grid(model: ModelAdapter, cells: list[Cell], width: int, tokens: Tensor, lengths: Tensor,
+                   positions: list[Tensor], sources: list[Tensor], classes: Tensor, targets: Tensor,
+                   cache: dict[ActName, Tensor] | None, cfg: DasSettings) -> list[tuple[Tensor, list[float]]]:
+    """train_das for every cell, the cells of one position rule trained together: each step one run whose rows
+    are the batch once per cell, each cell's rows joining at its own block (models/partial.py), each with its
+    own basis and Adam; the loss is the sum of the cells' losses, so each basis gets its own cell's gradient
+    and the result is the cells' separate training (the same seed, order and steps), in fewer runs."""
+    out: dict[int, tuple[Tensor, list[float]]] = {}
+    if cache is None:
+        for k, cell in enumerate(cells):
+            out[k] = train_das(model, cell, width, tokens, lengths, positions[k], sources[k], classes, targets,
+                               None, cfg)
+        return [out[k] for k in range(len(cells))]
+    groups: dict[int, list[int]] = {}
+    for k, cell in enumerate(cells):
+        groups.setdefault(cell.code, []).append(k)
+    frozen = [p.requires_grad for p in model.module.parameters()]
+    model.module.requires_grad_(False)
+    try:
+        for members in groups.values():
+            members = sorted(members, key=lambda k: cells[k].layer)
+            for k, result in zip(members, _train_group(model, [cells[k] for k in members], width, tokens, lengths,
+                                                       positions[members[0]], [sources[k] for k in members],
+                                                       classes, targets, cache, cfg)):
+                out[k] = result
+    finally:
+        for p, flag in zip(model.module.parameters(), frozen):
+            p.requires_grad_(flag)
+    return [out[k] for k in range(len(cells))]
+
+
+def _train_group(model: ModelAdapter, cells: list[Cell], width: int, tokens: Tensor, lengths: Tensor, pos: Tensor,
+                 sources: list[Tensor], classes: Tensor, targets: Tensor, cache: dict[ActName, Tensor],
+                 cfg: DasSettings) -> list[tuple[Tensor, list[float]]]:
+    gen = torch.Generator().manual_seed(cfg.seed)
+    layers, opts = [], []
+    for _ in cells:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.seed)
+            layer = orthogonal(nn.Linear(cfg.rank, width, bias=False)).to(model.device)
+        layers.append(layer)
+        opts.append(torch.optim.Adam([p for p in layer.parameters() if p.requires_grad], lr=cfg.lr))
+    params = [[p for p in layer.parameters() if p.requires_grad] for layer in layers]
+    losses: list[list[float]] = [[] for _ in cells]
+    G = len(cells)
+    for _ in range(cfg.epochs):
+        order = torch.randperm(len(targets), generator=gen)
+        totals = [0.0] * G
+        for lo in range(0, len(order), cfg.batch_size):
+            rows = order[lo:lo + cfg.batch_size]
+            R = len(rows)
+            first = int(pos[rows].min()) if cfg.positions else 0
+            mode = torch.full((R,), BASIS)
+            ivs = [Intervention(c.act, edit(c, pos[rows] - first, sources[i][rows], mode,
+                                            lambda layer=layers[i]: layer.weight, None, cfg.strength, offset=i * R))
+                   for i, c in enumerate(cells)]
+            stacked = rows.repeat(G).to(model.device)
+            row_layers = torch.tensor([c.layer for c in cells]).repeat_interleave(R).to(model.device)
+            start = slice_start(cache, stacked, row_layers, first, model.structure.n_layers)
+            columns, inverse = torch.unique(classes[rows].clamp_min(0), return_inverse=True)
+            logits = logits_at(model, (lengths[rows] - 1 - first).repeat(G), start=start, interventions=ivs,
+                               grad=True, columns=columns)
+            picked = logits.gather(1, inverse.repeat(G, 1).to(logits.device))
+            picked = picked.masked_fill((classes[rows] < 0).repeat(G, 1).to(logits.device), float("-inf"))
+            parts = [nn.functional.cross_entropy(picked[i * R:(i + 1) * R].float(), targets[rows].to(logits.device))
+                     for i in range(G)]
+            flat = [p for ps in params for p in ps]
+            grads = torch.autograd.grad(sum(parts), flat)
+            at = 0
+            for i in range(G):
+                opts[i].zero_grad()
+                for p in params[i]:
+                    p.grad = grads[at]
+                    at += 1
+                opts[i].step()
+                totals[i] += float(parts[i].detach()) * R
+        for i in range(G):
+            losses[i].append(totals[i] / len(order))
+    with torch.no_grad():
+        return [(layer.weight.detach().double().cpu(), losses[i]) for i, layer in enumerate(layers)]
