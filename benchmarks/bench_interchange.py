@@ -72,7 +72,7 @@ def per_cell(model, adapter, pairs, td, held, rank, epochs, batch, lr, seed):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=32)
-    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--epochs", type=int, default=20)  # fit_das's default
     ap.add_argument("--rank", type=int, default=4)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--quick", action="store_true")
