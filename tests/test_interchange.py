@@ -210,3 +210,17 @@ def test_iia_matches_transformer_lens_fit_das_within_its_interval():
     theirs = float((logits.argmax(-1) == targets[test]).double().mean())
     assert ours["n_pairs"] == len(test)
     assert ours["iia_ci_low"] <= theirs <= ours["iia_ci_high"], (theirs, ours["iia"])
+
+
+def test_pairs_read_back_from_their_saved_prompts():
+    """A run's data is its pairs' prompts (the manifest's records, what a Ray worker prepares from): building pairs
+    from them again gives the same pairs, not pairs of pairs."""
+    from entoscope.interchange.causal import build_pairs
+
+    for data in (es.tasks.ioi(n=6, seed=2), planted_pairs(8)):
+        first = build_pairs(data, None)
+        again = build_pairs(first.prompts, None)
+        assert len(again.prompts) == len(first.prompts) == 2 * len(data)
+        for name in ("base", "source", "target", "base_value", "labels", "group"):
+            np.testing.assert_array_equal(getattr(again, name), getattr(first, name))
+        assert again.classes == first.classes and again.variable == first.variable

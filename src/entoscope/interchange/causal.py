@@ -55,7 +55,42 @@ def task_of(data: Dataset) -> str | None:
 
 
 def build_pairs(data: Dataset, variable: str | None) -> Pairs:
-    """The pairs of `data` under its task's high-level model (or the user's own pairs)."""
+    """The pairs of `data` under its task's high-level model (or the user's own pairs). A dataset these pairs'
+    prompts were saved as (what a run's manifest and a Ray worker get) gives the same pairs back."""
+    if (data.params or {}).get(MARK):
+        return _unmark(data)
+    return _mark(_build(data, variable))
+
+
+MARK = "interchange_pairs"
+
+
+def _mark(pairs: Pairs) -> Pairs:
+    """The pairs with what defines them written into their prompts' records (meta.pair, meta.value)."""
+    examples = []
+    for i, e in enumerate(pairs.prompts):
+        meta = {**e.meta, "value": int(pairs.labels[i])}
+        if i < len(pairs):
+            meta["pair"] = {"source": int(pairs.source[i]), "classes": list(pairs.classes[i]),
+                            "target": int(pairs.target[i]), "base_value": int(pairs.base_value[i]),
+                            "group": int(pairs.group[i])}
+        examples.append(Example(prompt=e.prompt, label=e.label, meta=meta))
+    prompts = Dataset(pairs.prompts.name, tuple(examples), description=pairs.prompts.description,
+                      params={**dict(pairs.prompts.params or {}), MARK: pairs.variable})
+    return Pairs(prompts, pairs.base, pairs.source, pairs.classes, pairs.target, pairs.base_value, pairs.labels,
+                 pairs.group, pairs.variable)
+
+
+def _unmark(data: Dataset) -> Pairs:
+    bases = [e.meta["pair"] for e in data if "pair" in e.meta]
+    n = len(bases)
+    return Pairs(data, np.arange(n), np.array([b["source"] for b in bases]), [list(b["classes"]) for b in bases],
+                 np.array([b["target"] for b in bases]), np.array([b["base_value"] for b in bases]),
+                 np.array([int(e.meta.get("value", -1)) for e in data]), np.array([b["group"] for b in bases]),
+                 str(data.params[MARK]))
+
+
+def _build(data: Dataset, variable: str | None) -> Pairs:
     task = task_of(data)
     if task is not None:
         if task not in VARIABLES:
