@@ -302,6 +302,20 @@ CASES: dict[str, dict[str, Case]] = {
                              lambda: pairs(16, labels=True), ids=("site", "layer"), descriptive=PROBING_DESCRIPTIVE,
                              random=("test_accuracy_ci_low",)),
     },
+    "interchange": {
+        "das": Case(lambda s: es.Interchange(layers=[0, 1], positions=["END", 2], bases=["das", "pca", "random"],
+                                             epochs=2, das_batch_size=4, seed=s, batch_size=4), lambda: pairs(12),
+                    ids=("site", "basis"),
+                    descriptive={"das_overlap": "a property of two bases made from the training pairs (the mean "
+                                                "squared cosine of their principal angles), not an aggregate",
+                                 "das_angle": "the smallest principal angle between two bases (degrees), a "
+                                              "property of the bases",
+                                 "strength": "a setting of the run (s), the same on every row"},
+                    random=("das_angle",),
+                    at_most={"backward_passes": "DAS differentiates with respect to its basis's parameters (no batch "
+                                                "axis): the counter sees one row per torch.autograd.grad call of B "
+                                                "prompts, the plan counts the B prompt backwards"}),
+    },
     "steering": {
         "add": Case(lambda s: es.Steering(direction=es.Direction("resid_pre.1", _STEER), coefficients=[1.0, 2.0],
                                           side_effects=None, stats=FAST, seed=s, batch_size=4), pairs,

@@ -39,6 +39,7 @@ _EXPORTS = {  # public name -> the module it lives in ("module:" is the module i
     "Operation": ".operation",
     "ParameterLens": ".lens.parameter",
     "Patching": ".patching.operation",
+    "Interchange": ".interchange.operation",
     "Plan": ".prepared",
     "Probing": ".probing.operation",
     "Ray": ".executors.config",

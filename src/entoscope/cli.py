@@ -32,7 +32,8 @@ from .errors import ConfigError, EntoscopeError, EntoscopeWarning
 from .registry import lookup, names
 
 CLI_NAMES = {"lens": "lens", "parameter-lens": "parameter_lens", "head-scores": "head_scores", "patch": "patching", "probe": "probing",
-             "circuit": "circuits", "dla": "dla", "ifr": "ifr", "steer": "steering"}
+             "circuit": "circuits", "dla": "dla", "ifr": "ifr", "steer": "steering",
+             "interchange": "interchange"}
 
 SAVED: list[str] = []  # folders this process has saved (named when Ctrl-C interrupts it)
 

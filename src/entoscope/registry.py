@@ -26,7 +26,7 @@ BUILTIN_MODULES: dict[str, tuple[str, ...]] = {
                   "entoscope.probing.operation", "entoscope.circuits.operation", "entoscope.circuits.dla",
                   "entoscope.circuits.head_scores", "entoscope.circuits.ifr", "entoscope.dictionaries.dla",
                   "entoscope.dictionaries.lens", "entoscope.dictionaries.graph", "entoscope.steering.operation",
-                  "entoscope.lens.jacobian_fit"),
+                  "entoscope.lens.jacobian_fit", "entoscope.interchange.operation"),
     "metric": ("entoscope.metrics",),
     "patch": ("entoscope.patching.values",),
     "pooling": ("entoscope.probing.pooling",),

@@ -86,3 +86,14 @@ def ioi(
         params={"task": "ioi", "n": n, "seed": seed, "counterfactual": counterfactual,
                 "tokenizer": tokenizer_name(tokenizer)},
     )
+
+
+def swapped(example: Example) -> Example:
+    """An ioi example with its two names swapped in every slot (the IO becomes the subject and the giver): the
+    answer flips. Its prompt carries the role markers (IO, S1, S2)."""
+    m = example.meta
+    slots = {"place": m["place"], "object": m["object"]}
+    text = _fill(m["template"], m["order"], m["s"], m["io"], m["io"], slots)
+    meta = {**{k: v for k, v in m.items() if k not in ("roles", "cf_roles", "counterfactual_names")},
+            "io": m["s"], "s": m["io"]}
+    return Example(prompt=text, answers=(" " + m["s"],), wrong_answers=(" " + m["io"],), label=example.label, meta=meta)

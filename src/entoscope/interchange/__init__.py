@@ -1,0 +1,5 @@
+"""Interchange interventions on subspaces and distributed alignment search (docs/interchange.md)."""
+
+from .operation import Interchange
+
+__all__ = ["Interchange"]

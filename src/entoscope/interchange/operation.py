@@ -1,0 +1,381 @@
+"""The interchange operation: where a high-level variable lives, by interchange interventions on subspaces.
+
+Life (docs/interchange.md): `prepare` builds the pairs from the task's high-level causal model (causal.py),
+tokenises every prompt once, resolves the grid of cells (layers x positions of one activation kind), checks
+the classes are single tokens and the bases are known (the labelled ones need each prompt's value), splits
+the pairs into training and held-out ones, and plans; no model runs. Sharded phases (docs/scale.md):
+
+    read       one forward per prompt: its vector at every cell (shared by every cell, basis and pair that
+               uses the prompt) and the class logits of the pair it is the base of
+    -> driver  every cell's bases from the training pairs: the fixed ones from the read vectors, DAS trained
+               (runs.train_das; runs that start at the cell's block, from one cached forward per training base)
+    eval       each held-out base: one forward caching the residual entering each grid layer, then per cell
+               one batched run of every condition (full vector, each basis, each basis's placebo)
+    summarise  the interchange-intervention accuracy (IIA) per cell and condition with Wilson intervals over
+               the held-out pairs, the DAS subspace's principal angles with the fixed bases, figures, takeaway
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from pydantic import Field
+
+from ..data.examples import Dataset
+from ..data.tokenized import TokenizedData, length_batches, pad, pad_id, tokenize_data
+from ..errors import ConfigError, DataError, SiteError
+from ..executors.contract import Sharded
+from ..executors.shards import PerPrompt
+from ..models.adapter import Intervention, ModelAdapter
+from ..models.names import ActName
+from ..models.partial import prefix_reads, prefix_support, record_past
+from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
+from ..results.result import Result
+from ..sites import position_text, resolve_positions, role_ref
+from ..steering.sites import steerable
+from . import bases as B
+from .causal import Pairs, build_pairs, split
+from .runs import BASIS, FULL, PLACEBO, Cell, DasSettings, correct, edit, grid_logits, select, train_das_grid
+from .summary import interchange_figures, interchange_table, interchange_takeaway
+
+FLOAT = 4
+ROWS_PER_FORWARD = 64
+
+
+@dataclass(frozen=True)
+class InterchangeState:
+    pairs: Pairs
+    td: TokenizedData
+    classes: torch.Tensor  # [P, C] token ids
+    held: np.ndarray  # [P] held-out pairs
+    cells: list[Cell]
+    width: int
+    conditions: list[tuple[str, int]]  # (basis name, mode) of the eval runs (mode FULL, BASIS, PLACEBO)
+    batches: list[list[int]]
+    start: bool  # runs start at the cell's block from a cached residual
+    positions: bool  # ... and at the batch's earliest intervened position (a frozen key/value prefix)
+    pad: int
+
+
+@dataclass(frozen=True)
+class InterchangeContext:
+    """The eval phase's context (the driver's global step): every cell's bases, their placebos' random
+    bases, and the held-out pairs' source vectors."""
+
+    bases: list[dict[str, np.ndarray]]  # per cell: name -> [width, r]
+    placebos: list[dict[str, np.ndarray]]  # per cell: name -> [width, r] random, the basis's rank
+    sources: np.ndarray  # [P, cells, width] (NaN outside the held-out pairs)
+    losses: list[list[float]]  # per cell: DAS's mean loss per epoch
+
+
+@register_operation
+class Interchange(Sharded, Operation):
+    """Interchange interventions on subspaces, and distributed alignment search (DAS), over a grid of sites.
+
+    variable:    the high-level variable (ioi: io, which name is the indirect object); your own pairs name theirs.
+    activation:  the site kind (resid_pre, resid_mid, resid_post, attn_out, mlp_out, mlp_post, z / result with
+                 head, a feature site features@KEY); layers: the grid's layers ("all" or a list).
+    positions:   token indices or roles ([S2, END]): each prompt's own token (bases and sources alike).
+    bases:       das (learned, rank r), mean_difference, probe, pca, neurons, random.
+    rank:        r, the dimension of every basis (a fixed basis has at most what its construction gives).
+    strength:    s in h' = h + s (h_src - h) B B^T.
+    placebo:     a norm-matched random subspace of the same rank beside every basis but random.
+    test_share:  the share of pairs held out (IIA is measured on them; bases are made from the others).
+    epochs, das_batch_size, lr: DAS's training (Adam).
+    """
+
+    name = "interchange"
+    variable: str | None = None
+    activation: str = "resid_post"
+    layers: Literal["all"] | list[int] = "all"
+    positions: list[int | str] = Field(default_factory=lambda: ["END"])
+    head: int | None = None
+    bases: list[str] = Field(default_factory=lambda: ["das", "mean_difference", "probe", "pca", "neurons", "random"])
+    rank: int = Field(default=1, ge=1)
+    strength: float = 1.0
+    placebo: bool = True
+    test_share: float = Field(default=0.5, gt=0, lt=1)
+    epochs: int = Field(default=10, ge=1)
+    das_batch_size: int = Field(default=32, ge=1)
+    lr: float = Field(default=1e-2, gt=0)
+
+    # ------------------------------------------------------------------ prepare
+    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[InterchangeState]:
+        assert data is not None
+        self._check_bases()
+        pairs = build_pairs(data, self.variable)
+        if set(self.bases) & set(B.LABELLED):
+            known = pairs.labels[np.unique(np.concatenate([pairs.base, pairs.source]))]
+            if (known < 0).any() or len(set(known.tolist())) < 2:
+                raise DataError(f"bases {sorted(set(self.bases) & set(B.LABELLED))} need every prompt's value of the "
+                                "variable (two or more values)", code="interchange_labels",
+                                remedy="give label (the base's value) and meta.source_label per pair, or use "
+                                "bases das, pca, random")
+        td = tokenize_data(model, pairs.prompts, prepend_bos=self.prepend_bos)
+        classes = torch.tensor([[model.token_id(t) for t in row] for row in pairs.classes])
+        cells, width = self._cells(model, td)
+        held = split(pairs, self.test_share, self.seed)
+        conditions: list[tuple[str, int]] = [("full", FULL)]
+        for name in self.bases:
+            conditions.append((name, BASIS))
+        if self.placebo:
+            conditions += [(name, PLACEBO) for name in self.bases if name != "random"]
+        T = max(td.lengths)
+        per_example = _bytes_per_example(model, T)
+        size = self.choose_batch_size(per_example, len(td))
+        batches = length_batches(td.lengths, size)
+        support = prefix_support(model)
+        state = InterchangeState(pairs, td, classes, held, cells, width, conditions, batches, support != "none",
+                                 support == "positions", pad_id(model))
+        return Prepared(model, pairs.prompts, self._plan(model, state, per_example), state)
+
+    def _check_bases(self) -> None:
+        unknown = [b for b in self.bases if b not in B.KNOWN]
+        if unknown or not self.bases or len(set(self.bases)) != len(self.bases):
+            raise ConfigError(f"bases {self.bases} {'name unknown ' + str(unknown) if unknown else 'repeat or are empty'}",
+                              code="interchange_bases", remedy=f"choose each once among {', '.join(B.KNOWN)}")
+
+    def _cells(self, model: ModelAdapter, td: TokenizedData) -> tuple[list[Cell], int]:
+        n_layers = model.structure.n_layers
+        layers = list(range(n_layers)) if self.layers == "all" else list(self.layers)
+        if not layers:
+            raise SiteError("layers is empty", code="empty_selection", remedy="give layers: all, or a list")
+        kind, _, key = self.activation.partition("@")
+        width = 0
+        cells = []
+        lengths = torch.tensor(td.lengths)
+        roles = None if td.roles is None else td.roles.positions
+        for p in self.positions:
+            code = int(p) if isinstance(p, int) else role_ref(str(p), td.roles, "positions")
+            at = resolve_positions(torch.full_like(lengths, code), lengths, roles)
+            bad = ((at < 0) | (at >= lengths)).nonzero().flatten()
+            if len(bad):
+                raise SiteError(f"position {p!r} is not a token of prompt {int(bad[0])}", code="site_out_of_range",
+                                remedy="use positions every prompt has (roles every prompt marks, END, -k)")
+            text = position_text(code, td.roles.names if td.roles is not None else ())
+            for L in layers:
+                if not 0 <= L < n_layers:
+                    raise SiteError(f"layer {L} is out of range", code="site_out_of_range",
+                                    remedy=f"this model has layers 0..{n_layers - 1}")
+                name = f"{kind}.{L}" + (f"@{key}" if key else "")
+                act, width = steerable(model, name, self.head)
+                if act.layer is None:
+                    raise SiteError(f"{act} has no layer", code="steering_site_kind",
+                                    remedy="use a per-layer site (resid_post, attn_out, mlp_out, z with head, ...)")
+                head = f".h{self.head}" if self.head is not None else ""
+                cells.append(Cell(act, self.head, code, text, f"{act}{head}@{text}"))
+        return cells, width
+
+    def _plan(self, model: ModelAdapter, st: InterchangeState, per_example: int) -> Plan:
+        P = len(st.pairs)
+        n_train, n_test = int((~st.held).sum()), int(st.held.sum())
+        n_cells = len(st.cells)
+        das = "das" in self.bases
+        steps = -(-n_train // self.das_batch_size) * self.epochs
+        cache = (2 if st.positions and model.structure.backend == "bridge" else 1) if st.start else 0
+        train = (n_train * cache if das else 0) + (self.epochs * n_train * n_cells if das else 0)
+        evaluate = n_test * cache + n_test * n_cells * len(st.conditions)
+        forward = len(st.td) + train + evaluate
+        backward = self.epochs * n_train * n_cells if das else 0
+        notes = [f"{P} pairs of variable {st.pairs.variable!r}: {n_train} train the bases, {n_test} held out measure "
+                 f"IIA (seed {self.seed})",
+                 f"grid: {n_cells} cells ({', '.join(c.label for c in st.cells)}); conditions per cell: "
+                 f"{', '.join(n + (' placebo' if m == PLACEBO else '') for n, m in st.conditions)}",
+                 f"forwards: {len(st.td)} reads, {train} training ({steps} DAS steps per cell), {evaluate} evaluation"]
+        if cache == 2:
+            notes.append("the bridge's key/value prefix: each cached base runs the blocks once more (record_past)")
+        if not st.start:
+            notes.append("this model cannot start part-way: every training and evaluation run is a full forward")
+        peak = model_bytes(model) + ROWS_PER_FORWARD * per_example
+        return Plan(self.name, rows=n_cells * (1 + len(st.conditions)), forward_passes=forward,
+                    backward_passes=backward, batch_sizes=[len(b) for b in st.batches], peak_memory_bytes=int(peak),
+                    notes=notes, examples=len(st.td), files=["table.csv", "table.parquet", "index.html",
+                                                            "manifest.json"])
+
+    # ------------------------------------------------------------------ sharded phases
+    def shard_batches(self, prepared: Prepared[InterchangeState]) -> list[list[int]]:
+        return prepared.state.batches
+
+    def phases(self, prepared: Prepared[InterchangeState]) -> tuple[str, ...]:
+        return ("read", "eval")
+
+    def global_step(self, prepared: Prepared[InterchangeState]) -> str:
+        return "each cell's bases from the training pairs (DAS trained on the driver) and their placebos"
+
+    def _rows(self, st: InterchangeState, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        tokens, lengths = pad([st.td.prompts[i] for i in idx], st.pad)
+        roles = None if st.td.roles is None else st.td.roles.subset(idx)
+        return tokens, lengths, roles
+
+    def _pos(self, cell: Cell, lengths: torch.Tensor, roles: torch.Tensor | None) -> torch.Tensor:
+        return resolve_positions(torch.full_like(lengths, cell.code), lengths, roles)
+
+    def execute_shard(self, prepared: Prepared[InterchangeState], phase: str, batches: list[int], *,
+                      quiet: bool = False) -> PerPrompt:
+        st, model = prepared.state, prepared.model
+        examples = [i for bi in batches for i in st.batches[bi]]
+        n, C, K = len(examples), st.classes.shape[1], len(st.cells)
+        P = len(st.pairs)
+        if phase == "read":
+            acts = np.full((n, K, st.width), np.nan, np.float32)
+            clean = np.full((n, C), np.nan)
+            row = 0
+            for bi in progress(batches, desc="interchange: read", quiet=quiet):
+                idx = st.batches[bi]
+                tokens, lengths, roles = self._rows(st, idx)
+                with torch.no_grad():
+                    out = model.run(tokens, sorted({c.act for c in st.cells}), logits_at=lengths - 1)
+                for k, cell in enumerate(st.cells):
+                    acts[row:row + len(idx), k] = select(out[cell.act], cell, self._pos(cell, lengths, roles)) \
+                        .float().cpu().numpy()
+                for r, i in enumerate(idx):
+                    if i < P:
+                        clean[row + r] = out.logits[r, st.classes[i].to(out.logits.device)].double().cpu().numpy()
+                row += len(idx)
+            return PerPrompt(examples, {"act": acts, "clean": clean})
+        ctx: InterchangeContext = prepared.contexts["eval"]
+        out_c = np.full((n, K, len(st.conditions)), np.nan)
+        row = 0
+        for bi in progress(batches, desc="interchange: eval", quiet=quiet):
+            idx = st.batches[bi]
+            local = [r for r, i in enumerate(idx) if i < P and st.held[i]]
+            if local:
+                out_c[[row + r for r in local]] = self._eval_batch(model, st, ctx, [idx[r] for r in local])
+            row += len(idx)
+        return PerPrompt(examples, {"correct": out_c})
+
+    def _eval_batch(self, model: ModelAdapter, st: InterchangeState, ctx: InterchangeContext,
+                    idx: list[int]) -> np.ndarray:
+        """[n, cells, conditions] 1.0 where the intervened run gives the prediction. Cells of one position rule
+        run together where runs start part-way: each cell's rows join at its own block."""
+        tokens, lengths, roles = self._rows(st, idx)
+        cache = _cache(model, st, tokens) if st.start else None
+        n, J = len(idx), len(st.conditions)
+        out = np.zeros((n, len(st.cells), J))
+        targets = torch.from_numpy(st.pairs.target[idx])
+        groups: dict[int, list[int]] = {}
+        for k, cell in enumerate(st.cells):
+            groups.setdefault(cell.code if cache is not None else k, []).append(k)
+        rows = [(i, j) for j in range(J) for i in range(n)]
+        for members in groups.values():
+            members = sorted(members, key=lambda k: st.cells[k].layer)
+            pos = self._pos(st.cells[members[0]], lengths, roles)
+            per_cell = max(1, ROWS_PER_FORWARD // len(members))
+            for lo in range(0, len(rows), per_cell):
+                chunk = rows[lo:lo + per_cell]
+                ex = torch.tensor([i for i, _ in chunk])
+                first = int(pos[ex].min()) if st.positions else 0
+                ivs = [Intervention(st.cells[k].act, self._edit(st, ctx, k, idx, chunk, ex, pos, first, g * len(chunk)))
+                       for g, k in enumerate(members)]
+                stacked = ex.repeat(len(members))
+                with torch.no_grad():
+                    logits = grid_logits(model, ivs, tokens[stacked], lengths[stacked] - 1 - first,
+                                         st.classes[np.array(idx)[stacked.numpy()]], cache, stacked,
+                                         torch.tensor([st.cells[k].layer for k in members]).repeat_interleave(len(chunk)),
+                                         first)
+                for g, k in enumerate(members):
+                    part = logits[g * len(chunk):(g + 1) * len(chunk)]
+                    out[ex.numpy(), k, [j for _, j in chunk]] = correct(part, targets[ex])
+        return out
+
+    def _edit(self, st: InterchangeState, ctx: InterchangeContext, k: int, idx: list[int], chunk: list[tuple[int, int]],
+              ex: torch.Tensor, pos: torch.Tensor, first: int, offset: int) -> Any:
+        """Cell k's intervention for the rows of `chunk` ((example, condition) pairs), at rows offset.. of the run."""
+        rank = max(b.shape[1] for b in ctx.bases[k].values()) if ctx.bases[k] else 1
+        basis = torch.zeros(len(chunk), st.width, rank, dtype=torch.float64)
+        random = torch.zeros_like(basis)
+        mode = torch.zeros(len(chunk), dtype=torch.long)
+        for r, (_, j) in enumerate(chunk):
+            name, m = st.conditions[j]
+            mode[r] = m
+            if m != FULL:
+                b = torch.from_numpy(ctx.bases[k][name])
+                basis[r, :, :b.shape[1]] = b
+                if m == PLACEBO:
+                    q = torch.from_numpy(ctx.placebos[k][name])
+                    random[r, :, :q.shape[1]] = q
+        src = torch.from_numpy(ctx.sources[st.pairs.source[np.array(idx)[ex.numpy()]], k])
+        return edit(st.cells[k], pos[ex] - first, src, mode, basis, random, self.strength, offset=offset)
+
+    def before_phase(self, prepared: Prepared[InterchangeState], phase: str, merged: dict[str, Any]) -> Any:
+        if phase != "eval":
+            return None
+        st, model = prepared.state, prepared.model
+        acts = torch.from_numpy(merged["read"].read(0, len(st.td), ["act"])["act"]).double()
+        pairs = st.pairs
+        train = np.flatnonzero(~st.held)
+        prompts = np.unique(np.concatenate([pairs.base[train], pairs.source[train]]))
+        gen = torch.Generator().manual_seed(self.seed)
+        cfg = DasSettings(self.rank, self.epochs, self.das_batch_size, self.lr, self.strength, self.seed, st.positions)
+        bases, placebos, losses = [], [], []
+        das = self._das(model, st, train, acts, cfg) if "das" in self.bases else None
+        for k, cell in enumerate(st.cells):
+            x = acts[:, k]
+            labels = torch.from_numpy(pairs.labels[prompts])
+            made: dict[str, np.ndarray] = {}
+            for name in self.bases:
+                if name == "mean_difference":
+                    b = B.mean_difference_basis(x[prompts], labels, self.rank)
+                elif name == "probe":
+                    b = B.probe_basis(x[prompts], labels, self.rank)
+                elif name == "neurons":
+                    b = B.neuron_basis(x[prompts], labels, self.rank)
+                elif name == "pca":
+                    b = B.pca_basis(x[pairs.source[train]] - x[pairs.base[train]], self.rank)
+                elif name == "random":
+                    b = B.random_basis(st.width, self.rank, gen)
+                else:
+                    assert das is not None
+                    b, loss = das[k]
+                    losses.append(loss)
+                made[name] = b.numpy()
+            bases.append(made)
+            placebos.append({name: B.random_basis(st.width, max(1, b.shape[1]), gen).numpy()
+                             for name, b in made.items() if name != "random"})
+        sources = np.full((len(st.td), len(st.cells), st.width), np.nan)
+        used = np.unique(pairs.source[st.held])
+        sources[used] = acts[used].numpy()
+        return InterchangeContext(bases, placebos, sources, losses)
+
+    def _das(self, model: ModelAdapter, st: InterchangeState, train: np.ndarray, acts: torch.Tensor,
+             cfg: DasSettings) -> list[tuple[torch.Tensor, list[float]]]:
+        """Every cell's DAS basis and losses, from the training pairs (runs.train_das_grid)."""
+        pairs = st.pairs
+        tokens, lengths, roles = self._rows(st, [int(pairs.base[i]) for i in train])
+        cache = _cache(model, st, tokens) if st.start else None
+        positions = [self._pos(cell, lengths, roles) for cell in st.cells]
+        sources = [acts[pairs.source[train], k] for k in range(len(st.cells))]
+        return train_das_grid(model, st.cells, st.width, tokens, lengths, positions, sources, st.classes[train],
+                              torch.from_numpy(pairs.target[train]), cache, cfg)
+
+    # ------------------------------------------------------------------ summarise
+    def summarise(self, prepared: Prepared[InterchangeState], merged: dict[str, Any], *, quiet: bool = False) -> Result:
+        st = prepared.state
+        n = len(st.td)
+        read = merged["read"].read(0, n, ["clean"])["clean"]
+        right = merged["eval"].read(0, n, ["correct"])["correct"]
+        ctx: InterchangeContext = prepared.contexts["eval"]
+        table = interchange_table(st, read, right, ctx, self.stats.ci_level, self.strength)
+        title = f"interchange interventions: variable {st.pairs.variable} at {self.activation}"
+        return Result(self.name, table, figures=interchange_figures, title=title, takeaway=interchange_takeaway,
+                      extra={"variable": st.pairs.variable, "losses": ctx.losses, "bases": ctx.bases})
+
+
+def _cache(model: ModelAdapter, st: InterchangeState, tokens: torch.Tensor) -> dict[ActName, torch.Tensor]:
+    """The residual entering each grid layer's block (and, for runs that start at a position, what each block's
+    attention caches), for runs that start there: one read-only forward (the bridge: one more walk)."""
+    layers = sorted({c.layer for c in st.cells})
+    with torch.no_grad():
+        out = model.run(tokens, prefix_reads(model, layers, st.positions), logits=False)
+        acts = dict(out.acts)
+        if st.positions:
+            record_past(model, acts, layers[0])
+    return acts
+
+
+def _bytes_per_example(model: ModelAdapter, T: int) -> int:
+    s = model.structure
+    return T * FLOAT * (s.d_model * 12 + s.d_mlp * 3 + s.n_heads * T * 3) + 3 * T * s.d_vocab * FLOAT

@@ -1,0 +1,226 @@
+"""Interchange interventions and DAS (docs/interchange.md), checked against things the code does not compute:
+a model built with a planted variable (its residual stream carries a known direction that decides the
+output), the interchange's algebra written out by hand, and TransformerLens 4.3's own fit_das."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import entoscope as es
+from entoscope.data import Dataset, Example
+from entoscope.interchange import bases as B
+
+D = 64
+VALUE_TOKENS = {0: list(range(40, 52)), 1: list(range(60, 72))}
+OUTPUTS = (5, 6)  # the output token of value 0, of value 1
+FILLERS = list(range(80, 100))
+
+
+def planted(backend: str = "bridge", compat: bool = False) -> tuple[object, np.ndarray]:
+    """A 2-layer GPT-2 whose blocks write nothing (attention and MLP output weights 0), so every residual is
+    the token's embedding; a value token's embedding is +-2 u plus a nuisance part (in 4 directions orthogonal to u), the
+    final norm is made linear (epsilon 1e4), and the unembedding reads only u (output 6 against 5). The variable is the sign along u at the last token."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from entoscope.models.loading import from_hf
+    from entoscope.models.tiny import tiny_tokenizer, tokenizer_dir
+
+    tok = tiny_tokenizer()
+    cfg = GPT2Config(n_layer=2, n_embd=D, n_head=4, n_positions=32, vocab_size=len(tok), bos_token_id=0,
+                     eos_token_id=0, pad_token_id=0, tie_word_embeddings=False,
+                     layer_norm_epsilon=1e4)  # a norm this loose is linear: x - mean(x), over 100
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(cfg)
+    g = torch.Generator().manual_seed(1)
+    u = torch.randn(D, generator=g)
+    u = u - u.mean()
+    u = u / u.norm()
+    with torch.no_grad():
+        for block in model.transformer.h:
+            for lin in (block.attn.c_proj, block.mlp.c_proj):
+                lin.weight.zero_()
+                lin.bias.zero_()
+        model.transformer.wpe.weight.zero_()
+        model.transformer.ln_f.weight.fill_(1.0)
+        model.transformer.ln_f.bias.zero_()
+        W = 0.3 * torch.randn(len(tok), D, generator=g)
+        nuisance = torch.randn(D, 4, generator=g)  # 4 directions orthogonal to u (and to the constant vector)
+        nuisance = nuisance - nuisance.mean(0, keepdim=True)
+        nuisance = nuisance - u[:, None] * (u @ nuisance)[None, :]
+        nuisance = torch.linalg.qr(nuisance).Q
+        for value, ids in VALUE_TOKENS.items():
+            for t in ids:
+                n = nuisance @ torch.randn(4, generator=g)
+                W[t] = (2.0 if value else -2.0) * u + n
+        model.transformer.wte.weight.copy_(W)
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[OUTPUTS[1]] = 50.0 * u
+        model.lm_head.weight[OUTPUTS[0]] = -50.0 * u
+    model.config._attn_implementation = "eager"
+    return from_hf(model.eval(), tok, backend=backend, compat=compat, name="planted",
+                   folder=tokenizer_dir()), u.double().numpy()
+
+
+def planted_pairs(n: int = 128, seed: int = 0) -> Dataset:
+    """Pairs of 4-token prompts (3 fillers, a value token): the expected output under the interchange is the
+    source's value's output."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        vb, vs = int(rng.integers(2)), int(rng.integers(2))
+        base = tuple(int(x) for x in rng.choice(FILLERS, 3)) + (int(rng.choice(VALUE_TOKENS[vb])),)
+        source = tuple(int(x) for x in rng.choice(FILLERS, 3)) + (int(rng.choice(VALUE_TOKENS[vs])),)
+        out.append(Example(prompt=base, counterfactual=source, answers=(OUTPUTS[vs],),
+                           wrong_answers=(OUTPUTS[1 - vs],), label=vb,
+                           meta={"variable": "value", "source_label": vs, "base_class": 0 if vb == vs else 1}))
+    return Dataset("planted", tuple(out))
+
+
+def test_das_recovers_the_planted_direction_and_the_placebo_does_not():
+    model, u = planted()
+    op = es.Interchange(activation="resid_post", layers=[0], positions=["END"], rank=1, epochs=30, lr=0.05,
+                        das_batch_size=8, bases=["das", "pca", "random"], seed=0)
+    result = op.run(model, planted_pairs(), quiet=True)
+    basis = result.extra["bases"][0]["das"]
+    cos = abs(float(basis[:, 0] @ u))  # the planted direction is a unit vector; so is the learned basis
+    assert math.degrees(math.acos(min(1.0, cos))) < 10.0  # a random direction: about 83 degrees or more
+    t = result.table.set_index("basis")
+    assert t.loc["das", "n_changed"] >= 10
+    assert t.loc["das", "iia_changed_ci_low"] > 0.8
+    assert t.loc["das placebo", "iia_changed"] < 0.3  # moved as far, in a random direction: no flip
+    assert t.loc["das", "iia_changed_ci_low"] > t.loc["das placebo", "iia_changed_ci_high"]
+    assert t.loc["none", "iia_changed"] == 0.0  # no intervention never gives the source's value
+
+
+def test_interchange_algebra_by_hand():
+    g = torch.Generator().manual_seed(0)
+    h, src = torch.randn(5, 7, generator=g, dtype=torch.float64), torch.randn(5, 7, generator=g, dtype=torch.float64)
+    basis = B.random_basis(7, 2, g)
+    out = B.interchange(h, src, basis, 1.0)
+    P = basis @ basis.T
+    # inside span(B) the base's coordinates become the source's; outside they stay the base's
+    torch.testing.assert_close(out @ P, src @ P)
+    torch.testing.assert_close(out @ (torch.eye(7, dtype=torch.float64) - P), h @ (torch.eye(7, dtype=torch.float64) - P))
+    half = B.interchange(h, src, basis, 0.5)
+    torch.testing.assert_close(half, h + 0.5 * (src - h) @ P)
+    # the placebo moves exactly as far, inside the random subspace
+    q = B.random_basis(7, 2, g)
+    moved = B.placebo(h, src, out - h, q[None].expand(5, 7, 2))
+    torch.testing.assert_close((moved - h).norm(dim=-1), (out - h).norm(dim=-1))
+    torch.testing.assert_close((moved - h) @ (q @ q.T), moved - h)
+
+
+def test_principal_angles_against_known_subspaces():
+    e = torch.eye(4, dtype=torch.float64)
+    a = e[:, :2]
+    b = torch.stack([e[:, 0], (e[:, 1] + e[:, 2]) / math.sqrt(2)], 1)
+    cos = B.principal_cosines(a, b)  # angles 0 and 45 degrees
+    torch.testing.assert_close(cos, torch.tensor([1.0, math.sqrt(0.5)], dtype=torch.float64))
+    ov, angle = B.overlap(a, b)
+    assert ov == pytest.approx((1 + 0.5) / 2) and angle == pytest.approx(0.0, abs=1e-6)
+
+
+def test_fixed_bases_on_a_planted_mean_difference():
+    g = torch.Generator().manual_seed(3)
+    u = torch.zeros(6, dtype=torch.float64)
+    u[2] = 1.0
+    labels = torch.arange(2000) % 2  # classes overlapping (not separable), so the probe is near the LDA direction
+    acts = torch.randn(2000, 6, generator=g, dtype=torch.float64) + 1.5 * labels[:, None] * u
+    for make in (B.mean_difference_basis, B.probe_basis, B.neuron_basis):
+        basis = make(acts, labels, 1)
+        assert abs(float(basis[:, 0] @ u)) > 0.95, make.__name__
+
+
+def test_unknown_basis_and_unlabelled_pairs_are_refused():
+    model, _ = planted()
+    with pytest.raises(es.EntoscopeError) as err:
+        es.Interchange(bases=["das", "magic"]).plan(model, planted_pairs())
+    assert err.value.code == "interchange_bases"
+    unlabelled = Dataset("x", tuple(Example(prompt=e.prompt, counterfactual=e.counterfactual, answers=e.answers,
+                                            wrong_answers=e.wrong_answers) for e in planted_pairs(8)))
+    with pytest.raises(es.EntoscopeError) as err:
+        es.Interchange(bases=["mean_difference"], positions=["END"]).plan(model, unlabelled)
+    assert err.value.code == "interchange_labels"
+
+
+def _demo_ioi_run(n: int = 24, **kw):
+    op = es.Interchange(activation="resid_post", rank=8, epochs=10, lr=0.05, das_batch_size=16, seed=0, **kw)
+    return op, op.run(es.load_model("demo"), es.tasks.ioi(n=n, seed=0), quiet=True)
+
+
+def test_the_ioi_variable_is_located_on_the_demo_model():
+    """Swapping the two names flips the answer; patching the whole vector shows where the names' roles are
+    carried (S2 before the last layer, END at the last). DAS's subspace there beats its placebo, and where the
+    whole vector does nothing (S2 at the last layer, END before it) no subspace does either."""
+    # 64 prompts: the variable is which of 40 names, and DAS generalises to held-out names only with enough of them
+    _, result = _demo_ioi_run(64, layers=[0, 2], positions=["S2", "END"], bases=["das", "random"])
+    t = result.table.set_index(["site", "basis"])
+    for site in ("resid_post.0@S2", "resid_post.2@END"):
+        assert t.loc[(site, "full"), "iia"] == 1.0
+        assert t.loc[(site, "das"), "iia_ci_low"] > t.loc[(site, "das placebo"), "iia_ci_high"]
+    for site in ("resid_post.2@S2", "resid_post.0@END"):
+        assert t.loc[(site, "full"), "iia"] == 0.0 and t.loc[(site, "das"), "iia"] == 0.0
+    assert result.takeaway.startswith("Variable io, das subspace (rank 8): the highest IIA")
+    assert "lies above the placebo's" in result.takeaway
+
+
+def test_iia_matches_transformer_lens_fit_das_within_its_interval():
+    """The same pairs, split, cell, rank, epochs, batch size, learning rate and seed, trained and measured by
+    TransformerLens 4.3's own fit_das / intervened_logits: its IIA lies in our IIA's Wilson interval."""
+    analysis = pytest.importorskip("transformer_lens.tools.analysis", reason="fit_das is TransformerLens 4.3's")
+    if not hasattr(analysis, "fit_das"):
+        pytest.skip("fit_das is TransformerLens 4.3's (this transformer-lens has no tools.analysis.fit_das)")
+    from entoscope.data.tokenized import pad, tokenize_data
+    from entoscope.interchange.causal import build_pairs, split
+    from entoscope.models.adapter import adapt
+
+    op, result = _demo_ioi_run(layers=[2], positions=["END"], bases=["das"], placebo=False)
+    ours = result.table.set_index("basis").loc["das"]
+    model = es.load_model("demo")
+    adapter = adapt(model)
+    pairs = build_pairs(es.tasks.ioi(n=24, seed=0), None)
+    td = tokenize_data(adapter, pairs.prompts)
+    held = split(pairs, op.test_share, op.seed)
+    tokens, lengths = pad(td.prompts, 0)
+    classes = torch.tensor([[adapter.token_id(c) for c in row] for row in pairs.classes])
+    by_row = {tuple(tokens[i].tolist()): i for i in range(len(td.prompts))}
+
+    def task_logits(batch):
+        rows = [by_row[tuple(r.tolist())] for r in batch]
+        logits = model(batch)
+        at = logits[torch.arange(len(rows)), lengths[rows] - 1]
+        return at.gather(1, classes[pairs.base[rows]].to(at.device))
+
+    hook = adapter.hook_name("resid_post.2")
+    train, test = np.flatnonzero(~held), np.flatnonzero(held)
+    targets = torch.from_numpy(pairs.target)
+    fit = analysis.fit_das(model, hook, tokens[pairs.base[train]], tokens[pairs.source[train]], targets[train],
+                           task_logits, rank=8, base_positions=lengths[pairs.base[train]] - 1,
+                           source_positions=lengths[pairs.source[train]] - 1, epochs=10, batch_size=16, lr=0.05,
+                           seed=0)
+    src = analysis.collect_activations(model, hook, tokens[pairs.source[test]], task_logits,
+                                       positions=lengths[pairs.source[test]] - 1)
+    logits = analysis.intervened_logits(model, hook, analysis.SubspaceInterchange(fit.subspace),
+                                        tokens[pairs.base[test]], src, task_logits,
+                                        positions=lengths[pairs.base[test]] - 1)
+    theirs = float((logits.argmax(-1) == targets[test]).double().mean())
+    assert ours["n_pairs"] == len(test)
+    assert ours["iia_ci_low"] <= theirs <= ours["iia_ci_high"], (theirs, ours["iia"])
+
+
+def test_pairs_read_back_from_their_saved_prompts():
+    """A run's data is its pairs' prompts (the manifest's records, what a Ray worker prepares from): building pairs
+    from them again gives the same pairs, not pairs of pairs."""
+    from entoscope.interchange.causal import build_pairs
+
+    for data in (es.tasks.ioi(n=6, seed=2), planted_pairs(8)):
+        first = build_pairs(data, None)
+        again = build_pairs(first.prompts, None)
+        assert len(again.prompts) == len(first.prompts) == 2 * len(data)
+        for name in ("base", "source", "target", "base_value", "labels", "group"):
+            np.testing.assert_array_equal(getattr(again, name), getattr(first, name))
+        assert again.classes == first.classes and again.variable == first.variable
