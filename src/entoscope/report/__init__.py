@@ -13,12 +13,14 @@ import contextlib
 import html
 import json
 import os
+import shutil
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..errors import warn
 from ..evaluate import task_scores
 from ..models.adapter import adapt
 from ..registry import lookup, names
@@ -27,6 +29,7 @@ from ..results.folder import writing_run
 from ..results.page import anchor, ensure_plotly_js, table_html, write_page
 from . import sections as _sections  # noqa: F401  (registers the sections)
 from .glossary import terms_html
+from .preflight import NotRun, preflight
 from .section import Section
 
 SECTION_ORDER = ["lens", "head_scores", "dla", "patching", "probing", "circuits", "ifr", "features", "steering"]
@@ -92,25 +95,48 @@ def _write_report(model: Any, a: Any, folder: Path, quick: bool, sections: list[
     ensure_plotly_js(folder)
     chosen = sections if sections is not None else [s for s in SECTION_ORDER if s in names("report_section")]
     chosen += [s for s in names("report_section") if s not in chosen and sections is None]
-    progress = Progress(len(chosen) + 2, quiet)
+    functions = {name: lookup("report_section", name) for name in chosen}
+    progress = Progress(len(chosen) + 3, quiet)
+    not_run: dict[str, NotRun] = {}
     try:
+        with progress.step("checking every section (no forward)"):
+            for name in chosen:
+                refused = preflight(model, name, functions[name], quick)
+                if refused is not None:
+                    not_run[name] = refused
+                    warn(refused.line(), code="report_section_skipped")
         with progress.step("task scores"):
             scores = task_scores(model, n=32 if quick else 128)
         built: list[tuple[str, Section]] = []
         for name in chosen:
-            with progress.step(f"section {name}"):
-                built.append((name, lookup("report_section", name)(model, folder / name, quick)))
+            with progress.step(f"section {name}" + (" (skipped)" if name in not_run else "")):
+                if name not in not_run:
+                    try:
+                        built.append((name, functions[name](model, folder / name, quick)))
+                    except Exception as err:  # noqa: BLE001 - one section's failure keeps the others
+                        not_run[name] = NotRun.of(name, "failed", err)
+                        shutil.rmtree(folder / name, ignore_errors=True)
+                        warn(not_run[name].line(), code="report_section_failed")
+                if name in not_run:
+                    _write_not_run(folder / name, not_run[name])
         with progress.step("summary page"):
-            _write_summary(a, folder, quick, chosen, scores, built)
+            _write_summary(a, folder, quick, chosen, scores, built, list(not_run.values()))
     finally:
         progress.close()
 
 
+def _write_not_run(where: Path, what: NotRun) -> None:
+    """The page of a section the report did not write: why, and what to do."""
+    write_page(where / "index.html", f"section {what.section}: not run", [("not run", what.html())],
+               js_relpath="../plotly.min.js", back="../index.html")
+
+
 def _write_summary(a: Any, folder: Path, quick: bool, chosen: list[str], scores: dict[str, Any],
-                   built: list[tuple[str, Section]]) -> None:
+                   built: list[tuple[str, Section]], not_run: list[NotRun] | None = None) -> None:
     from ..results.manifest import model_identity, package_versions
 
-    parts = [("at a glance", _glance(built)),
+    not_run = not_run or []
+    parts = [("at a glance", _glance(built, not_run)),
              ("the model", f"<pre>{html.escape(a.structure.describe())}</pre>"),
              ("how it does the built-in tasks", _scores_html(scores))]
     for name, sec in built:
@@ -118,20 +144,27 @@ def _write_summary(a: Any, folder: Path, quick: bool, chosen: list[str], scores:
                 "table</a></p>") if sec.own_page else ""
         parts.append((sec.title, f'<p class="takeaway">{html.escape(sec.lead)}</p>' + terms_html(sec.terms) + sec.body
                       + link))
+    if not_run:
+        parts.append(("sections not run", "".join(f"<h3>{html.escape(n.section)}</h3>{n.html()}" for n in not_run)))
     (folder / "scores.json").write_text(json.dumps(scores, indent=2))
     write_takeaways(folder / "takeaways.json", [("index.html", sec.lead) for _, sec in built])  # their claims
     manifest = {"operation": "report", "quick": quick, "sections": chosen, "model": model_identity(a),
-                "versions": package_versions()}
+                "versions": package_versions(), "written": [name for name, _ in built],
+                "not_run": [n.record() for n in not_run]}
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str), encoding="utf-8")
     lead = (f"What {a.name} does on the built-in tasks (its structure below), and which of its components carry "
             "each task, with bootstrap intervals over prompts. Each section below starts with its conclusion; every "
             "section has its own page.")
+    if not_run:
+        lead += " Not run: " + "; ".join(f"{n.section} ({n.status}, {n.code})" for n in not_run) + " (see the end)."
     write_page(folder / "index.html", f"entoscope report: {a.name}", parts, js_relpath="plotly.min.js", lead=lead)
 
 
-def _glance(built: list[tuple[str, Section]]) -> str:
+def _glance(built: list[tuple[str, Section]], not_run: list[NotRun] = ()) -> str:  # type: ignore[assignment]
     items = "".join(f'<li><a href="#{anchor(sec.title)}">{html.escape(sec.title)}</a>: {html.escape(sec.lead)}</li>'
                     for _, sec in built)
+    items += "".join(f'<li><a href="{html.escape(n.section)}/index.html">{html.escape(n.section)}</a>: not run '
+                     f"({n.status}, <code>{html.escape(n.code)}</code>)</li>" for n in not_run)
     return f"<ul class=\"glance\">{items}</ul>"
 
 
