@@ -73,7 +73,7 @@ class Lens(Sharded, Operation):
     top_k: int = Field(default=5, ge=1, le=100)
     component_scale: ComponentScale = "residual"
     translators: str | None = None
-    answer_scoring: Literal["single", "first_token"] = "single"
+    answer_scoring: Literal["first_token", "single"] = "first_token"
 
     def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[LensState]:
         assert data is not None

@@ -168,19 +168,29 @@ def _glance(built: list[tuple[str, Section]], not_run: list[NotRun] = ()) -> str
     return f"<ul class=\"glance\">{items}</ul>"
 
 
-def _scores_html(scores: dict[str, dict[str, float]]) -> str:
+def _scores_html(scores: dict[str, dict[str, Any]]) -> str:
+    """Each task's figures with their 95% intervals (Wilson for accuracies, bootstrap for means), and the
+    verdict each task's interval supports (evaluate.verdict)."""
     import pandas as pd
 
-    rows = []
+    rows, verdicts = [], []
     for task, figs in scores.items():
         if "skipped" in figs:
             rows.append({"task": task, "what": TASK_MEANING.get(task, ""), "measure": "skipped",
                          "value": None, "95% interval": str(figs.get("reason", "")), "prompts": None})
             continue
+        if "verdict" in figs:
+            verdicts.append(f"<li>{html.escape(task)}: {html.escape(figs['verdict'])} "
+                            f"({html.escape(figs['why'])})</li>")
         for key, value in figs.items():
-            if key == "n" or key.endswith(("_ci_low", "_ci_high")):
+            if key == "n" or not isinstance(value, float) or key.endswith(("_ci_low", "_ci_high")):
                 continue
             ci = f"[{figs[key + '_ci_low']:.3f}, {figs[key + '_ci_high']:.3f}]" if key + "_ci_low" in figs else ""
             rows.append({"task": task, "what": TASK_MEANING.get(task, ""), "measure": key.replace("_", " "),
                          "value": round(value, 3), "95% interval": ci, "prompts": int(figs["n"])})
-    return table_html(pd.DataFrame(rows), note="the task could not be built for this tokenizer")
+    head = (f'<ul class="glance">{"".join(verdicts)}</ul><p class="note">Which tasks the model does well and badly, '
+            "from each interval alone: well when its low end reaches the bar (accuracy 0.8, probability difference "
+            "0.5), badly when its high end is below the floor (0.5, 0.1). Accuracies have Wilson intervals, means "
+            "bootstrap intervals over prompts; a measure ending in 'sequence' reads whole answers of several "
+            "tokens by teacher forcing (the others read each answer's first token).</p>") if verdicts else ""
+    return head + table_html(pd.DataFrame(rows), note="the task could not be built for this tokenizer")
