@@ -106,7 +106,12 @@ def _write_report(model: Any, a: Any, folder: Path, quick: bool, sections: list[
                     not_run[name] = refused
                     warn(refused.line(), code="report_section_skipped")
         with progress.step("task scores"):
-            scores = task_scores(model, n=32 if quick else 128)
+            try:
+                scores = task_scores(model, n=32 if quick else 128)
+            except Exception as err:  # noqa: BLE001 - the sections can still be written
+                scores = {}
+                not_run["task scores"] = NotRun.of("task scores", "failed", err)
+                warn(not_run["task scores"].line(), code="report_section_failed")
         built: list[tuple[str, Section]] = []
         for name in chosen:
             with progress.step(f"section {name}" + (" (skipped)" if name in not_run else "")):
@@ -136,7 +141,7 @@ def _write_summary(a: Any, folder: Path, quick: bool, chosen: list[str], scores:
     from ..results.manifest import model_identity, package_versions
 
     not_run = not_run or []
-    parts = [("at a glance", _glance(built, not_run)),
+    parts = [("at a glance", _glance(built, not_run, chosen)),
              ("the model", f"<pre>{html.escape(a.structure.describe())}</pre>"),
              ("how it does the built-in tasks", _scores_html(scores))]
     for name, sec in built:
@@ -160,11 +165,13 @@ def _write_summary(a: Any, folder: Path, quick: bool, chosen: list[str], scores:
     write_page(folder / "index.html", f"entoscope report: {a.name}", parts, js_relpath="plotly.min.js", lead=lead)
 
 
-def _glance(built: list[tuple[str, Section]], not_run: list[NotRun] = ()) -> str:  # type: ignore[assignment]
+def _glance(built: list[tuple[str, Section]], not_run: list[NotRun], chosen: list[str]) -> str:
     items = "".join(f'<li><a href="#{anchor(sec.title)}">{html.escape(sec.title)}</a>: {html.escape(sec.lead)}</li>'
                     for _, sec in built)
-    items += "".join(f'<li><a href="{html.escape(n.section)}/index.html">{html.escape(n.section)}</a>: not run '
-                     f"({n.status}, <code>{html.escape(n.code)}</code>)</li>" for n in not_run)
+    for n in not_run:  # a section's page says why; the task scores have none
+        name = f'<a href="{html.escape(n.section)}/index.html">{html.escape(n.section)}</a>' if n.section in chosen \
+            else html.escape(n.section)
+        items += f"<li>{name}: not run ({n.status}, <code>{html.escape(n.code)}</code>)</li>"
     return f"<ul class=\"glance\">{items}</ul>"
 
 
@@ -193,4 +200,6 @@ def _scores_html(scores: dict[str, dict[str, Any]]) -> str:
             "0.5), badly when its high end is below the floor (0.5, 0.1). Accuracies have Wilson intervals, means "
             "bootstrap intervals over prompts; a measure ending in 'sequence' reads whole answers of several "
             "tokens by teacher forcing (the others read each answer's first token).</p>") if verdicts else ""
+    if not rows:
+        return "<p>No task scores: see the sections not run below.</p>"
     return head + table_html(pd.DataFrame(rows), note="the task could not be built for this tokenizer")
