@@ -20,11 +20,6 @@ from .examples import Dataset
 from .roles import END, RoleTable, role_table
 
 AnswerScoring = Literal["first_token", "single", "sequence"]
-ANSWER_SCORING_DOC = (
-    "how an answer of several tokens is read: first_token (default: its first token; a first token that "
-    "starts both a correct and a wrong answer decides nothing and is read for neither), single (each "
-    "answer must be one token) or sequence (the whole answer's log-probability by teacher forcing: "
-    "entoscope info and the report's task scores)")
 
 
 @dataclass
@@ -106,8 +101,8 @@ def tokenize_data(model: ModelAdapter, data: Dataset, *, prepend_bos: bool = Tru
         if answer_scoring == "single":
             ans, wrong = [[q[0] for q in a] for a in ans_seqs], [[q[0] for q in w] for w in wrong_seqs]
         else:
-            ans, wrong = map(list, zip(*(_first_tokens(a, w, i, data[i]) for i, (a, w) in
-                                         enumerate(zip(ans_seqs, wrong_seqs))))) if len(data) else ([], [])
+            firsts = [_first_tokens(a, w, i, data[i]) for i, (a, w) in enumerate(zip(ans_seqs, wrong_seqs))]
+            ans, wrong = [a for a, _ in firsts], [w for _, w in firsts]
     roles = role_table(model, [e.prompt for e in data], prompts, [e.roles for e in data], prepend_bos)
     cf_table = None
     if cfs is not None:
