@@ -97,21 +97,22 @@ def test_an_answer_is_read_by_its_first_token_and_a_shared_first_token_by_neithe
 
 
 def test_the_sequence_reading_is_the_sum_of_one_prompt_teacher_forced_log_probabilities(demo):
-    from entoscope.evaluate import sequence_logprobs
+    from entoscope.evaluate import teacher_forced
 
     data = Dataset("x", (Example("The capital of France is", answers=(" Paris is nice", " Paris")),
                          Example("When Mary and John went to the store, John gave a drink to",
                                  answers=(" Mary",), wrong_answers=(" John and", " Tom"))))
     td = tokenize_data(demo, data, answers=True)
-    ans, wrong, greedy, _ = sequence_logprobs(demo, td, batch_size=2)
+    logp, greedy = teacher_forced(demo, td.prompts, [x + w for x, w in zip(td.answer_seqs, td.wrong_seqs)],
+                                  batch_size=2)
     for i, e in enumerate(data):
         prompt = demo.tokenize(e.prompt)
-        for text, got in list(zip(e.answers, ans[i])) + list(zip(e.wrong_answers, wrong[i])):
+        for text, got in zip(e.answers + e.wrong_answers, logp[i]):
             toks = demo.tokenize(text, prepend_bos=False)
             by_hand = sum(float(_next_logp(demo, prompt + toks[:j])[toks[j]]) for j in range(len(toks)))
             assert got == pytest.approx(by_hand, abs=1e-4), (text, got, by_hand)
     top = int(_next_logp(demo, demo.tokenize(data[1].prompt)).argmax())
-    assert greedy[1] == [top == demo.tokenize(" Mary", prepend_bos=False)[0]]
+    assert greedy[1][0] == (top == demo.tokenize(" Mary", prepend_bos=False)[0])
 
 
 def test_greater_than_on_a_digit_tokenizer_reads_first_digits_and_whole_years(digits):
@@ -141,10 +142,17 @@ def test_greater_than_on_a_digit_tokenizer_reads_first_digits_and_whole_years(di
         by_hand_first = sum(p1[digit[d]] for d in range(yy // 10 + 1, 10)) - \
             sum(p1[digit[d]] for d in range(yy // 10 + (yy % 10 == 9)))
         assert float(first[i]) == pytest.approx(float(by_hand_first), abs=1e-5)
-        p2 = {d: _next_logp(digits, td.prompts[i] + [digit[d]]).exp() for d in range(10)}
-        year = {y: float(p1[digit[y // 10]] * p2[y // 10][digit[y % 10]]) for y in range(100)}
-        by_hand = sum(year[y] for y in range(yy + 1, 100)) - sum(year[y] for y in range(yy + 1))
-        assert float(whole[i]) == pytest.approx(by_hand, abs=1e-6)
+        # valid first digits, then second digits after the decade's own: P(d1 > Y1) + P(Y1) P(d2 > Y2 | Y1) ...
+        y1, y2 = divmod(yy, 10)
+        p2 = _next_logp(digits, td.prompts[i] + [digit[y1]]).exp()
+        later = sum(float(p1[digit[d]]) for d in range(y1 + 1, 10))
+        earlier = sum(float(p1[digit[d]]) for d in range(y1))
+        if y2 == 9:  # ... but every year of the decade is <= YY: its digit counts whole for the earlier years
+            earlier += float(p1[digit[y1]])
+        else:
+            later += float(p1[digit[y1]]) * sum(float(p2[digit[d]]) for d in range(y2 + 1, 10))
+            earlier += float(p1[digit[y1]]) * sum(float(p2[digit[d]]) for d in range(y2 + 1))
+        assert float(whole[i]) == pytest.approx(later - earlier, abs=1e-6)
 
 
 def test_task_scores_give_wilson_intervals_and_verdicts_that_follow_them(digits, demo):
@@ -165,3 +173,18 @@ def test_task_scores_give_wilson_intervals_and_verdicts_that_follow_them(digits,
     assert verdict({"prob_diff": 0.1, "prob_diff_ci_low": 0.05, "prob_diff_ci_high": 0.15,
                     "prob_diff_sequence": 0.7, "prob_diff_sequence_ci_low": 0.6,
                     "prob_diff_sequence_ci_high": 0.8})["verdict"] == "does well"  # judged on whole answers
+
+
+def test_the_deciding_prefixes_of_two_digit_years_by_hand():
+    from entoscope.evaluate import deciding_prefixes
+
+    def years(lo, hi):
+        return [divmod(y, 10) for y in range(lo, hi)]
+
+    later, earlier = deciding_prefixes(years(33, 100), years(0, 33))  # start year 32
+    assert sorted(later) == [(3, d) for d in range(3, 10)] + [(d,) for d in range(4, 10)]
+    assert sorted(earlier) == [(d,) for d in range(3)] + [(3, d) for d in range(3)]
+    later, earlier = deciding_prefixes(years(40, 100), years(0, 40))  # start year 39: the 3 decides
+    assert sorted(later) == [(d,) for d in range(4, 10)] and sorted(earlier) == [(d,) for d in range(4)]
+    with pytest.raises(ValueError):
+        deciding_prefixes([(3,)], [(3, 2)])  # "3" is an answer and how a wrong one starts

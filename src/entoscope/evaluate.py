@@ -13,9 +13,13 @@ a name split in two), the whole answers are read as well, by teacher forcing (`<
 answer's log-probability is the sum of its tokens' log-probabilities, each read after the prompt and the
 answer's earlier tokens (one forward of prompt + answer[:-1]; rows sharing a prefix share the forward).
 Then logit_diff is the mean answer log-probability minus the mean wrong one (for one-token answers exactly
-the logit difference: the softmax's normaliser cancels), prob_diff sums the answers' probabilities
-(greater-than: sum over years > YY of P(d1) P(d2 | d1), Hanna et al.'s figure over two-digit years), and a
-top-1 accuracy asks that every token of the answer be the top token (greedy decoding gives the answer).
+the logit difference: the softmax's normaliser cancels), and a top-1 accuracy asks that every token of the
+answer be the top token (greedy decoding gives the answer). prob_diff, the probability of a set of answers,
+sums the probabilities of the set's deciding prefixes: the shortest prefixes after which every answer
+listed lies in that set (`deciding_prefixes`). Greater-than on a digit tokenizer, start year 32:
+P(years > 32) = P(4..9) + P(3) P(3..9 | 3), P(years <= 32) = P(0..2) + P(3) P(0..2 | 3) (a start year
+ending in 9 puts its decade's digit whole with the wrong years), the probability mass on valid first digits
+and then second digits, in one forward of prompt + "3" (the decade's digit).
 
 Intervals (95%): an accuracy, a share of prompts, gets the Wilson interval (stats/proportion.py; the
 bootstrap's is degenerate at 0 and n of n); a mean (logit_diff, prob_diff) the bootstrap over prompts.
@@ -63,7 +67,10 @@ def task_scores(model: Any, n: int = 64, seed: int = 1234, batch_size: int = 32)
                 parts.append(_METRIC_FUNCTIONS[metric](logits, b.answers, b.wrong_answers))
         figs = _figures(metric, torch.cat(parts), "")
         if _several_tokens(td):
-            figs.update(_figures(metric, sequence_metric(a, td, metric, batch_size), "_sequence"))
+            try:
+                figs.update(_figures(metric, sequence_metric(a, td, metric, batch_size), "_sequence"))
+            except ValueError as err:  # an answer is how one of the other set starts (no prefix decides it)
+                figs["sequence_skipped"] = str(err)  # type: ignore[assignment]
         out[name] = {**figs, "n": float(len(td)), **verdict(figs)}
     return out
 
@@ -96,30 +103,29 @@ def verdict(figs: dict[str, float]) -> dict[str, str]:
     return {}
 
 
-def sequence_logprobs(model: Any, td: TokenizedData, batch_size: int = 32
-                      ) -> tuple[list[list[float]], list[list[float]], list[list[bool]], list[list[bool]]]:
-    """Teacher forcing: each answer's and wrong answer's log-probability after its prompt (the sum over its
-    tokens), and whether each of its tokens was the top token. Rows are prompt + a prefix of answers; a row
-    serves every answer whose earlier tokens are a prefix of it (a causal model's logits at a position do
-    not depend on later tokens). Returns (answer logps, wrong logps, answer greedy, wrong greedy) per example."""
+def teacher_forced(model: Any, prompts: list[list[int]], seqs: list[list[tuple[int, ...]]], batch_size: int = 32
+                   ) -> tuple[list[list[float]], list[list[bool]]]:
+    """Teacher forcing: for each prompt, the log-probability of each of its token sequences after it (the sum
+    over the sequence's tokens, each read after the prompt and the sequence's earlier tokens), and whether
+    each of its tokens was the top token. One row is prompt + a sequence's tokens but its last; a row serves
+    every sequence whose earlier tokens are a prefix of it (a causal model's logits at a position do not
+    depend on later tokens), so answers sharing first tokens share a forward."""
     a = adapt(model)
-    assert td.answer_seqs is not None and td.wrong_seqs is not None
     rows: list[list[int]] = []
     reads: list[tuple[int, int, int]] = []  # (row, position, token)
-    cands: list[list[list[int]]] = []  # per example, per candidate: indices into reads
-    for i, prompt in enumerate(td.prompts):
-        seqs = td.answer_seqs[i] + td.wrong_seqs[i]
-        mine: list[tuple[tuple[int, ...], int]] = []  # (extension, row) of this example
-        for s in sorted({q[:-1] for q in seqs}, key=len, reverse=True):
+    where: list[list[list[int]]] = []  # per prompt, per sequence: its indices into reads
+    for prompt, mine_seqs in zip(prompts, seqs):
+        mine: list[tuple[tuple[int, ...], int]] = []  # (tokens after the prompt, row) of this prompt
+        for s in sorted({q[:-1] for q in mine_seqs}, key=len, reverse=True):
             if not any(ext[:len(s)] == s for ext, _ in mine):
                 mine.append((s, len(rows)))
                 rows.append(list(prompt) + list(s))
         per: list[list[int]] = []
-        for q in seqs:
+        for q in mine_seqs:
             row = next(r for ext, r in mine if ext[:len(q) - 1] == q[:-1])
             per.append([len(reads) + j for j in range(len(q))])
             reads += [(row, len(prompt) - 1 + j, q[j]) for j in range(len(q))]
-        cands.append(per)
+        where.append(per)
     logp = torch.empty(len(reads), dtype=torch.float64)
     greedy = torch.empty(len(reads), dtype=torch.bool)
     by_row: dict[int, list[int]] = {}
@@ -136,22 +142,44 @@ def sequence_logprobs(model: Any, td: TokenizedData, batch_size: int = 32
             at = logits[b, pos].double().log_softmax(-1)
             logp[ks] = at.gather(-1, tok[:, None])[:, 0].cpu()
             greedy[ks] = (at.argmax(-1) == tok).cpu()
-    n_ans = [len(s) for s in td.answer_seqs]
-    lp = [[float(logp[c].sum()) for c in per] for per in cands]
-    gr = [[bool(greedy[c].all()) for c in per] for per in cands]
-    return ([x[:k] for x, k in zip(lp, n_ans)], [x[k:] for x, k in zip(lp, n_ans)],
-            [x[:k] for x, k in zip(gr, n_ans)], [x[k:] for x, k in zip(gr, n_ans)])
+    return ([[float(logp[c].sum()) for c in per] for per in where],
+            [[bool(greedy[c].all()) for c in per] for per in where])
+
+
+def deciding_prefixes(answers: list[tuple[int, ...]], wrong: list[tuple[int, ...]]
+                      ) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+    """The shortest prefixes of an example's answers that decide the set: every answer and wrong answer
+    starting with such a prefix lies in one set (greater-than after "17", start year 32: "4".."9" for the
+    answers, "0".."2" for the wrong ones, then "33".."39" and "30".."32" after the shared "3")."""
+    sets = [(q, 0) for q in dict.fromkeys(answers)] + [(q, 1) for q in dict.fromkeys(wrong)]
+    out: tuple[list[tuple[int, ...]], list[tuple[int, ...]]] = ([], [])
+    for q, side in sets:
+        for k in range(1, len(q) + 1):
+            if all(other == side for r, other in sets if r[:k] == q[:k]):
+                if q[:k] not in out[side]:
+                    out[side].append(q[:k])
+                break
+        else:
+            raise ValueError(f"the answer {q} is also how an answer of the other set starts: no prefix decides it")
+    return out
 
 
 def sequence_metric(model: Any, td: TokenizedData, metric: str, batch_size: int = 32) -> torch.Tensor:
     """A task metric on whole answers (module docstring), one value per prompt."""
-    ans, wrong, ans_greedy, _ = sequence_logprobs(model, td, batch_size)
+    assert td.answer_seqs is not None and td.wrong_seqs is not None
+    if metric == "prob_diff":  # each set's probability: its deciding prefixes'
+        decided = [deciding_prefixes(x, w) for x, w in zip(td.answer_seqs, td.wrong_seqs)]
+        logp, _ = teacher_forced(model, td.prompts, [x + w for x, w in decided], batch_size)
+        values = [float(torch.tensor(lp[:len(x)]).exp().sum() - torch.tensor(lp[len(x):]).exp().sum())
+                  for lp, (x, _) in zip(logp, decided)]
+        return torch.tensor(values, dtype=torch.float64)
+    logp, greedy = teacher_forced(model, td.prompts, [x + w for x, w in zip(td.answer_seqs, td.wrong_seqs)],
+                                  batch_size)
+    n_ans = [len(x) for x in td.answer_seqs]
     if metric == "logit_diff":
-        values = [sum(x) / len(x) - sum(w) / len(w) for x, w in zip(ans, wrong)]
-    elif metric == "prob_diff":
-        values = [float(torch.tensor(x).exp().sum() - torch.tensor(w).exp().sum()) for x, w in zip(ans, wrong)]
+        values = [sum(lp[:k]) / k - sum(lp[k:]) / (len(lp) - k) for lp, k in zip(logp, n_ans)]
     elif metric == "top1":
-        values = [float(any(g)) for g in ans_greedy]
+        values = [float(any(g[:k])) for g, k in zip(greedy, n_ans)]
     else:
         raise ValueError(f"no sequence reading of the metric {metric!r}")
     return torch.tensor(values, dtype=torch.float64)

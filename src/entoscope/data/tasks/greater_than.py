@@ -11,9 +11,11 @@ century's digits too, so the year's two digits follow as two tokens. The answers
                          first digit "3" starts both sets and decides nothing, so it is read for neither
                          (the decade-level comparison; a start year ending in 9, "1739", puts its
                          decade's digit with the wrong answers: every year it starts is not greater);
-  sequence               (entoscope info, the report's task scores; evaluate.py) each year's probability
-                         by teacher forcing, P(d1) * P(d2 | d1), summed over the years > 32 and <= 32:
-                         Hanna et al.'s probability difference over two-digit years, exactly.
+  sequence               (entoscope info, the report's task scores; evaluate.py) by teacher forcing, the
+                         mass on valid first digits and then second digits: P(years > 32) =
+                         P(4..9) + P(3) P(3..9 | 3), P(years <= 32) = P(0..2) + P(3) P(0..2 | 3), from
+                         one forward of the prompt followed by "3" (Hanna et al.'s probability
+                         difference, the year read digit by digit).
 On such a tokenizer the start years end in 10..89, so that both first-digit sets are non-empty.
 Under any other tokenizer only the years that split as " CC" + "YY" (one token each, or the digits of
 both) are used.
