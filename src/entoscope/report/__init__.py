@@ -48,6 +48,9 @@ def build_report(model: Any, out: str | Path, *, quick: bool = False, sections: 
     The report is built in a hidden sibling folder and renamed into place when complete, so an
     interrupted report never leaves pages of two reports together; an existing report is replaced
     only with `overwrite=True`. Progress goes to stdout (`Progress`) unless `quiet` (or ENTOSCOPE_QUIET=1).
+    A section the model cannot run is skipped before the first forward, and one that raises is set aside;
+    the others are written either way, and the index and `manifest.json` (`not_run`) say why
+    (report/preflight.py). Ctrl-C stops the whole report and saves nothing.
     """
     a = adapt(model)
     final = Path(out)
