@@ -48,12 +48,12 @@ def test_pairs_of_different_lengths_are_refused_naming_the_pair(demo):
     assert f"{n_p} tokens" in str(err.value) and f"counterfactual {n_c}" in str(err.value)
 
 
-def test_multi_token_answers_are_refused_unless_scoring_is_chosen(demo):
+def test_multi_token_answers_are_read_by_their_first_token_unless_single_is_asked(demo):
     data = Dataset("x", (Example("The capital of France is", answers=(" Paris is nice",)),))
     with pytest.raises(DataError) as err:
-        tokenize_data(demo, data, answers=True)
+        tokenize_data(demo, data, answers=True, answer_scoring="single")
     assert err.value.code == "multi_token_answer" and "example 0" in str(err.value)
-    td = tokenize_data(demo, data, answers=True, answer_scoring="first_token")
+    td = tokenize_data(demo, data, answers=True)
     assert td.answers == [[demo.tokenize(" Paris is nice", prepend_bos=False)[0]]]
 
 

@@ -13,9 +13,9 @@ def test_a_log_gets_a_line_as_each_step_starts_and_ends(tmp_path, capsys, monkey
     monkeypatch.delenv("ENTOSCOPE_QUIET", raising=False)
     build_report(es.load_model("demo"), tmp_path / "r", quick=True, sections=["dla", "ifr"])
     lines = capsys.readouterr().out.strip().splitlines()
-    steps = ["task scores", "section dla", "section ifr", "summary page"]
-    expected = [p for i, s in enumerate(steps, 1) for p in (rf"report \[{i}/4\] {s}: started",
-                                                          rf"report \[{i}/4\] {s}: done in \d+\.\d s")]
+    steps = [r"checking every section \(no forward\)", "task scores", "section dla", "section ifr", "summary page"]
+    expected = [p for i, s in enumerate(steps, 1) for p in (rf"report \[{i}/5\] {s}: started",
+                                                          rf"report \[{i}/5\] {s}: done in \d+\.\d s")]
     assert len(lines) == len(expected) and all(re.fullmatch(e, line) for e, line in zip(expected, lines)), lines
     assert (tmp_path / "r" / "index.html").exists()
 

@@ -273,9 +273,25 @@ def _run_file(args: argparse.Namespace) -> int:
                               remedy=f"entries: {', '.join(entries)}")
     built = [(name, *build_operation(entries[name], where=name), _executor(args, entries[name], f"{name}.executor"))
              for name in chosen]  # every entry checked first
+    failed: list[tuple[str, str]] = []
     for name, op, spec, executor in built:
         print(f"== {name}")
-        _execute(op, spec, args, str(Path(args.out) / name) if args.out else None, executor=executor)
+        try:
+            _execute(op, spec, args, str(Path(args.out) / name) if args.out else None, executor=executor)
+        except Exception as err:  # noqa: BLE001 - one entry's failure keeps the others (Ctrl-C still stops all)
+            if len(built) == 1:
+                raise
+            code = err.code if isinstance(err, EntoscopeError) else "internal_error"
+            text = err.one_line() if isinstance(err, EntoscopeError) else f"{type(err).__name__}: {err}"
+            print(f"entoscope: error: entry {name}: {' '.join(text.split())[:400]}", file=sys.stderr)
+            failed.append((name, code))
+    if failed:
+        done = [name for name, *_ in built if name not in dict(failed)]
+        raise EntoscopeError(f"{len(failed)} of {len(built)} entries failed: "
+                             + ", ".join(f"{n} ({c})" for n, c in failed)
+                             + (f"; done: {', '.join(done)}" if done else ""), code="entries_failed",
+                             remedy="read each failed entry's error line above; run it alone with "
+                             f"`entoscope run {path} ENTRY` once fixed")
     return 0
 
 
@@ -293,6 +309,8 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
+    import json
+
     from .report import build_report
     from .results.folder import check_out
 
@@ -300,6 +318,11 @@ def _report(args: argparse.Namespace) -> int:
     page = build_report(_load(args), args.out, quick=args.quick, overwrite=args.overwrite)
     SAVED.append(str(Path(args.out)))
     print(f"report: {page}")
+    failed = [n for n in json.loads((Path(args.out) / "manifest.json").read_text())["not_run"] if n["status"] == "failed"]
+    if failed:  # the other sections are written; the exit status says the report is not whole
+        raise EntoscopeError(f"{len(failed)} section(s) failed while they ran: {', '.join(n['section'] for n in failed)} "
+                             f"(the others are written in {args.out})", code="report_sections_failed",
+                             remedy="read the failed sections' pages (or the index's 'sections not run') for each error")
     return 0
 
 

@@ -132,7 +132,7 @@ class DirectLogitAttribution(Sharded, Operation):
     neuron_layers: list[int] | None = None
     tolerance: float | None = Field(default=None, gt=0)
     top_k: int = Field(default=20, ge=1)
-    answer_scoring: Literal["single", "first_token"] = "single"
+    answer_scoring: Literal["first_token", "single"] = "first_token"
 
     def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[DLAState]:
         assert data is not None

@@ -118,7 +118,7 @@ class Circuits(Sharded, Operation):
                            "stability (0: none); the per-prompt edge scores are reused")
     stability_share: float = Field(default=0.5, gt=0, le=1, description="the stable circuit keeps the edges found in "
                                    "at least this share of the resamples")
-    answer_scoring: Literal["single", "first_token"] = "single"
+    answer_scoring: Literal["first_token", "single"] = "first_token"
 
     @field_validator("faithfulness")
     @classmethod

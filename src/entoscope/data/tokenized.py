@@ -19,7 +19,7 @@ from ..models.adapter import ModelAdapter
 from .examples import Dataset
 from .roles import END, RoleTable, role_table
 
-AnswerScoring = Literal["single", "first_token"]
+AnswerScoring = Literal["first_token", "single", "sequence"]
 
 
 @dataclass
@@ -29,11 +29,13 @@ class TokenizedData:
     dataset: Dataset
     prompts: list[list[int]]
     counterfactuals: list[list[int]] | None
-    answers: list[list[int]] | None
+    answers: list[list[int]] | None  # the token read for each answer (see answer_scoring)
     wrong_answers: list[list[int]] | None
     prepend_bos: bool
     roles: RoleTable | None = None  # token position of each role in each prompt (END always)
     cf_roles: RoleTable | None = None  # the same in each counterfactual
+    answer_seqs: list[list[tuple[int, ...]]] | None = None  # every token of each answer (teacher forcing)
+    wrong_seqs: list[list[tuple[int, ...]]] | None = None
 
     @property
     def lengths(self) -> list[int]:
@@ -44,13 +46,20 @@ class TokenizedData:
 
 
 def tokenize_data(model: ModelAdapter, data: Dataset, *, prepend_bos: bool = True, pairs: bool = False,
-                  answers: bool = False, answer_scoring: AnswerScoring = "single",
+                  answers: bool = False, answer_scoring: AnswerScoring = "first_token",
                   align: Literal["refuse", "end"] = "refuse") -> TokenizedData:
     """Tokenise and validate a dataset for an operation.
 
     pairs:   counterfactuals are needed; each must have its prompt's token length (or align="end").
-    answers: answer tokens are needed; each answer must be ONE token unless answer_scoring is
-             "first_token" (then an answer's first token stands for it: the user chose so).
+    answers: answer tokens are needed, read by `answer_scoring`:
+             first_token  an answer's first token stands for it (one token: itself). A first token that
+                          starts both a correct and a wrong answer of an example (greater-than on a digit
+                          tokenizer: "33" and "32" both start with "3") decides nothing and is read for
+                          neither; an example left with no correct or no wrong token is refused
+                          (answer_first_tokens_shared: two names split as " Ma|ry", " Ma|rk").
+             single       each answer must be ONE token (multi_token_answer otherwise).
+             sequence     as first_token here; `answer_seqs` / `wrong_seqs` (always filled) hold every
+                          token of each answer for a teacher-forced reading (evaluate.py).
     """
     if len(data) == 0:
         raise DataError(f"dataset {data.name!r} is empty", code="data_empty", remedy="give at least one example")
@@ -87,14 +96,22 @@ def tokenize_data(model: ModelAdapter, data: Dataset, *, prepend_bos: bool = Tru
         if missing:
             raise DataError(f"{len(missing)} examples have no answer (first: {missing[:5]})",
                             code="data_no_answers", remedy="give each example an 'answers' field")
-        ans = [_answer_ids(model, e.answers, i, answer_scoring) for i, e in enumerate(data)]
-        wrong = [_answer_ids(model, e.wrong_answers, i, answer_scoring) for i, e in enumerate(data)]
+        ans_seqs = [_answer_seqs(model, e.answers, i, answer_scoring) for i, e in enumerate(data)]
+        wrong_seqs = [_answer_seqs(model, e.wrong_answers, i, answer_scoring) for i, e in enumerate(data)]
+        if answer_scoring == "single":
+            ans, wrong = [[q[0] for q in a] for a in ans_seqs], [[q[0] for q in w] for w in wrong_seqs]
+        else:
+            firsts = [_first_tokens(a, w, i, data[i]) for i, (a, w) in enumerate(zip(ans_seqs, wrong_seqs))]
+            ans, wrong = [a for a, _ in firsts], [w for _, w in firsts]
     roles = role_table(model, [e.prompt for e in data], prompts, [e.roles for e in data], prepend_bos)
     cf_table = None
     if cfs is not None:
         cf_table = role_table(model, [e.counterfactual for e in data], cfs, [e.cf_roles for e in data], prepend_bos)
         cf_table = _fill_from_prompts(cf_table, roles, [len(p) == len(c) for p, c in zip(prompts, cfs)])
-    return TokenizedData(data, prompts, cfs, ans, wrong, prepend_bos, roles, cf_table)
+    td = TokenizedData(data, prompts, cfs, ans, wrong, prepend_bos, roles, cf_table)  # type: ignore[arg-type]
+    if answers:
+        td.answer_seqs, td.wrong_seqs = ans_seqs, wrong_seqs
+    return td
 
 
 def _fill_from_prompts(cf: RoleTable, prompts: RoleTable, same_length: list[bool]) -> RoleTable:
@@ -126,21 +143,38 @@ def check_ids(model: ModelAdapter, ids: list[int], given: object, what: str, pre
                         remedy="load a model whose folder has its tokenizer files (tokenizer.json or vocab.json)")
 
 
-def _answer_ids(model: ModelAdapter, tokens: tuple, index: int, scoring: AnswerScoring) -> list[int]:
+def _answer_seqs(model: ModelAdapter, tokens: tuple, index: int, scoring: AnswerScoring) -> list[tuple[int, ...]]:
+    """Every answer's token ids (one id given as an int is itself); "single" refuses several tokens."""
     out = []
     for t in tokens:
-        if isinstance(t, str) and scoring == "first_token":
+        if isinstance(t, str) and scoring != "single":
             ids = model.tokenize(t, prepend_bos=False)
             if not ids:
                 raise DataError(f"example {index}: the answer {t!r} is empty", code="empty_answer",
                                 remedy="give a non-empty answer")
-            out.append(ids[0])
+            out.append(tuple(ids))
             continue
         try:
-            out.append(model.token_id(t))
+            out.append((model.token_id(t),))
         except DataError as err:
             raise DataError(f"example {index}: {err.message}", code=err.code, remedy=err.remedy) from None
     return out
+
+
+def _first_tokens(answers: list[tuple[int, ...]], wrong: list[tuple[int, ...]], index: int,
+                  example: object) -> tuple[list[int], list[int]]:
+    """The first tokens of an example's answers and wrong answers, each once, without those starting both."""
+    firsts_a = list(dict.fromkeys(a[0] for a in answers))
+    firsts_w = list(dict.fromkeys(w[0] for w in wrong))
+    shared = set(firsts_a) & set(firsts_w)
+    kept_a, kept_w = [t for t in firsts_a if t not in shared], [t for t in firsts_w if t not in shared]
+    if (firsts_a and not kept_a) or (firsts_w and not kept_w):
+        raise DataError(f"example {index}: its correct and wrong answers start with the same token(s) {sorted(shared)} "
+                        f"({getattr(example, 'answers', ())[:3]!r} vs {getattr(example, 'wrong_answers', ())[:3]!r}), "
+                        "so their first token cannot tell them apart", code="answer_first_tokens_shared",
+                        remedy="use answers whose first tokens differ (mind the leading space), or "
+                        "answer_scoring: sequence where it is offered (entoscope info, the report's task scores)")
+    return kept_a, kept_w
 
 
 @dataclass

@@ -78,7 +78,7 @@ class Lens(Sharded, Operation):
     component_scale: ComponentScale = "residual"
     translators: str | None = None
     lens: str | None = None
-    answer_scoring: Literal["single", "first_token"] = "single"
+    answer_scoring: Literal["first_token", "single"] = "first_token"
 
     def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[LensState]:
         assert data is not None

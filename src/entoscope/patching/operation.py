@@ -114,7 +114,7 @@ class Patching(Sharded, Operation):
     ig_steps: int = Field(default=16, ge=1, le=4096)
     ig_rule: Literal["left", "right", "midpoint"] = "midpoint"
     prefix_reuse: Literal["auto", "positions", "layers", "off"] = "auto"
-    answer_scoring: Literal["single", "first_token"] = "single"
+    answer_scoring: Literal["first_token", "single"] = "first_token"
     aggregate: Literal["ratio_of_means", "mean_of_ratios"] = "ratio_of_means"
     min_gap: float = Field(default=1e-6, ge=0)
     per_prompt: bool = True

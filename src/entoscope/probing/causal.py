@@ -59,7 +59,7 @@ class CausalCheck(ConfigModel):
     top:             how many sites "best" takes.
     metric:          the task metric read at each prompt's last token (needs answers in the data).
     random_baseline: also remove a seeded random direction of the same rank at each site.
-    answer_scoring:  "single" (each answer one token) or "first_token".
+    answer_scoring:  "first_token" (default; data/tokenized.py) or "single" (each answer one token).
     """
 
 
@@ -67,7 +67,7 @@ class CausalCheck(ConfigModel):
     top: int = Field(default=1, ge=1)
     metric: Metric = Field(default_factory=Metric)
     random_baseline: bool = True
-    answer_scoring: Literal["single", "first_token"] = "single"
+    answer_scoring: Literal["first_token", "single"] = "first_token"
 
     def n_sites(self, n_units: int) -> int:
         if self.sites == "best":

@@ -219,7 +219,7 @@ class CollectionSetup:
 
 def setup_collection(model: ModelAdapter, data: Dataset, sites: Sites, pooling: Pooling | str | None,
                      head_pooling: str, *, prepend_bos: bool = True, answers: bool = False,
-                     answer_scoring: Any = "single") -> CollectionSetup:
+                     answer_scoring: Any = "first_token") -> CollectionSetup:
     """Tokenise, resolve the sites and the pooling, and check every per-prompt position."""
     td = tokenize_data(model, data, prepend_bos=prepend_bos, answers=answers, answer_scoring=answer_scoring)
     siteset = sites.resolve(model, td.lengths, td.roles)

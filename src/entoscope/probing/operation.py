@@ -126,7 +126,7 @@ class Probing(Sharded, Operation):
         check = self.causal_check
         cs = setup_collection(model, data, self.sites, self.pooling, self.head_pooling, prepend_bos=self.prepend_bos,
                               answers=check is not None,
-                              answer_scoring=check.answer_scoring if check else "single")
+                              answer_scoring=check.answer_scoring if check else "first_token")
         metric_fn = None
         site_labels = [u.label for u in cs.units]
         if len(set(site_labels)) != len(site_labels):

@@ -13,12 +13,14 @@ import contextlib
 import html
 import json
 import os
+import shutil
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..errors import warn
 from ..evaluate import task_scores
 from ..models.adapter import adapt
 from ..registry import lookup, names
@@ -27,6 +29,7 @@ from ..results.folder import writing_run
 from ..results.page import anchor, ensure_plotly_js, table_html, write_page
 from . import sections as _sections  # noqa: F401  (registers the sections)
 from .glossary import terms_html
+from .preflight import NotRun, preflight
 from .section import Section
 
 SECTION_ORDER = ["lens", "head_scores", "dla", "patching", "probing", "circuits", "ifr", "features", "steering"]
@@ -45,6 +48,9 @@ def build_report(model: Any, out: str | Path, *, quick: bool = False, sections: 
     The report is built in a hidden sibling folder and renamed into place when complete, so an
     interrupted report never leaves pages of two reports together; an existing report is replaced
     only with `overwrite=True`. Progress goes to stdout (`Progress`) unless `quiet` (or ENTOSCOPE_QUIET=1).
+    A section the model cannot run is skipped before the first forward, and one that raises is set aside;
+    the others are written either way, and the index and `manifest.json` (`not_run`) say why
+    (report/preflight.py). Ctrl-C stops the whole report and saves nothing.
     """
     a = adapt(model)
     final = Path(out)
@@ -92,25 +98,53 @@ def _write_report(model: Any, a: Any, folder: Path, quick: bool, sections: list[
     ensure_plotly_js(folder)
     chosen = sections if sections is not None else [s for s in SECTION_ORDER if s in names("report_section")]
     chosen += [s for s in names("report_section") if s not in chosen and sections is None]
-    progress = Progress(len(chosen) + 2, quiet)
+    functions = {name: lookup("report_section", name) for name in chosen}
+    progress = Progress(len(chosen) + 3, quiet)
+    not_run: dict[str, NotRun] = {}
     try:
+        with progress.step("checking every section (no forward)"):
+            for name in chosen:
+                refused = preflight(model, name, functions[name], quick)
+                if refused is not None:
+                    not_run[name] = refused
+                    warn(refused.line(), code="report_section_skipped")
         with progress.step("task scores"):
-            scores = task_scores(model, n=32 if quick else 128)
+            try:
+                scores = task_scores(model, n=32 if quick else 128)
+            except Exception as err:  # noqa: BLE001 - the sections can still be written
+                scores = {}
+                not_run["task scores"] = NotRun.of("task scores", "failed", err)
+                warn(not_run["task scores"].line(), code="report_section_failed")
         built: list[tuple[str, Section]] = []
         for name in chosen:
-            with progress.step(f"section {name}"):
-                built.append((name, lookup("report_section", name)(model, folder / name, quick)))
+            with progress.step(f"section {name}" + (" (skipped)" if name in not_run else "")):
+                if name not in not_run:
+                    try:
+                        built.append((name, functions[name](model, folder / name, quick)))
+                    except Exception as err:  # noqa: BLE001 - one section's failure keeps the others
+                        not_run[name] = NotRun.of(name, "failed", err)
+                        shutil.rmtree(folder / name, ignore_errors=True)
+                        warn(not_run[name].line(), code="report_section_failed")
+                if name in not_run:
+                    _write_not_run(folder / name, not_run[name])
         with progress.step("summary page"):
-            _write_summary(a, folder, quick, chosen, scores, built)
+            _write_summary(a, folder, quick, chosen, scores, built, list(not_run.values()))
     finally:
         progress.close()
 
 
+def _write_not_run(where: Path, what: NotRun) -> None:
+    """The page of a section the report did not write: why, and what to do."""
+    write_page(where / "index.html", f"section {what.section}: not run", [("not run", what.html())],
+               js_relpath="../plotly.min.js", back="../index.html")
+
+
 def _write_summary(a: Any, folder: Path, quick: bool, chosen: list[str], scores: dict[str, Any],
-                   built: list[tuple[str, Section]]) -> None:
+                   built: list[tuple[str, Section]], not_run: list[NotRun] | None = None) -> None:
     from ..results.manifest import model_identity, package_versions
 
-    parts = [("at a glance", _glance(built)),
+    not_run = not_run or []
+    parts = [("at a glance", _glance(built, not_run, chosen)),
              ("the model", f"<pre>{html.escape(a.structure.describe())}</pre>"),
              ("how it does the built-in tasks", _scores_html(scores))]
     for name, sec in built:
@@ -118,36 +152,57 @@ def _write_summary(a: Any, folder: Path, quick: bool, chosen: list[str], scores:
                 "table</a></p>") if sec.own_page else ""
         parts.append((sec.title, f'<p class="takeaway">{html.escape(sec.lead)}</p>' + terms_html(sec.terms) + sec.body
                       + link))
+    if not_run:
+        parts.append(("sections not run", "".join(f"<h3>{html.escape(n.section)}</h3>{n.html()}" for n in not_run)))
     (folder / "scores.json").write_text(json.dumps(scores, indent=2))
     write_takeaways(folder / "takeaways.json", [("index.html", sec.lead) for _, sec in built])  # their claims
     manifest = {"operation": "report", "quick": quick, "sections": chosen, "model": model_identity(a),
-                "versions": package_versions()}
+                "versions": package_versions(), "written": [name for name, _ in built],
+                "not_run": [n.record() for n in not_run]}
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str), encoding="utf-8")
     lead = (f"What {a.name} does on the built-in tasks (its structure below), and which of its components carry "
             "each task, with bootstrap intervals over prompts. Each section below starts with its conclusion; every "
             "section has its own page.")
+    if not_run:
+        lead += " Not run: " + "; ".join(f"{n.section} ({n.status}, {n.code})" for n in not_run) + " (see the end)."
     write_page(folder / "index.html", f"entoscope report: {a.name}", parts, js_relpath="plotly.min.js", lead=lead)
 
 
-def _glance(built: list[tuple[str, Section]]) -> str:
+def _glance(built: list[tuple[str, Section]], not_run: list[NotRun], chosen: list[str]) -> str:
     items = "".join(f'<li><a href="#{anchor(sec.title)}">{html.escape(sec.title)}</a>: {html.escape(sec.lead)}</li>'
                     for _, sec in built)
+    for n in not_run:  # a section's page says why; the task scores have none
+        name = f'<a href="{html.escape(n.section)}/index.html">{html.escape(n.section)}</a>' if n.section in chosen \
+            else html.escape(n.section)
+        items += f"<li>{name}: not run ({n.status}, <code>{html.escape(n.code)}</code>)</li>"
     return f"<ul class=\"glance\">{items}</ul>"
 
 
-def _scores_html(scores: dict[str, dict[str, float]]) -> str:
+def _scores_html(scores: dict[str, dict[str, Any]]) -> str:
+    """Each task's figures with their 95% intervals (Wilson for accuracies, bootstrap for means), and the
+    verdict each task's interval supports (evaluate.verdict)."""
     import pandas as pd
 
-    rows = []
+    rows, verdicts = [], []
     for task, figs in scores.items():
         if "skipped" in figs:
             rows.append({"task": task, "what": TASK_MEANING.get(task, ""), "measure": "skipped",
                          "value": None, "95% interval": str(figs.get("reason", "")), "prompts": None})
             continue
+        if "verdict" in figs:
+            verdicts.append(f"<li>{html.escape(task)}: {html.escape(figs['verdict'])} "
+                            f"({html.escape(figs['why'])})</li>")
         for key, value in figs.items():
-            if key == "n" or key.endswith(("_ci_low", "_ci_high")):
+            if key == "n" or not isinstance(value, float) or key.endswith(("_ci_low", "_ci_high")):
                 continue
             ci = f"[{figs[key + '_ci_low']:.3f}, {figs[key + '_ci_high']:.3f}]" if key + "_ci_low" in figs else ""
             rows.append({"task": task, "what": TASK_MEANING.get(task, ""), "measure": key.replace("_", " "),
                          "value": round(value, 3), "95% interval": ci, "prompts": int(figs["n"])})
-    return table_html(pd.DataFrame(rows), note="the task could not be built for this tokenizer")
+    head = (f'<ul class="glance">{"".join(verdicts)}</ul><p class="note">Which tasks the model does well and badly, '
+            "from each interval alone: well when its low end reaches the bar (accuracy 0.8, probability difference "
+            "0.5), badly when its high end is below the floor (0.5, 0.1). Accuracies have Wilson intervals, means "
+            "bootstrap intervals over prompts; a measure ending in 'sequence' reads whole answers of several "
+            "tokens by teacher forcing (the others read each answer's first token).</p>") if verdicts else ""
+    if not rows:
+        return "<p>No task scores: see the sections not run below.</p>"
+    return head + table_html(pd.DataFrame(rows), note="the task could not be built for this tokenizer")

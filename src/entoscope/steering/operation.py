@@ -130,7 +130,7 @@ class Steering(Sharded, Operation):
     normalize: bool = False
     positions: str | list[int | str] = "all"
     metric: Metric = Field(default_factory=Metric)
-    answer_scoring: Literal["single", "first_token"] = "single"
+    answer_scoring: Literal["first_token", "single"] = "first_token"
     side_effects: SideEffects | None = Field(default_factory=SideEffects)
     continuations: Continuations | None = None
     per_prompt: bool = True
@@ -250,7 +250,7 @@ class Steering(Sharded, Operation):
                             code="data_no_answers", remedy="use data with answers (a built-in task, or answers in "
                             "each record)")
         return tokenize_data(model, ds, prepend_bos=self.prepend_bos, pairs=name == "direction=", answers=answers,
-                             answer_scoring=self.answer_scoring if name == TASK else "single")
+                             answer_scoring=self.answer_scoring if name == TASK else "first_token")
 
     def _metric_of(self, name: str) -> Any:
         if name == TASK:

@@ -14,17 +14,32 @@ from ...registry import register
 from ...results.claims import TakeawayBuilder
 from ...stats import value_with_ci
 from ...stats.columns import level_text
+from ..preflight import runs_by
 from ..section import Section, result_html, run_saved
 
 
-@register("report_section", "circuits")
-def circuits_section(model: Any, folder: Path, quick: bool) -> Section:
+N_EDGES = 20
+
+
+def circuits_runs(model: Any, quick: bool) -> list[tuple[Any, Any]]:
+    """EAP-IG on induction, then on IOI (no faithfulness curve there)."""
     from ...circuits import Circuits
+
+    n = 16 if quick else 48
+    return [(Circuits(method="eap_ig", steps=5, metric="logit_diff", n_edges=N_EDGES, stability=100),
+             {"task": "induction", "n": n, "seed": 11}),
+            (Circuits(method="eap_ig", steps=5, metric="logit_diff", n_edges=N_EDGES, stability=100, faithfulness=[]),
+             {"task": "ioi", "n": n, "seed": 11})]
+
+
+@register("report_section", "circuits")
+@runs_by(circuits_runs)
+def circuits_section(model: Any, folder: Path, quick: bool) -> Section:
     from ...circuits.routes import k_composition_routes, route_rank
 
-    n_edges = 20
-    op = Circuits(method="eap_ig", steps=5, metric="logit_diff", n_edges=n_edges, stability=100)
-    result = run_saved(op, model, {"task": "induction", "n": 16 if quick else 48, "seed": 11}, folder, folder.parent)
+    n_edges = N_EDGES
+    (op, data), (ioi_op, ioi_data) = circuits_runs(model, quick)
+    result = run_saved(op, model, data, folder, folder.parent)
     s = result.summary
     routes, _ = k_composition_routes(model, n=8 if quick else 16)
     ranks = result.table.set_index("edge")["rank"]
@@ -44,8 +59,7 @@ def circuits_section(model: Any, folder: Path, quick: bool) -> Section:
     body = f"<h3>induction circuit (EAP-IG, top {n_edges} edges)</h3>" + "".join(f"<p>{html.escape(line)}</p>"
                                                                             for line in lines)
     body += result_html(result, figures=2, lead=False)
-    ioi_op = Circuits(method="eap_ig", steps=5, metric="logit_diff", n_edges=n_edges, stability=100, faithfulness=[])
-    ioi = run_saved(ioi_op, model, {"task": "ioi", "n": 16 if quick else 48, "seed": 11}, folder / "ioi", folder.parent)
+    ioi = run_saved(ioi_op, model, ioi_data, folder / "ioi", folder.parent)
     t = ioi.summary
     sentence = f"Faithfulness {value_with_ci(t, 'faithfulness', '.3f')}. {stability_sentence(t)}"
     body += (f"<h3>IOI circuit (EAP-IG, top {n_edges} edges)</h3><p>{html.escape(sentence)}</p>"

@@ -7,19 +7,25 @@ from typing import Any
 
 from ...registry import register
 from ...results.page import figure_div, table_html
+from ..preflight import runs_by
 from ..section import Section, lead_of, run_saved
 
 
 COLUMNS = ["component", "kind", "mean", "mean_ci_low", "mean_ci_high", "mean_q", "significant", "n_prompts"]
 
 
-@register("report_section", "dla")
-def dla_section(model: Any, folder: Path, quick: bool) -> Section:
-    """Run DLA on IOI prompts of `model`, save the Result under `folder`, return the Section."""
+def dla_runs(model: Any, quick: bool) -> list[tuple[Any, Any]]:
     from ...circuits import DirectLogitAttribution
 
-    data = {"task": "ioi", "n": 8 if quick else 32, "seed": 7}
-    result = run_saved(DirectLogitAttribution(metric="logit_diff"), model, data, folder, folder.parent)
+    return [(DirectLogitAttribution(metric="logit_diff"), {"task": "ioi", "n": 8 if quick else 32, "seed": 7})]
+
+
+@register("report_section", "dla")
+@runs_by(dla_runs)
+def dla_section(model: Any, folder: Path, quick: bool) -> Section:
+    """Run DLA on IOI prompts of `model`, save the Result under `folder`, return the Section."""
+    [(op, data)] = dla_runs(model, quick)
+    result = run_saved(op, model, data, folder, folder.parent)
     t = result.table
     top = t.reindex(t["mean"].abs().sort_values(ascending=False).index)
     identity = result.extra["identity"]

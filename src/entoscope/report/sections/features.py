@@ -23,6 +23,7 @@ from ...data.examples import Dataset
 from ...errors import EntoscopeError
 from ...models.adapter import adapt
 from ...registry import register
+from ..preflight import runs_by
 from ..section import Section
 from ...results.claims import Takeaway, TakeawayBuilder
 
@@ -37,13 +38,30 @@ def _top(table: pd.DataFrame, k: int) -> pd.DataFrame:
     return table.loc[order].head(k)
 
 
+def features_runs(model: Any, quick: bool) -> list[tuple[Any, Any]]:
+    """Attribution patching over the features of each task; none where no dictionaries fit (the section
+    then writes its own page saying so)."""
+    from ...patching import Patching
+    from ...sites import Sites
+
+    try:
+        Sites(activation="resid_post", dictionary=RELEASE, over=["layer"]).resolve(adapt(model))
+    except EntoscopeError:
+        return []
+    n = 24 if quick else 96
+    return [(Patching(method="attribution", comparison="difference", per_prompt=False,
+                      sites=Sites(activation="resid_post", dictionary=RELEASE, over=["layer", "position", "feature"],
+                                  positions=positions)),
+             {"task": task, "n": n, "seed": 21}) for task, _, positions in TASKS]
+
+
 @register("report_section", "features")
+@runs_by(features_runs)
 def features_section(model: Any, folder: Path, quick: bool) -> Section:
     """Attribution patching over the demo dictionaries' features for IOI and induction, feature pages for the
     strongest, and one attribution graph's scores; the IOI Result is saved in `folder`, induction below it."""
     from ...dictionaries.graph import FeatureGraph
     from ...dictionaries.pages import feature_name, page_name, write_feature_pages
-    from ...patching import Patching
     from ...results.page import table_html, write_page
     from ...sites import Sites
 
@@ -61,11 +79,8 @@ def features_section(model: Any, folder: Path, quick: bool) -> Section:
     chosen: list[tuple[str, int]] = []
     notes: dict[tuple[str, int], TakeawayBuilder] = {}
     parts, tops = [], []
-    for t, (task, label, positions) in enumerate(TASKS):
-        sites = Sites(activation="resid_post", dictionary=RELEASE, over=["layer", "position", "feature"],
-                      positions=positions)
-        result = Patching(method="attribution", sites=sites, comparison="difference", per_prompt=False).run(
-            model, {"task": task, "n": n, "seed": 21}, quiet=True)
+    for t, ((task, label, positions), (op, data)) in enumerate(zip(TASKS, features_runs(model, quick))):
+        result = op.run(model, data, quiet=True)
         where = folder if t == 0 else folder / f"example{t}"
         result.save(where, assets_dir=folder.parent)
         top = _top(result.table, k)

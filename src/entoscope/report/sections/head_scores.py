@@ -8,18 +8,25 @@ from typing import Any
 from ...models.adapter import adapt
 from ...registry import register
 from ...results.page import figure_div, table_html
+from ..preflight import runs_by
 from ..section import Section, lead_of, run_saved
 
 
-@register("report_section", "head_scores")
-def head_scores_section(model: Any, folder: Path, quick: bool) -> Section:
+def head_scores_runs(model: Any, quick: bool) -> list[tuple[Any, Any]]:
     from ...circuits import HeadScores
+
+    data = {"task": "repeated_tokens", "n": 8 if quick else 32, "seed": 3,
+            "params": {"length": 20, "bos_token_id": adapt(model).bos_token_id}}
+    return [(HeadScores(period=20), data)]
+
+
+@register("report_section", "head_scores")
+@runs_by(head_scores_runs)
+def head_scores_section(model: Any, folder: Path, quick: bool) -> Section:
     from ...circuits.head_figures import head_score_panels
 
-    a = adapt(model)
-    data = {"task": "repeated_tokens", "n": 8 if quick else 32, "seed": 3,
-            "params": {"length": 20, "bos_token_id": a.bos_token_id}}
-    result = run_saved(HeadScores(period=20), model, data, folder, folder.parent)
+    [(op, data)] = head_scores_runs(model, quick)
+    result = run_saved(op, model, data, folder, folder.parent)
     t = result.table
     top = t.sort_values("score", ascending=False).head(12)
     body = figure_div(head_score_panels(t)) + table_html(top, note=result.blank_note)

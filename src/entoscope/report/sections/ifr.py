@@ -8,16 +8,22 @@ from typing import Any
 
 from ...registry import register
 from ...results.page import figure_div, table_html
+from ..preflight import runs_by
 from ..section import Section, lead_of, run_saved
 
 
-@register("report_section", "ifr")
-def ifr_section(model: Any, folder: Path, quick: bool) -> Section:
-    """Run IFR on IOI prompts of `model`, save the Result under `folder`, return the Section."""
+def ifr_runs(model: Any, quick: bool) -> list[tuple[Any, Any]]:
     from ...circuits import InformationFlowRoutes
 
-    op = InformationFlowRoutes(drawn_routes=1 if quick else 2)
-    result = run_saved(op, model, {"task": "ioi", "n": 4 if quick else 16, "seed": 3}, folder, folder.parent)
+    return [(InformationFlowRoutes(drawn_routes=1 if quick else 2), {"task": "ioi", "n": 4 if quick else 16, "seed": 3})]
+
+
+@register("report_section", "ifr")
+@runs_by(ifr_runs)
+def ifr_section(model: Any, folder: Path, quick: bool) -> Section:
+    """Run IFR on IOI prompts of `model`, save the Result under `folder`, return the Section."""
+    [(op, data)] = ifr_runs(model, quick)
+    result = run_saved(op, model, data, folder, folder.parent)
     figs = "".join(f'<p class="figtitle">{html.escape(title)}</p>' + figure_div(fig) for title, fig in result.figures())
     note = (f'<p class="note">An edge is kept when its proximity share of its node is above tau = {op.tau:g}; '
             "routes start at the last position, last layer. Every prompt's graph is saved as GraphML and JSON "

@@ -7,6 +7,7 @@ from typing import Any
 
 from ...registry import register
 from ...results.claims import TakeawayBuilder, most
+from ..preflight import runs_by
 from ..section import Section, examples_html
 
 
@@ -32,7 +33,14 @@ def _examples(quick: bool) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
     ]
 
 
+def patching_runs(model: Any, quick: bool) -> list[tuple[Any, Any]]:
+    from ...patching import Patching
+
+    return [(Patching(**config), data) for _, config, data in _examples(quick)]
+
+
 @register("report_section", "patching")
+@runs_by(patching_runs)
 def patching_section(model: Any, folder: Path, quick: bool) -> Section:
     """Exact denoising on IOI and greater-than; the first result is saved in `folder`, the others below it."""
     from ...patching import Patching

@@ -14,6 +14,7 @@ from typing import Any
 
 from ...registry import register
 from ...results.claims import TakeawayBuilder
+from ..preflight import runs_by
 from ..section import Section, examples_html
 
 
@@ -30,7 +31,14 @@ def _examples(quick: bool) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
     ]
 
 
+def probing_runs(model: Any, quick: bool) -> list[tuple[Any, Any]]:
+    from ...probing import Probing
+
+    return [(Probing(**config), data) for _, config, data in _examples(quick)]
+
+
 @register("report_section", "probing")
+@runs_by(probing_runs)
 def probing_section(model: Any, folder: Path, quick: bool) -> Section:
     """Probe the model for two task properties; the first Result is saved in `folder`, the other below it."""
     from ...probing import Probing

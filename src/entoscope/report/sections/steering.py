@@ -14,6 +14,7 @@ from typing import Any
 
 from ...registry import register
 from ...results.page import table_html
+from ..preflight import runs_by
 from ..section import Section, lead_of, result_html, run_saved
 
 COLUMNS = ["direction", "coefficient", "effect", "effect_ci_low", "effect_ci_high", "minus_random",
@@ -30,13 +31,18 @@ def steering_config(quick: bool) -> dict[str, Any]:
             "continuations": {"prompts": 3, "tokens": 8}}
 
 
-@register("report_section", "steering")
-def steering_section(model: Any, folder: Path, quick: bool) -> Section:
-    """Steer greater-than prompts along the start-year direction; the Result is saved in `folder`."""
+def steering_runs(model: Any, quick: bool) -> list[tuple[Any, Any]]:
     from ...steering import Steering
 
-    data = {"task": "greater_than", "n": 32 if quick else 128, "seed": 7}
-    result = run_saved(Steering(**steering_config(quick)), model, data, folder, folder.parent)
+    return [(Steering(**steering_config(quick)), {"task": "greater_than", "n": 32 if quick else 128, "seed": 7})]
+
+
+@register("report_section", "steering")
+@runs_by(steering_runs)
+def steering_section(model: Any, folder: Path, quick: bool) -> Section:
+    """Steer greater-than prompts along the start-year direction; the Result is saved in `folder`."""
+    [(op, data)] = steering_runs(model, quick)
+    result = run_saved(op, model, data, folder, folder.parent)
     what = ("<p>The direction: the residual stream entering layer 2 at the last token of greater-than prompts minus "
             "the same on their counterfactuals (start year ending in 01), averaged over "
             f"{result.extra['direction'].provenance.get('n_positive', '?')} pairs (CAA); added at every position of "
