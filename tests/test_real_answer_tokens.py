@@ -4,22 +4,12 @@ forwards of plain transformers (issue 33, item 5)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
-SMOLLM2 = Path("/root/.cache/entoscope/real-models/smollm2-135m")
-
-
-def _folder() -> Path:
-    if not (SMOLLM2 / "config.json").exists():
-        pytest.skip(f"SmolLM2 is not at {SMOLLM2} (scripts/ fetches the real models)")
-    return SMOLLM2
-
 
 @pytest.mark.real
-def test_greater_than_on_smollm2_equals_plain_transformers_year_by_year():
+def test_greater_than_on_smollm2_equals_plain_transformers_year_by_year(smollm2_folder):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import entoscope as es
@@ -28,7 +18,7 @@ def test_greater_than_on_smollm2_equals_plain_transformers_year_by_year():
     from entoscope.evaluate import sequence_metric
     from entoscope.models.adapter import adapt
 
-    folder = _folder()
+    folder = smollm2_folder
     a = adapt(es.load_model(str(folder)))
     data = tasks.greater_than(n=2, seed=5, tokenizer=a.tokenizer)
     td = tokenize_data(a, data, answers=True)
