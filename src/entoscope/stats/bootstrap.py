@@ -28,6 +28,7 @@ from .config import Stats
 from .levels import expanded_alpha  # noqa: F401 (re-exported: where it always was)
 from .levels import bca_level, expands, inverted_p, ndtri, tail_alpha
 from .resample import Resampler, resample_weights
+from .signflip import refine
 from .sums import SumsStat
 
 CELLS_PER_CHUNK = 1 << 23  # bootstrap values held at once (resamples x cells): 64 MiB of float64
@@ -71,6 +72,7 @@ class Summary:
     n_boot: int
     boot: np.ndarray | None = None  # [n_boot, U] when kept (circuit stability reuses them)
     p_bound: np.ndarray | None = None  # True where p_value is the resampling's resolution (the true p is smaller)
+    p_refined: np.ndarray | None = None  # True where p_value is the sign-flip test's (stats/signflip.py)
 
     def columns(self, name: str = "value") -> dict[str, Any]:
         """Table columns `<name>`, `<name>_ci_low`, `<name>_ci_high`, `<name>_se`, `<name>_p`,
@@ -164,7 +166,13 @@ def summarise(stat: StatFn, stats: Stats, seed: int, *, keep_boot: bool = False)
     with warnings.catch_warnings():  # all-NaN cells (undefined statistics) are expected and stay NaN
         warnings.simplefilter("ignore", RuntimeWarning)
         if isinstance(stat, SumsStat):
-            return _summarise_sums(stat, stats, seed, keep_boot)
+            summary = _summarise_sums(stat, stats, seed, keep_boot)
+            if stats.refine_p and stat.numerator is not None and summary.p_bound is not None:
+                # p below 1 - ci_level: the sign-flip test of the numerator's per-prompt values
+                summary.p_value, summary.p_bound, summary.p_refined = refine(
+                    summary.p_value, summary.p_bound, stat.tested, stat.n, stat.n_cells, stats.ci_level,
+                    stats.fdr, seed)
+            return summary
         return _summarise(stat, stats, seed, keep_boot)
 
 
