@@ -161,3 +161,22 @@ def test_the_screen_limits_of_a_grid():
     assert lim["prompts_for"][5.0] == 16
     # 3 standard errors at 16 prompts: at k prompts 3 sqrt(k / 16) must pass t_{k-1}'s quantile (~4.2 at 31)
     assert 28 <= lim["prompts_for"][3.0] <= 36
+
+
+def test_the_plan_says_what_the_screen_can_show_and_warns_before_a_blind_run():
+    import warnings
+
+    import entoscope as es
+
+    demo = es.load_model("demo")
+    op = es.Patching(sites={"activation": "z", "over": ["layer", "head"]})  # 12 heads
+    with pytest.warns(es.errors.EntoscopeWarning, match=r"\[screen_blind\].*use 9 prompts or more"):
+        plan = op.plan(demo, {"task": "ioi", "n": 5})  # 2^-4 = 0.0625 > 0.05 / 12: blind; 2^-8 <= 0.0042 from 9
+    assert plan.screen["blind"] and plan.screen["min_p"] == pytest.approx(2.0 ** -4)
+    assert any(n.startswith("screen of 12 cells at fdr 0.05 over 5 prompts: smallest p 0.062") for n in plan.notes)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plan = op.plan(demo, {"task": "ioi", "n": 9})
+    assert not plan.screen["blind"] and plan.screen["min_q_alone"] == pytest.approx(12 * 2.0 ** -8)
+    assert es.Lens(sites={"activation": "resid_post", "over": ["layer"]}).plan(demo, {"task": "ioi", "n": 4}).screen \
+        is None  # nothing tested against 0

@@ -47,6 +47,7 @@ class Operation(ConfigModel):
 
     name: ClassVar[str] = "operation"
     needs_data: ClassVar[bool] = True
+    tests_cells: ClassVar[bool] = False  # its table tests every row against 0 (p, q, significant): the plan's screen
 
     batch_size: int | None = Field(default=None, ge=1, description="prompts per forward pass; default: "
                                    "chosen from memory_budget_mb")
@@ -147,7 +148,10 @@ class Operation(ConfigModel):
         elif self.needs_data:
             raise ConfigError(f"{self.name} needs data", code="data_missing",
                               remedy="pass data: a task ({task: ioi, n: 16}), a file, or prompts")
-        return self.prepare(adapter, dataset)
+        prepared = self.prepare(adapter, dataset)
+        if self.tests_cells:
+            screen_plan(prepared.plan, self.stats)
+        return prepared
 
     # ------------------------------------------------------------------ to implement
     @abstractmethod
@@ -183,6 +187,27 @@ class Operation(ConfigModel):
     def config(self) -> dict[str, Any]:
         """The full config, JSON-ready, with the operation's name."""
         return {"operation": self.name, **self.model_dump(mode="json")}
+
+
+def screen_plan(plan: Plan, stats: Stats) -> None:
+    """What the table's screen can show at its number of prompts (stats/signflip.py): the smallest p and q
+    into the plan, and a `screen_blind` warning, before the run, when no cell can be a discovery on its own."""
+    from .stats.signflip import screen_limits, screen_text
+
+    if not stats.n_boot or plan.examples < 2 or plan.rows < 1:
+        return
+    limits = screen_limits(plan.examples, plan.rows, stats.fdr, n_boot=stats.n_boot, method=stats.ci_method,
+                           refine_p=stats.refine_p)
+    plan.screen = limits
+    plan.notes.append(screen_text(limits))
+    if limits["blind"]:
+        need = limits["min_prompts"]
+        warn(f"{plan.rows:,} cells over {plan.examples} prompts: the smallest p is {limits['min_p']:.2g} and a cell "
+             f"needs p <= {limits['needed_p']:.2g} to be a discovery on its own (Benjamini-Hochberg at fdr "
+             f"{stats.fdr:g}), so none can on its own; "
+             + (f"use {need} prompts or more, " if need else "no number of prompts reaches it with "
+                "refine_p false; ")
+             + "or confirm the top cells on fresh prompts (confirm: {k: 10})", code="screen_blind")
 
 
 def model_bytes(model: ModelAdapter) -> int:

@@ -101,6 +101,7 @@ class Patching(Sharded, Operation):
     """
 
     name = "patching"
+    tests_cells = True  # p, q and significant per row (the plan's screen: operation.screen_plan)
     method: Literal["exact", "attribution", "integrated_gradients"] = "exact"
     direction: Literal["denoising", "noising"] = "denoising"
     sites: Sites = Field(default_factory=lambda: Sites(activation="resid_pre", over=["layer", "position"]))

@@ -176,8 +176,8 @@ def screen_limits(n: int, m: int, fdr: float, *, n_boot: int, method: str, refin
                   effects: tuple[float, ...] = (3.0, 5.0)) -> dict:
     """What a table of m cells tested on n prompts can show at `fdr` (Benjamini-Hochberg), before the run:
 
-    min_p:       the smallest p a cell can have (the sign-flip test's limit; without refinement, the
-                 interval's floor);
+    min_p:       the smallest p a cell can have (the sign-flip test's limit, 2^-(n-1) or the Monte Carlo
+                 resolution; without refinement, the interval's floor);
     min_q_alone: the smallest q of a cell that is the only small p (min_p x m);
     min_q:       the smallest q at all (every cell at min_p: min_p itself);
     needed_p:    the p a single discovery needs (fdr / m);
@@ -190,9 +190,10 @@ def screen_limits(n: int, m: int, fdr: float, *, n_boot: int, method: str, refin
 
     flips = flips_for(m, fdr)
 
-    def limit(k: np.ndarray) -> np.ndarray:  # the smallest p on k prompts
-        floors = np.array([p_floor(n_boot, int(j), expands(method, int(j))) if n_boot else 1.0 for j in k])
-        return np.minimum(floors, [test_limit(int(j), flips) for j in k]) if refine_p else floors
+    def limit(k: np.ndarray) -> np.ndarray:  # the smallest p on k prompts: the data's (sign-flip) or the floor's
+        if refine_p:
+            return np.array([test_limit(int(j), flips) for j in k])
+        return np.array([p_floor(n_boot, int(j), expands(method, int(j))) if n_boot else 1.0 for j in k])
     min_p = float(limit(np.array([n]))[0]) if n >= 2 else 1.0
     needed = fdr / max(1, m)
     z_needed = -float(ndtri(np.array(needed / 2)))
