@@ -32,6 +32,7 @@ from .executors.contract import Sharded
 from .models.adapter import ModelAdapter, adapt
 from .prepared import Plan, Prepared
 from .registry import register
+from .confirm import Confirm
 from .stats import Stats
 
 T = TypeVar("T")
@@ -55,7 +56,9 @@ class Operation(ConfigModel):
     prepend_bos: bool = Field(default=True, description="prepend the BOS token to text prompts")
     seed: int = Field(default=0, ge=0, le=2**63 - 1, description="seed of every random choice the operation makes")
     stats: Stats = Field(default_factory=Stats, description="intervals and robust aggregation over prompts "
-                         "(n_boot, ci_level, ci_method, degenerate_share, influence_share, fdr)")
+                         "(n_boot, ci_level, ci_method, degenerate_share, influence_share, fdr, refine_p)")
+    confirm: Confirm | None = Field(default=None, description="re-test the screen's top k cells on n fresh prompts "
+                                    "of the same task ({k: 10, n: 32}; tables tested against 0 only)")
 
     # ------------------------------------------------------------------ public life
     def plan(self, model: Any, data: Any = None, *, executor: Any = None) -> Plan:
@@ -112,6 +115,7 @@ class Operation(ConfigModel):
         if resume and shards_dir is None:
             raise ConfigError("resume needs the folder of the interrupted run's shards", code="resume_needs_folder",
                               remedy="pass --out RUN (the CLI keeps shards in RUN/shards), or shards_dir=...")
+        fresh = self._confirm_data(data)
         info = None
         with recording_warnings() as warned:
             t0 = time.perf_counter()
@@ -133,7 +137,38 @@ class Operation(ConfigModel):
         if info is not None and (executor.type != "in_process" or shards_dir is not None):
             result.manifest["executor"] = info
             result.shards_dir = None if shards_dir is None else Path(shards_dir)
+        if fresh is not None:
+            self._confirm(result, model, fresh, executor, quiet)
         return result
+
+    def _confirm_data(self, data: Any) -> dict[str, Any] | None:
+        """The confirmation's fresh data (confirm.py), or None without `confirm`; refused before any work."""
+        from .confirm import fresh_data
+
+        if self.confirm is None:
+            return None
+        if not self.tests_cells:
+            raise ConfigError(f"{self.name} tests nothing against 0, so it has no cells to confirm",
+                              code="confirm_unsupported", remedy="leave confirm out")
+        return fresh_data(data, self.confirm, self.name)
+
+    def _confirm(self, result: Any, model: Any, fresh: dict[str, Any], executor: Any, quiet: bool) -> None:
+        """The screen's top k cells run again on fresh prompts (through the same executor); both stages in
+        `result.confirmation` (confirmation.csv and a section of the page)."""
+        from .confirm import confirmation_note, confirmation_table, top_rows
+
+        assert self.confirm is not None
+        top = top_rows(result.table, self.confirm.k)
+        again = self.confirm_subset(top).run(model, fresh, executor=executor, quiet=quiet)
+        result.confirmation = confirmation_table(result.table, again.table, self.confirm.k, self.stats.fdr)
+        result.notes.append(("confirmation on fresh prompts", confirmation_note(result.confirmation, self.stats.fdr)))
+        result.manifest["confirmation"] = {"data": fresh, "k": self.confirm.k, "warnings": again.warnings,
+                                           "timings": again.manifest.get("timings")}
+
+    def confirm_subset(self, rows: Any) -> Operation:
+        """This operation for the confirmation run: by default the same grid (its top rows are read); an
+        operation whose cost grows with its cells returns one restricted to `rows` (patching)."""
+        return self.model_copy(update={"confirm": None})
 
     def prepare_for(self, model: Any, data: Any) -> Prepared[Any]:
         """`prepare` on what the user passed: the model adapted (`adapt`) and the data loaded (`load_data`).
