@@ -47,14 +47,20 @@ def smollm2_shaped(seed: int = 0):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--prompts", type=int, default=32, help="prompts of the screen and of the confirmation")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--random", action="store_true", help="the random model even when the real folder exists")
+    ap.add_argument("--full", action="store_true", help="run B and C whole too (else: A whole, and what B and C "
+                    "add to it measured alone: the statistics with and without refinement on A's per-prompt "
+                    "values, and the confirmation run)")
     args = ap.parse_args()
     set_threads(args.threads)
     warnings.simplefilter("ignore")
+    import numpy as np
+
     import entoscope as es
-    from entoscope.stats import Stats, mean_stat, summarise
+    from entoscope.patching.compare import headline_stat, pair_values  # noqa: F401 (documents the statistic)
+    from entoscope.stats import RatioStat, Stats, summarise
 
     if SMOLLM2.exists() and not args.random:
         model, what = es.load_model(str(SMOLLM2)), "SmolLM2-135M"
@@ -63,29 +69,51 @@ def main() -> None:
         model, what = es.load_model(hf, tokenizer=tok), "a random model of SmolLM2-135M's shape"
     data = {"task": "ioi", "n": args.prompts, "seed": 0}
     sites = es.Sites(activation="z", over=["layer", "head"])
-    runs = {}
-    for name, op in (("A refine_p false", es.Patching(sites=sites, stats={"refine_p": False})),
-                     ("B refined", es.Patching(sites=sites)),
-                     ("C refined + confirm k 10", es.Patching(sites=sites, confirm={"k": 10, "n": args.prompts}))):
-        t0 = time.perf_counter()
-        runs[name] = (op.run(model, data, quiet=True), time.perf_counter() - t0)
-        print(f"{name:28s} {runs[name][1]:8.1f} s", flush=True)
-    base = runs["A refine_p false"][1]
-    for name in ("B refined", "C refined + confirm k 10"):
-        print(f"{name} / A: {runs[name][1] / base:.3f}x")
-    # the refinement alone: the same per-prompt values' statistics with and without it
-    values = runs["B refined"][0].per_prompt.pivot_table(index="example", columns="site", values="difference")
+    t0 = time.perf_counter()
+    a = es.Patching(sites=sites, stats={"refine_p": False}).run(model, data, quiet=True)
+    base = time.perf_counter() - t0
+    print(f"{what}, {args.prompts} prompts, {len(a.table)} heads")
+    print(f"A refine_p false (whole run)      {base:8.1f} s", flush=True)
+    # B differs from A only in the statistics: time them on A's per-prompt values (the ratio of means)
+    pp = a.per_prompt
+    diff = pp.pivot_table(index="example", columns="site", values="difference", sort=False)[list(a.table.site)]
+    gap = pp.groupby("example")["source_metric"].first() - pp.groupby("example")["base_metric"].first()
+    stat = RatioStat(diff.to_numpy(), gap.loc[diff.index].to_numpy())
+    times = {}
     for flag in (False, True):
         t0 = time.perf_counter()
-        summarise(mean_stat(values.to_numpy()), Stats(refine_p=flag), seed=0)
-        print(f"statistics of {values.shape[1]} heads x {values.shape[0]} prompts, refine_p={flag}: "
-              f"{time.perf_counter() - t0:.3f} s")
-    a, b = runs["A refine_p false"][0].table, runs["B refined"][0].table
-    print(f"{what}, {args.prompts} prompts: significant {int(a.significant.sum())} of {len(a)} (interval p) -> "
-          f"{int(b.significant.sum())} (refined)")
-    cols = ["site", "value", "value_ci_low", "value_ci_high", "value_p", "value_q"]
-    print(b.sort_values("value_p").head(5)[cols].to_string(index=False))
-    print(runs["C refined + confirm k 10"][0].confirmation.to_string(index=False))
+        s = summarise(stat, Stats(refine_p=flag), seed=0)
+        times[flag] = time.perf_counter() - t0
+        print(f"  statistics, refine_p={flag!s:5s}     {times[flag]:8.3f} s ({int(s.p_refined.sum()) if flag else 0} "
+              "cells refined)")
+    b = base + times[True] - times[False]
+    rng = np.random.default_rng(0)  # the refinement at 32 prompts on a 270-cell table, 10% of cells shifted
+    synthetic = rng.normal(size=(32, 270)) + np.r_[np.full(27, 1.0), np.zeros(243)]
+    for flag in (False, True):
+        t0 = time.perf_counter()
+        s = summarise(RatioStat(synthetic, np.ones(32)), Stats(refine_p=flag), seed=0)
+        print(f"  statistics of 32 x 270 synthetic values, refine_p={flag!s:5s} {time.perf_counter() - t0:8.3f} s "
+              f"({int(s.p_refined.sum()) if flag else 0} cells refined)")
+    t0 = time.perf_counter()
+    top = a.table.sort_values("value_p").head(10)
+    confirm = es.Patching(sites=sites).confirm_subset(top).run(
+        model, {"task": "ioi", "n": args.prompts, "seed": 1_000_003}, quiet=True)
+    stage = time.perf_counter() - t0
+    print(f"  confirmation run (10 heads)      {stage:8.1f} s")
+    print(f"B refined: A + statistics' difference = {b:.1f} s: {b / base:.3f}x")
+    print(f"C refined + confirm k 10: B + confirmation run = {b + stage:.1f} s: {(b + stage) / base:.3f}x")
+    if args.full:
+        for name, op in (("B refined", es.Patching(sites=sites)),
+                         ("C refined + confirm k 10", es.Patching(sites=sites, confirm={"k": 10, "n": args.prompts}))):
+            t0 = time.perf_counter()
+            r = op.run(model, data, quiet=True)
+            print(f"{name} (whole run) {time.perf_counter() - t0:8.1f} s: {(time.perf_counter() - t0) / base:.3f}x")
+    refined = summarise(stat, Stats(), seed=0)
+    q = np.asarray(__import__("entoscope").stats.benjamini_hochberg(refined.p_value))
+    print(f"significant at 5%: {int((a.table.value_q <= 0.05).sum())} of {len(a.table)} (interval p) -> "
+          f"{int((q <= 0.05).sum())} (refined)")
+    print(confirm.table.sort_values("value_p")[["site", "value", "value_ci_low", "value_ci_high", "value_p"]]
+          .head(10).to_string(index=False))
 
 
 if __name__ == "__main__":
