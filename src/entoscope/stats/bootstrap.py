@@ -12,7 +12,9 @@ a = sum d^3 / (6 (sum d^2)^1.5), d the jackknife deviations), "expanded_percenti
 interval), both at the small-sample-expanded tail levels (Hesterberg 2015; without the expansion a
 95% bootstrap interval of a mean over 50 prompts covers only ~94%, over 20 ~92%), or "percentile"
 (the plain alpha/2 and 1 - alpha/2 quantiles). The p-value against 0 inverts the same interval
-(stats/levels.py): p < 1 - L exactly when the level-L interval excludes 0.
+(stats/levels.py): p < 1 - L exactly when the level-L interval excludes 0; below 1 - ci_level a statistic
+of weighted sums with a numerator (means, ratios of means) gets the sign-flip test's p instead
+(stats/signflip.py, `Stats.refine_p`), so there the agreement holds at the run's level and every lower one.
 """
 
 from __future__ import annotations
