@@ -59,8 +59,7 @@ def main() -> None:
     import numpy as np
 
     import entoscope as es
-    from entoscope.patching.compare import headline_stat, pair_values  # noqa: F401 (documents the statistic)
-    from entoscope.stats import RatioStat, Stats, summarise
+    from entoscope.stats import RatioStat, Stats, benjamini_hochberg, summarise
 
     if SMOLLM2.exists() and not args.random:
         model, what = es.load_model(str(SMOLLM2)), "SmolLM2-135M"
@@ -109,7 +108,7 @@ def main() -> None:
             r = op.run(model, data, quiet=True)
             print(f"{name} (whole run) {time.perf_counter() - t0:8.1f} s: {(time.perf_counter() - t0) / base:.3f}x")
     refined = summarise(stat, Stats(), seed=0)
-    q = np.asarray(__import__("entoscope").stats.benjamini_hochberg(refined.p_value))
+    q = benjamini_hochberg(refined.p_value)
     print(f"significant at 5%: {int((a.table.value_q <= 0.05).sum())} of {len(a.table)} (interval p) -> "
           f"{int((q <= 0.05).sum())} (refined)")
     print(confirm.table.sort_values("value_p")[["site", "value", "value_ci_low", "value_ci_high", "value_p"]]

@@ -58,10 +58,6 @@ def test_monte_carlo_agrees_with_the_enumeration_within_its_error(monkeypatch):
     assert (p > 0).all() and not bound.any()
 
 
-def _rates(p: np.ndarray, alphas) -> list[float]:
-    return [float((p < a).mean()) for a in alphas]
-
-
 def _within(count: int, expected: float, sds: float = 4.0) -> bool:
     """A binomial count within `sds` standard deviations of its expectation."""
     return abs(count - expected) <= sds * np.sqrt(expected) + 1
