@@ -70,3 +70,13 @@ def test_the_switch_is_in_yaml_and_the_cli(tmp_path):
     assert main(["dla", "--data", "{task: ioi, n: 8}", "--metric", "logit_diff", "--confirm", "{k: 3}",
                  "--out", str(tmp_path / "b"), "--quiet"]) == 0
     assert len(pd.read_csv(tmp_path / "b" / "confirmation.csv")) == 3
+
+
+def test_circuit_edges_confirm_on_fresh_prompts(demo):
+    op = es.Circuits(method="eap", n_edges=10, faithfulness=[])
+    r = es.Circuits(method="eap", n_edges=10, faithfulness=[], confirm={"k": 3}).run(
+        demo, {"task": "induction", "n": 8}, quiet=True)
+    fresh = op.run(demo, {"task": "induction", "n": 8, "seed": SEED_STEP}, quiet=True).table.set_index("edge")
+    c = r.confirmation
+    np.testing.assert_allclose(c["score"], fresh.loc[c["edge"], "score"], rtol=1e-9)
+    assert (c["screen_n_prompts"] == 8).all() and (c["n_prompts"] == 8).all()

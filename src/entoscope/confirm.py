@@ -80,7 +80,8 @@ def top_rows(table: pd.DataFrame, k: int) -> pd.DataFrame:
     return table.iloc[order.index[:k]]
 
 
-def confirmation_table(screen: pd.DataFrame, fresh: pd.DataFrame, k: int, fdr: float) -> pd.DataFrame:
+def confirmation_table(screen: pd.DataFrame, fresh: pd.DataFrame, k: int, fdr: float, n_screen: int,
+                       n_fresh: int) -> pd.DataFrame:
     """Both stages of the top k cells, one row each: the screen's value, interval, p and q (over all m cells),
     and the fresh prompts' value, interval, p and q (Benjamini-Hochberg over the k), `confirmed` = q <= fdr."""
     stem, key = tested_stem(screen), key_of(screen)
@@ -89,12 +90,12 @@ def confirmation_table(screen: pd.DataFrame, fresh: pd.DataFrame, k: int, fdr: f
     out = pd.DataFrame({key: top[key].to_numpy()})
     for c in ("", "_ci_low", "_ci_high", "_p", "_q"):
         out[f"screen_{stem}{c}"] = top[f"{stem}{c}"].to_numpy()
-    out["screen_n_prompts"] = int(screen["n_prompts"].iloc[0]) if "n_prompts" in screen else len(screen)
+    out["screen_n_prompts"] = n_screen
     for c in ("", "_ci_low", "_ci_high", "_p", "_p_bound"):
         out[f"{stem}{c}"] = again[f"{stem}{c}"].to_numpy()
     out[f"{stem}_q"] = benjamini_hochberg(out[f"{stem}_p"].to_numpy(float))
     out["confirmed"] = np.where(np.isfinite(out[f"{stem}_q"]), out[f"{stem}_q"] <= fdr, False)
-    out["n_prompts"] = int(fresh["n_prompts"].iloc[0]) if "n_prompts" in fresh else np.nan
+    out["n_prompts"] = n_fresh
     out["ci_level"] = fresh["ci_level"].iloc[0] if "ci_level" in fresh else np.nan
     return out
 

@@ -160,7 +160,8 @@ class Operation(ConfigModel):
         assert self.confirm is not None
         top = top_rows(result.table, self.confirm.k)
         again = self.confirm_subset(top).run(model, fresh, executor=executor, quiet=quiet)
-        result.confirmation = confirmation_table(result.table, again.table, self.confirm.k, self.stats.fdr)
+        result.confirmation = confirmation_table(result.table, again.table, self.confirm.k, self.stats.fdr,
+                                                 result.plan.examples, again.plan.examples)
         result.notes.append(("confirmation on fresh prompts", confirmation_note(result.confirmation, self.stats.fdr)))
         result.manifest["confirmation"] = {"data": fresh, "k": self.confirm.k, "warnings": again.warnings,
                                            "timings": again.manifest.get("timings")}
