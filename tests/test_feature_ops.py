@@ -340,7 +340,7 @@ def test_feature_dla_takeaway_says_first_whether_any_row_passes_the_fdr_and_rank
     t, text = result.table, result.takeaway
     n_sig = int(t["significant"].sum())
     if n_sig == 0:
-        assert text.startswith("No row differs from zero") and f"0 of {len(t)} rows" in text
+        assert text.startswith("No row survives the false discovery screen") and f"0 of {len(t)} rows" in text
     else:
         assert text.startswith(f"{n_sig} of {len(t)} rows")
     feats = t[t["kind"] == "feature"]

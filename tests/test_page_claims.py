@@ -124,8 +124,11 @@ def test_every_number_of_every_takeaway_is_its_table_cell(report):
                     assert ("q < 0.001" if q < 0.001 else f"q = {q:.2g}") in c["text"], where
             elif c["type"] == "count":
                 frame = tables(base / c["source"])
-                col = frame[c["column"]]
-                hits = col.astype(str).str.lower().eq("true").sum() if c["condition"] == "true" else None
+                col = frame.get(c["column"])
+                if c["condition"] == "excludes_zero":  # rows whose interval of the column excludes 0
+                    hits = int(((frame[f"{c['column']}_ci_low"] > 0) | (frame[f"{c['column']}_ci_high"] < 0)).sum())
+                else:
+                    hits = col.astype(str).str.lower().eq("true").sum() if c["condition"] == "true" else None
                 assert hits == c["value"] and len(frame) == c["total"], where
                 assert f"{c['value']:,} of {c['total']:,}" in c["text"], where
             elif c["type"] == "constant":
@@ -137,6 +140,11 @@ def test_every_number_of_every_takeaway_is_its_table_cell(report):
                 manifest = tables(base / c["source"])
                 assert _close(float(_path(manifest["config"], c["column"])), c["value"]), where
                 assert _fmt(c["value"], c["fmt"]) in c["text"], where
+            elif c["type"] == "limit":  # the fewest n with 2^-(n-1) <= fdr / cells: the sign-flip test's limit
+                fdr = float(_path(tables(base / c["source"])["config"], c["column"]))
+                n = c["value"]
+                assert 2.0 ** -(n - 1) <= fdr / c["total"] < 2.0 ** -(n - 2), where
+                assert f"{n} prompts" in c["text"], where
             elif c["type"] == "flag":
                 row = tables.row(base, c)
                 assert str(row[c["column"]]).lower() == "true", where

@@ -17,6 +17,7 @@ from scipy import stats as sps
 
 import entoscope as es
 from entoscope.stats import FunctionStat, Stats, benjamini_hochberg, mean_stat, resample_weights, summarise
+from entoscope.stats.levels import p_floor
 
 METHODS = ["bca", "expanded_percentile", "percentile"]
 LEVELS = [0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995]
@@ -47,16 +48,19 @@ def test_p_below_one_minus_level_exactly_when_the_interval_at_that_level_exclude
     at_95 = summarise(stat, Stats(n_boot=400, ci_method=method), seed=3)
     assert np.isfinite(at_95.p_value[np.isfinite(at_95.value)]).all()
     for level in LEVELS:  # the same resamples (same seed) at another level
-        s = summarise(stat, Stats(n_boot=400, ci_method=method, ci_level=level), seed=3)
-        np.testing.assert_array_equal(s.p_value, at_95.p_value)  # p does not depend on the level asked
+        s = summarise(stat, Stats(n_boot=400, ci_method=method, ci_level=level, refine_p=False), seed=3)
+        # the interval's p does not depend on the level asked
+        np.testing.assert_array_equal(s.p_value[~at_95.p_refined], at_95.p_value[~at_95.p_refined])
         ok = np.isfinite(s.ci_low)
         rejects = at_95.p_value < 1 - level
-        # a p held at the resampling's resolution (the floor) says only p <= floor: below the floor's level
-        # its interval may exclude 0 while p does not reject
-        floor = at_95.p_value[at_95.p_bound].max() if at_95.p_bound.any() else 0.0
-        exact = ok & (~at_95.p_bound | (1 - level > floor))
+        # a p held at the resampling's resolution (the floor) says only p <= floor: below the floor's level its
+        # interval may exclude 0 while p does not reject. A p below the run's 1 - 0.95 is the sign-flip test's
+        # (stats/signflip.py): it agrees with the intervals at 95% and every lower level only
+        floor = p_floor(400, n, method != "percentile" and n >= 6)
+        exact = ok & np.where(at_95.p_refined, 1 - level >= 0.05, ~at_95.p_bound | (1 - level > floor))
         np.testing.assert_array_equal(rejects[exact], _excludes_zero(s)[exact], err_msg=f"level {level}")
-    assert np.unique(at_95.p_value[at_95.p_bound]).size <= 1  # one floor per table
+    assert (at_95.p_value[at_95.p_refined] < 0.05).all()  # refined only where the 95% interval excludes 0
+    assert np.unique(at_95.p_value[at_95.p_bound & ~at_95.p_refined]).size <= 1  # one floor per table
 
 
 @pytest.mark.parametrize("n", [16, 32])
@@ -86,7 +90,7 @@ def test_the_plain_percentile_p_is_twice_the_share_of_resamples_beyond_zero():
     rng = np.random.default_rng(8)
     x = rng.exponential(1.0, (25, 30)) - np.linspace(0.6, 1.3, 30)
     B = 2000
-    s = summarise(mean_stat(x), Stats(n_boot=B, ci_method="percentile"), seed=4)
+    s = summarise(mean_stat(x), Stats(n_boot=B, ci_method="percentile", refine_p=False), seed=4)
     W = resample_weights(25, B, 4)
     boot = np.stack([x[np.repeat(np.arange(25), w.astype(int))].mean(0) for w in W])  # resampled sets written out
     share = np.minimum((boot < 0).mean(0), (boot > 0).mean(0))
@@ -98,18 +102,19 @@ def test_the_plain_percentile_p_is_twice_the_share_of_resamples_beyond_zero():
 
 @pytest.mark.parametrize("n", [6, 16, 50])
 def test_p_is_never_zero_but_the_resolution_of_the_resamples_flagged_as_a_bound(n):
+    """The interval's own p (refine_p False; the sign-flip refinement is tests/test_signflip.py)."""
     x = np.random.default_rng(1).normal(10.0, 1.0, size=(n, 4))  # every resample far from 0
     x[:, 1] *= -1
     B = 999
-    plain = summarise(mean_stat(x), Stats(n_boot=B, ci_method="percentile"), seed=0)
+    plain = summarise(mean_stat(x), Stats(refine_p=False, n_boot=B, ci_method="percentile"), seed=0)
     np.testing.assert_allclose(plain.p_value, 2 / (B + 1), rtol=1e-9)  # a crossing at 1 / (B + 1), both tails
     assert plain.p_bound.all()
-    expanded = summarise(mean_stat(x), Stats(n_boot=B, ci_method="expanded_percentile"), seed=0)
+    expanded = summarise(mean_stat(x), Stats(refine_p=False, n_boot=B, ci_method="expanded_percentile"), seed=0)
     # the expanded tails: the level whose normal quantile is sqrt(n / (n-1)) t_{n-1}(z) is 1 / (B + 1)
     z = sps.norm.ppf(1 / (B + 1)) / np.sqrt(n / (n - 1))
     np.testing.assert_allclose(expanded.p_value, 2 * sps.t.cdf(z, n - 1), rtol=0.03)
     assert expanded.p_bound.all() and (expanded.p_value > plain.p_value).all()
-    bca = summarise(mean_stat(x), Stats(n_boot=B), seed=0)
+    bca = summarise(mean_stat(x), Stats(refine_p=False, n_boot=B), seed=0)
     assert (bca.p_value > 0).all() and bca.p_bound.all()
     q = benjamini_hochberg(bca.p_value)
     assert (q > 0).all()
@@ -117,7 +122,7 @@ def test_p_is_never_zero_but_the_resolution_of_the_resamples_flagged_as_a_bound(
 
 def test_a_cell_constant_at_zero_has_p_one_and_a_constant_nonzero_cell_the_bound():
     x = np.column_stack([np.zeros(10), np.full(10, 3.0)])
-    s = summarise(mean_stat(x), Stats(n_boot=200), seed=0)
+    s = summarise(mean_stat(x), Stats(refine_p=False, n_boot=200), seed=0)
     assert s.p_value[0] == 1.0 and not s.p_bound[0]
     assert 0 < s.p_value[1] < 0.05 and s.p_bound[1]
 
@@ -132,8 +137,8 @@ def test_the_block_path_and_the_whole_matrix_path_give_the_same_p():
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(d != 0, a / np.where(d != 0, d, 1.0), np.nan)
     for method in METHODS:
-        streamed = summarise(mean_stat(x), Stats(n_boot=300, ci_method=method), seed=6)
-        whole = summarise(FunctionStat(fn, *x.shape), Stats(n_boot=300, ci_method=method), seed=6)
+        streamed = summarise(mean_stat(x), Stats(refine_p=False, n_boot=300, ci_method=method), seed=6)
+        whole = summarise(FunctionStat(fn, *x.shape), Stats(refine_p=False, n_boot=300, ci_method=method), seed=6)
         np.testing.assert_allclose(streamed.p_value, whole.p_value, rtol=1e-9, atol=1e-12)
         np.testing.assert_array_equal(streamed.p_bound, whole.p_bound)
 
@@ -203,7 +208,7 @@ def test_a_page_reads_a_bound_p_as_less_than_its_floor():
     from entoscope.results.page import table_html
 
     x = np.column_stack([np.full(12, 1.0) + np.linspace(0, 0.1, 12), np.linspace(-1, 1.2, 12)])
-    s = summarise(mean_stat(x), Stats(n_boot=300, ci_method="percentile"), seed=0)
+    s = summarise(mean_stat(x), Stats(refine_p=False, n_boot=300, ci_method="percentile"), seed=0)
     assert list(s.p_bound) == [True, False]
     page = table_html(pd.DataFrame({"value": s.value, "value_p": s.p_value, "value_p_bound": s.p_bound}))
     assert f"&lt; {2 / 301:.2g}" in page and "value_p_bound" not in page

@@ -32,6 +32,7 @@ from .executors.contract import Sharded
 from .models.adapter import ModelAdapter, adapt
 from .prepared import Plan, Prepared
 from .registry import register
+from .confirm import Confirm
 from .stats import Stats
 
 T = TypeVar("T")
@@ -47,6 +48,7 @@ class Operation(ConfigModel):
 
     name: ClassVar[str] = "operation"
     needs_data: ClassVar[bool] = True
+    tests_cells: ClassVar[bool] = False  # its table tests every row against 0 (p, q, significant): the plan's screen
 
     batch_size: int | None = Field(default=None, ge=1, description="prompts per forward pass; default: "
                                    "chosen from memory_budget_mb")
@@ -54,7 +56,9 @@ class Operation(ConfigModel):
     prepend_bos: bool = Field(default=True, description="prepend the BOS token to text prompts")
     seed: int = Field(default=0, ge=0, le=2**63 - 1, description="seed of every random choice the operation makes")
     stats: Stats = Field(default_factory=Stats, description="intervals and robust aggregation over prompts "
-                         "(n_boot, ci_level, ci_method, degenerate_share, influence_share, fdr)")
+                         "(n_boot, ci_level, ci_method, degenerate_share, influence_share, fdr, refine_p)")
+    confirm: Confirm | None = Field(default=None, description="re-test the screen's top k cells on n fresh prompts "
+                                    "of the same task ({k: 10, n: 32}; tables tested against 0 only)")
 
     # ------------------------------------------------------------------ public life
     def plan(self, model: Any, data: Any = None, *, executor: Any = None) -> Plan:
@@ -111,6 +115,7 @@ class Operation(ConfigModel):
         if resume and shards_dir is None:
             raise ConfigError("resume needs the folder of the interrupted run's shards", code="resume_needs_folder",
                               remedy="pass --out RUN (the CLI keeps shards in RUN/shards), or shards_dir=...")
+        fresh = self._confirm_data(data)
         info = None
         with recording_warnings() as warned:
             t0 = time.perf_counter()
@@ -132,7 +137,39 @@ class Operation(ConfigModel):
         if info is not None and (executor.type != "in_process" or shards_dir is not None):
             result.manifest["executor"] = info
             result.shards_dir = None if shards_dir is None else Path(shards_dir)
+        if fresh is not None:
+            self._confirm(result, model, fresh, executor, quiet)
         return result
+
+    def _confirm_data(self, data: Any) -> dict[str, Any] | None:
+        """The confirmation's fresh data (confirm.py), or None without `confirm`; refused before any work."""
+        from .confirm import fresh_data
+
+        if self.confirm is None:
+            return None
+        if not self.tests_cells:
+            raise ConfigError(f"{self.name} tests nothing against 0, so it has no cells to confirm",
+                              code="confirm_unsupported", remedy="leave confirm out")
+        return fresh_data(data, self.confirm, self.name)
+
+    def _confirm(self, result: Any, model: Any, fresh: dict[str, Any], executor: Any, quiet: bool) -> None:
+        """The screen's top k cells run again on fresh prompts (through the same executor); both stages in
+        `result.confirmation` (confirmation.csv and a section of the page)."""
+        from .confirm import confirmation_note, confirmation_table, top_rows
+
+        assert self.confirm is not None
+        top = top_rows(result.table, self.confirm.k)
+        again = self.confirm_subset(top).run(model, fresh, executor=executor, quiet=quiet)
+        result.confirmation = confirmation_table(result.table, again.table, self.confirm.k, self.stats.fdr,
+                                                 result.plan.examples, again.plan.examples)
+        result.notes.append(("confirmation on fresh prompts", confirmation_note(result.confirmation, self.stats.fdr)))
+        result.manifest["confirmation"] = {"data": fresh, "k": self.confirm.k, "warnings": again.warnings,
+                                           "timings": again.manifest.get("timings")}
+
+    def confirm_subset(self, rows: Any) -> Operation:
+        """This operation for the confirmation run: by default the same grid (its top rows are read); an
+        operation whose cost grows with its cells returns one restricted to `rows` (patching)."""
+        return self.model_copy(update={"confirm": None})
 
     def prepare_for(self, model: Any, data: Any) -> Prepared[Any]:
         """`prepare` on what the user passed: the model adapted (`adapt`) and the data loaded (`load_data`).
@@ -147,7 +184,10 @@ class Operation(ConfigModel):
         elif self.needs_data:
             raise ConfigError(f"{self.name} needs data", code="data_missing",
                               remedy="pass data: a task ({task: ioi, n: 16}), a file, or prompts")
-        return self.prepare(adapter, dataset)
+        prepared = self.prepare(adapter, dataset)
+        if self.tests_cells:
+            screen_plan(prepared.plan, self.stats)
+        return prepared
 
     # ------------------------------------------------------------------ to implement
     @abstractmethod
@@ -183,6 +223,27 @@ class Operation(ConfigModel):
     def config(self) -> dict[str, Any]:
         """The full config, JSON-ready, with the operation's name."""
         return {"operation": self.name, **self.model_dump(mode="json")}
+
+
+def screen_plan(plan: Plan, stats: Stats) -> None:
+    """What the table's screen can show at its number of prompts (stats/signflip.py): the smallest p and q
+    into the plan, and a `screen_blind` warning, before the run, when no cell can be a discovery on its own."""
+    from .stats.signflip import screen_limits, screen_text
+
+    if not stats.n_boot or plan.examples < 2 or plan.rows < 1:
+        return
+    limits = screen_limits(plan.examples, plan.rows, stats.fdr, n_boot=stats.n_boot, method=stats.ci_method,
+                           refine_p=stats.refine_p)
+    plan.screen = limits
+    plan.notes.append(screen_text(limits))
+    if limits["blind"]:
+        need = limits["min_prompts"]
+        warn(f"{plan.rows:,} cells over {plan.examples} prompts: the smallest p is {limits['min_p']:.2g} and a cell "
+             f"needs p <= {limits['needed_p']:.2g} to be a discovery on its own (Benjamini-Hochberg at fdr "
+             f"{stats.fdr:g}), so none can on its own; "
+             + (f"use {need} prompts or more, " if need else "no number of prompts reaches it with "
+                "refine_p false; ")
+             + "or confirm the top cells on fresh prompts (confirm: {k: 10})", code="screen_blind")
 
 
 def model_bytes(model: ModelAdapter) -> int:

@@ -42,6 +42,7 @@ class Plan:
     passes_per_worker: int | None = None  # forward + backward passes of the busiest worker (estimate)
     memory_per_worker_bytes: int | None = None
     global_step: str = ""  # what runs on the driver between sharded phases
+    screen: dict[str, Any] | None = None  # what a table tested against 0 can show (stats/signflip.screen_limits)
 
     def __str__(self) -> str:
         sizes = sorted(set(self.batch_sizes))

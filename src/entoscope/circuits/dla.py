@@ -127,6 +127,7 @@ class DirectLogitAttribution(Sharded, Operation):
     """
 
     name = "dla"
+    tests_cells = True  # p, q and significant per row (the plan's screen: operation.screen_plan)
     metric: Literal["logit_diff", "logit"] = "logit_diff"
     neurons: bool = False
     neuron_layers: list[int] | None = None

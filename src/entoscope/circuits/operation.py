@@ -102,6 +102,7 @@ class Circuits(Sharded, Operation):
     """
 
     name = "circuits"
+    tests_cells = True  # p, q and significant per row (the plan's screen: operation.screen_plan)
     method: Method = Field(default="eap_ig", description="eap | eap_ig | exact | acdc")
     metric: Metric = Field(default_factory=lambda: Metric(type="logit_diff"), description="task metric")
     steps: int = Field(default=5, ge=1, le=1000, description="EAP-IG integration steps")

@@ -17,10 +17,8 @@ def feature_dla_takeaway(result: Any, metric: str = "metric", top: int = 3) -> T
     b = TakeawayBuilder(key="component")
     significant = int(t["significant"].sum()) if "significant" in t else 0
     if "significant" in t and not significant:
-        none = b.qualify("No row differs from zero at the false discovery control", "none_significant")
-        b.say(" (")
-        b.refer(none, [b.count(0, len(t), "significant", unit="rows: components, features and error terms")])
-        b.say("): the features below are candidates for a closer look, not findings. ")
+        fdr = ((result.manifest or {}).get("config", {}).get("stats", {}) or {}).get("fdr", 0.05)
+        b.no_discovery(t, "mean", fdr, unit="rows")
     elif "significant" in t:
         b.count(significant, len(t), "significant", unit="rows (components, features and error terms)")
         b.say(" differ from zero at the false discovery control. ")

@@ -101,6 +101,7 @@ class Patching(Sharded, Operation):
     """
 
     name = "patching"
+    tests_cells = True  # p, q and significant per row (the plan's screen: operation.screen_plan)
     method: Literal["exact", "attribution", "integrated_gradients"] = "exact"
     direction: Literal["denoising", "noising"] = "denoising"
     sites: Sites = Field(default_factory=lambda: Sites(activation="resid_pre", over=["layer", "position"]))
@@ -288,6 +289,17 @@ class Patching(Sharded, Operation):
             per_row += _backward_bytes(model, T)
         budget = int(self.memory_budget_mb * 2**20 / 2)
         return max(1, min(1024, budget // max(1, per_row)))
+
+    def confirm_subset(self, rows: Any) -> Patching:
+        """The confirmation run patches only the screen's top rows (their coordinates), when the sites are a
+        grid of integer coordinates; otherwise the whole grid again (Operation.confirm_subset)."""
+        base = self.model_copy(update={"confirm": None})
+        sites = self.sites if isinstance(self.sites, Sites) else None
+        if sites is None or sites.groups is not None or sites.dictionary is not None or \
+                not all(ax in rows and pd.api.types.is_integer_dtype(rows[ax]) for ax in sites.over):
+            return base
+        coords = [{ax: int(row[ax]) for ax in sites.over} for _, row in rows.iterrows()]
+        return base.model_copy(update={"sites": sites.model_copy(update={"coords": coords})})
 
     def _plan(self, model: ModelAdapter, td: Any, siteset: Any, setup: Setup, chunks: list[list[int]],
               schedules: list, rows: int, per_example: int, T: int) -> Plan:

@@ -23,12 +23,7 @@ def patching_takeaway(result: Any) -> Takeaway | str:
     significant = int(t["significant"].sum()) if "significant" in t else None
     fdr = (result.manifest.get("config", {}).get("stats", {}) or {}).get("fdr", 0.05) if result.manifest else 0.05
     if significant == 0:
-        none = b.qualify("No cell differs from zero", "none_significant")
-        b.say(" at a ")
-        b.setting(fdr, "stats.fdr", fmt=".0%")
-        b.say(" false discovery rate (")
-        b.refer(none, [b.count(0, len(t), "significant", unit="cells")])
-        b.say(", Benjamini-Hochberg): read the cells below as candidates, not findings. ")
+        b.no_discovery(t, "value" if "difference_ci_low" not in t else "difference", fdr)
     b.say("Cells of ")
     word = b.qualify(f"largest |{what}|", "top_by_abs")
     b.say(" (")

@@ -59,6 +59,18 @@ def separated(first: tuple[float, float], second: tuple[float, float]) -> bool:
     return magnitude(*first)[0] > magnitude(*second)[1]
 
 
+def excludes_zero_rows(frame: Any, stem: str) -> np.ndarray:
+    """Rows whose `<stem>` interval excludes 0 (the candidates a screen with no discovery names)."""
+    low, high = frame[f"{stem}_ci_low"].to_numpy(float), frame[f"{stem}_ci_high"].to_numpy(float)
+    return (low > 0) | (high < 0)
+
+
+def prompts_for_discovery(cells: int, fdr: float) -> int:
+    """The fewest prompts on which one cell among `cells` can be a Benjamini-Hochberg discovery on its own:
+    the sign-flip test's smallest p, 2^-(n-1), must reach fdr / cells (docs/statistics.md)."""
+    return 1 + max(0, math.ceil(math.log2(max(1, cells) / fdr) - 1e-12))
+
+
 def distinguished(change: float, random_change: float, diff_low: float | None, diff_high: float | None) -> bool:
     """A causal check singles out the probe's direction when removing it moves the metric further than
     removing a random direction (|change| > |random change|) and the interval of the paired difference
@@ -73,7 +85,9 @@ class Claim:
     """One statement of a takeaway: `text` is the span it wrote, starting at `start` in the takeaway.
 
     type:    quote (a cell: value, low, high, q), count (rows of `column` meeting `condition`: value of
-             total), constant (a column equal on every row: value), setting (a config value of the run,
+             total; condition 'true' for a boolean column, 'excludes_zero' for rows whose `column` interval
+             excludes 0), limit (the fewest prompts a cell among `total` needs to be a discovery on its own
+             at the run's stats.fdr: value), constant (a column equal on every row: value), setting (a config value of the run,
              `column` a dotted path in manifest.json's config), qualifier (`word`, by `rule`, judging the
              claims at `refs`; `holds` is what the rule gave).
     source:  the file the numbers are read from, relative to where the takeaway is saved (table.csv,
@@ -231,6 +245,32 @@ class TakeawayBuilder:
 
     def refer(self, qualifier: int, refs: list[int]) -> None:
         self._claims[qualifier].refs = list(refs)
+
+    def no_discovery(self, t: Any, stem: str, fdr: float, *, unit: str = "cells") -> None:
+        """The lead of a screen with no discovery: says so at `fdr`; where the table's prompts could not have
+        given any cell a discovery on its own (`prompts_for_discovery`), says that and how many prompts
+        could; counts the rows whose interval excludes 0 as candidates, and what would settle them."""
+        m, n = len(t), int(t["n_prompts"].iloc[0])
+        none = self.qualify(f"No {unit[:-1] if unit.endswith('s') else unit} survives the false discovery screen",
+                            "none_significant")
+        self.say(" at a ")
+        self.setting(fdr, "stats.fdr", fmt=".0%")
+        self.say(" rate (")
+        self.refer(none, [self.count(0, m, "significant", unit=unit)])
+        self.say(", Benjamini-Hochberg)")
+        need = prompts_for_discovery(m, fdr)
+        if n < need:
+            self.say(", and over ")
+            self.constant(n, "n_prompts", unit="prompts")
+            self.say(" none could: among this many, one needs ")
+            self._emit(f"{need} prompts", Claim("limit", "", source="manifest.json", column="stats.fdr",
+                                                          value=need, total=m, fmt="d"))
+            self.say(" or more to be a discovery on its own (the sign-flip test's smallest p)")
+        self.say(". ")
+        shown = int(excludes_zero_rows(t, stem).sum())
+        self.count(shown, m, stem, "excludes_zero", unit=unit)
+        self.say(" have intervals that exclude zero: candidates, not findings; confirm them on fresh prompts "
+                 "(confirm) or with more prompts. ")
 
     def mark(self, row: Any, column: str, *, key: str | tuple[str, ...] | None = None,
              source: str | None = None) -> int:

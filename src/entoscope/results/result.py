@@ -52,6 +52,7 @@ class Result:
         self.blank_note = blank_note
         self.shards_dir: Path | None = None  # a sharded run's shard folder (set by Operation.run)
         self.notes: list[tuple[str, str]] = []  # (title, text) sections on how to read the page, before the table
+        self.confirmation: pd.DataFrame | None = None  # the top cells re-tested on fresh prompts (confirm.py)
 
     @property
     def per_prompt(self) -> pd.DataFrame | None:
@@ -160,6 +161,10 @@ class Result:
         sections = [(t, figure_div(f)) for t, f in self.figures()]
         sections += [(t, f'<p class="note">{html.escape(text)}</p>') for t, text in self.notes]
         sections.append(("table", table_html(self.table, note=self.blank_note)))
+        if self.confirmation is not None:  # both stages of the top cells (confirm.py)
+            self.confirmation.to_csv(out / "confirmation.csv", index=False)
+            files.append("confirmation.csv")
+            sections.insert(len(sections) - 1, ("confirmation on fresh prompts", table_html(self.confirmation)))
         summary = {k: self.manifest.get(k) for k in ("operation", "config", "timings", "created")} \
             if self.manifest else None
         self.js_relpath = rel  # for pages save_extra writes beside index.html

@@ -12,7 +12,9 @@ a = sum d^3 / (6 (sum d^2)^1.5), d the jackknife deviations), "expanded_percenti
 interval), both at the small-sample-expanded tail levels (Hesterberg 2015; without the expansion a
 95% bootstrap interval of a mean over 50 prompts covers only ~94%, over 20 ~92%), or "percentile"
 (the plain alpha/2 and 1 - alpha/2 quantiles). The p-value against 0 inverts the same interval
-(stats/levels.py): p < 1 - L exactly when the level-L interval excludes 0.
+(stats/levels.py): p < 1 - L exactly when the level-L interval excludes 0; below 1 - ci_level a statistic
+of weighted sums with a numerator (means, ratios of means) gets the sign-flip test's p instead
+(stats/signflip.py, `Stats.refine_p`), so there the agreement holds at the run's level and every lower one.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from .config import Stats
 from .levels import expanded_alpha  # noqa: F401 (re-exported: where it always was)
 from .levels import bca_level, expands, inverted_p, ndtri, tail_alpha
 from .resample import Resampler, resample_weights
+from .signflip import refine
 from .sums import SumsStat
 
 CELLS_PER_CHUNK = 1 << 23  # bootstrap values held at once (resamples x cells): 64 MiB of float64
@@ -71,6 +74,7 @@ class Summary:
     n_boot: int
     boot: np.ndarray | None = None  # [n_boot, U] when kept (circuit stability reuses them)
     p_bound: np.ndarray | None = None  # True where p_value is the resampling's resolution (the true p is smaller)
+    p_refined: np.ndarray | None = None  # True where p_value is the sign-flip test's (stats/signflip.py)
 
     def columns(self, name: str = "value") -> dict[str, Any]:
         """Table columns `<name>`, `<name>_ci_low`, `<name>_ci_high`, `<name>_se`, `<name>_p`,
@@ -164,7 +168,13 @@ def summarise(stat: StatFn, stats: Stats, seed: int, *, keep_boot: bool = False)
     with warnings.catch_warnings():  # all-NaN cells (undefined statistics) are expected and stay NaN
         warnings.simplefilter("ignore", RuntimeWarning)
         if isinstance(stat, SumsStat):
-            return _summarise_sums(stat, stats, seed, keep_boot)
+            summary = _summarise_sums(stat, stats, seed, keep_boot)
+            if stats.refine_p and stat.numerator is not None and summary.p_bound is not None:
+                # p below 1 - ci_level: the sign-flip test of the numerator's per-prompt values
+                summary.p_value, summary.p_bound, summary.p_refined = refine(
+                    summary.p_value, summary.p_bound, stat.tested, stat.n, stat.n_cells, stats.ci_level,
+                    stats.fdr, seed)
+            return summary
         return _summarise(stat, stats, seed, keep_boot)
 
 

@@ -46,6 +46,9 @@ class Stats(ConfigModel):
                       `fragile`.
     fdr:              level of the Benjamini-Hochberg step-up procedure behind the `significant`
                       column (over the table's cells, effect vs 0; what it controls: docs/statistics.md).
+    refine_p:         where a cell's p sits at the interval's floor (2 / (n_boot + 1), widened), replace it
+                      by the sign-flip test's p of the per-prompt values (stats/signflip.py), which the
+                      data, not n_boot, limit (2^-(n-1) on n prompts). False: the floor stays.
     """
 
     n_boot: int = Field(default=1000, ge=0, le=100_000)
@@ -54,6 +57,7 @@ class Stats(ConfigModel):
     degenerate_share: float = Field(default=0.1, ge=0, lt=1)
     influence_share: float = Field(default=0.5, gt=0)
     fdr: float = Field(default=0.05, gt=0, lt=1)
+    refine_p: bool = True
 
     @model_validator(mode="after")
     def _enough_resamples(self) -> Stats:

@@ -42,9 +42,9 @@ def ndtr(x: np.ndarray) -> np.ndarray:
     return torch.special.ndtr(torch.as_tensor(x, dtype=torch.float64)).numpy()
 
 
-def t_quantile(z: np.ndarray | float, dof: int) -> np.ndarray | float:
+def t_quantile(z: np.ndarray | float, dof: int | np.ndarray) -> np.ndarray | float:
     """Student's t quantile from the normal one (Cornish-Fisher expansion; within 1e-3 for dof >= 5)."""
-    v = float(dof)
+    v = np.asarray(dof, dtype=float) if np.ndim(dof) else float(dof)
     return (z + (z**3 + z) / (4 * v) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * v**2)
             + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * v**3))
 

@@ -36,13 +36,26 @@ Reader = Callable[[int, int], np.ndarray]
 class SumsStat:
     """theta(w) = g(w @ X, cols) per cell, with X [n, width] read in blocks by read(lo, hi).
 
-    g(S [m, width], cols) -> [m, cells in cols]; the statistic has n_cells cells."""
+    g(S [m, width], cols) -> [m, cells in cols]; the statistic has n_cells cells. numerator: where each
+    cell is 0 exactly when one column of weighted sums is (a mean, a ratio of means: column u for cell u),
+    that column's index per cell; the sign-flip test (stats/signflip.py) flips its per-prompt values."""
 
     def __init__(self, n: int, n_cells: int, width: int, read: Reader,
-                 g: Callable[[np.ndarray, slice], np.ndarray]) -> None:
+                 g: Callable[[np.ndarray, slice], np.ndarray], numerator: np.ndarray | None = None) -> None:
         self.n, self.n_cells, self.width = n, n_cells, width
         self._read, self.g = read, g
         self.rows = block_rows(width)
+        self.numerator = numerator
+
+    def tested(self, cells: np.ndarray) -> np.ndarray:
+        """[n, len(cells)]: the per-prompt values of the cells' numerator columns (their sum is 0 exactly
+        when the cell is)."""
+        if self.numerator is None:
+            raise ValueError("this statistic has no numerator column to test")
+        out = np.empty((self.n, len(cells)))
+        for lo, hi, X in self.blocks():
+            out[lo:hi] = X[:, self.numerator[cells]]
+        return out
 
     def blocks(self) -> Iterator[tuple[int, int, np.ndarray]]:
         """(lo, hi, X[lo:hi] as float64) for consecutive blocks of prompts."""
@@ -88,7 +101,7 @@ class RatioStat(SumsStat):
         den = den[:, None] if den.ndim == 1 else den
         X = np.concatenate([num, den], axis=1)
         n, U = num.shape
-        super().__init__(n, U, X.shape[1], lambda lo, hi: X[lo:hi], _ratio(U, den.shape[1] == 1))
+        super().__init__(n, U, X.shape[1], lambda lo, hi: X[lo:hi], _ratio(U, den.shape[1] == 1), np.arange(U))
 
     @classmethod
     def streamed(cls, n: int, n_cells: int, read: Callable[[int, int], tuple[np.ndarray, np.ndarray]],
@@ -100,7 +113,7 @@ class RatioStat(SumsStat):
             num, den = read(lo, hi)
             den = np.asarray(den, dtype=np.float64)
             return np.concatenate([np.asarray(num, dtype=np.float64), den[:, None] if den.ndim == 1 else den], 1)
-        return SumsStat(n, n_cells, width, read_x, _ratio(n_cells, shared_den))
+        return SumsStat(n, n_cells, width, read_x, _ratio(n_cells, shared_den), np.arange(n_cells))
 
 
 def mean_stat(values: np.ndarray) -> RatioStat:

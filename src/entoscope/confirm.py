@@ -1,0 +1,110 @@
+"""Confirmation on held-out prompts: screen every cell on one set of prompts, re-test the top k on fresh ones.
+
+The design researchers use at scale (docs/statistics.md, "Confirmation"): a grid of m cells needs a p near
+fdr / m for a discovery, but the k cells the screen ranks first, tested again on prompts the screen never
+saw, need only fdr / k: the confirmation's p-values are independent of the selection, so Benjamini-Hochberg
+over the k of them controls the false discovery rate among the confirmed cells. The fresh prompts come from
+the same task generator with another seed; a dataset that cannot make fresh prompts (a user's file, a list
+of prompts) is refused before the run (`confirm_needs_task`).
+
+`Confirm` is a field of every operation (YAML `confirm: {k: 10, n: 32}`, CLI `--confirm "{k: 10}"`,
+Python `confirm={"k": 10}`); only operations whose table tests its rows against 0 take it (patching, DLA,
+circuits' edges, feature DLA), others refuse it (`confirm_unsupported`). An operation may confirm only
+the chosen cells (`Operation.confirm_subset`: patching's sites as coordinates); otherwise the whole grid
+runs again on the fresh prompts and its top-k rows are read. The confirmation run goes through the same
+executor (Ray: a second run).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from pydantic import Field
+
+from .config_model import ConfigModel
+from .errors import ConfigError
+from .stats import benjamini_hochberg
+
+SEED_STEP = 1_000_003  # the fresh prompts' seed: the screen's seed plus this (a prime far from small seeds)
+KEYS = ("site", "component", "edge", "node")
+
+
+class Confirm(ConfigModel):
+    """k: the screen's top cells (smallest p, then largest |value|) re-tested; n: fresh prompts (default:
+    as many as the screen's); seed: the fresh prompts' seed (default: the screen's seed + 1,000,003)."""
+
+    k: int = Field(default=10, ge=1, le=100_000)
+    n: int | None = Field(default=None, ge=2)
+    seed: int | None = Field(default=None, ge=0)
+
+
+def fresh_data(data: Any, confirm: Confirm, name: str) -> dict[str, Any]:
+    """The confirmation's data: the screen's task with another seed (and `confirm.n` prompts); refused,
+    before anything runs, for data that cannot make fresh prompts."""
+    if hasattr(data, "model_dump") and getattr(data, "task", None):  # a DataSpec (YAML, the CLI)
+        data = {k: v for k, v in data.model_dump().items() if k in ("task", "n", "seed", "params") and v}
+        data = {**data.pop("params", {}), **data}
+    if not isinstance(data, dict) or "task" not in data:
+        raise ConfigError(f"{name}: confirm re-tests the top cells on fresh prompts of the same task, and this data "
+                          f"({type(data).__name__}) cannot make fresh prompts", code="confirm_needs_task",
+                          remedy="pass the data as a task ({task: ioi, n: 32}), or hold out prompts yourself and run "
+                          "the top cells again on them")
+    seed = confirm.seed if confirm.seed is not None else int(data.get("seed", 0) or 0) + SEED_STEP
+    return {**data, "n": confirm.n or data.get("n", 16), "seed": seed}
+
+
+def tested_stem(table: pd.DataFrame) -> str:
+    """The column a table tests against 0: the one with `_p`, `_q` and an interval (value, mean, score)."""
+    for c in table.columns:
+        if c.endswith("_p") and f"{c[:-2]}_q" in table and f"{c[:-2]}_ci_low" in table:
+            return c[:-2]
+    raise ConfigError("this table tests nothing against 0, so there is nothing to confirm",
+                      code="confirm_unsupported", remedy="leave confirm out")
+
+
+def key_of(table: pd.DataFrame) -> str:
+    for k in KEYS:
+        if k in table:
+            return k
+    raise ConfigError("the table has no row names to match on fresh prompts", code="confirm_unsupported",
+                      remedy="leave confirm out")
+
+
+def top_rows(table: pd.DataFrame, k: int) -> pd.DataFrame:
+    """The screen's top k rows: smallest p, then largest |value| (rows without a p last)."""
+    stem = tested_stem(table)
+    order = pd.DataFrame({"p": table[f"{stem}_p"].fillna(np.inf).to_numpy(float),
+                          "v": -table[stem].abs().fillna(-np.inf).to_numpy(float)}).sort_values(["p", "v"], kind="stable")
+    return table.iloc[order.index[:k]]
+
+
+def confirmation_table(screen: pd.DataFrame, fresh: pd.DataFrame, k: int, fdr: float, n_screen: int,
+                       n_fresh: int) -> pd.DataFrame:
+    """Both stages of the top k cells, one row each: the screen's value, interval, p and q (over all m cells),
+    and the fresh prompts' value, interval, p and q (Benjamini-Hochberg over the k), `confirmed` = q <= fdr."""
+    stem, key = tested_stem(screen), key_of(screen)
+    top = top_rows(screen, k)
+    again = fresh.set_index(key).reindex(top[key].to_numpy())
+    out = pd.DataFrame({key: top[key].to_numpy()})
+    for c in ("", "_ci_low", "_ci_high", "_p", "_q"):
+        out[f"screen_{stem}{c}"] = top[f"{stem}{c}"].to_numpy()
+    out["screen_n_prompts"] = n_screen
+    for c in ("", "_ci_low", "_ci_high", "_p", "_p_bound"):
+        out[f"{stem}{c}"] = again[f"{stem}{c}"].to_numpy()
+    out[f"{stem}_q"] = benjamini_hochberg(out[f"{stem}_p"].to_numpy(float))
+    out["confirmed"] = np.where(np.isfinite(out[f"{stem}_q"]), out[f"{stem}_q"] <= fdr, False)
+    out["n_prompts"] = n_fresh
+    out["ci_level"] = fresh["ci_level"].iloc[0] if "ci_level" in fresh else np.nan
+    return out
+
+
+def confirmation_note(table: pd.DataFrame, fdr: float) -> str:
+    """One line for the page: how many of the k cells the fresh prompts confirm."""
+    stem = next(c[len("screen_"):] for c in table.columns if c.startswith("screen_") and c.endswith("_p"))[:-2]
+    k, shown = len(table), int(table["confirmed"].sum())
+    return (f"confirmation on {int(table['n_prompts'].iloc[0])} fresh prompts of the screen's top {k} cells "
+            f"(smallest p): {shown} of {k} confirmed at a {fdr:.0%} false discovery rate (Benjamini-Hochberg over the "
+            f"{k}); `{stem}` and its interval, p and q are the fresh prompts', `screen_{stem}...` the screen's "
+            "(confirmation.csv)")
