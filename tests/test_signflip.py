@@ -176,3 +176,21 @@ def test_the_plan_says_what_the_screen_can_show_and_warns_before_a_blind_run():
     assert not plan.screen["blind"] and plan.screen["min_q_alone"] == pytest.approx(12 * 2.0 ** -8)
     assert es.Lens(sites={"activation": "resid_post", "over": ["layer"]}).plan(demo, {"task": "ioi", "n": 4}).screen \
         is None  # nothing tested against 0
+
+
+def test_no_p_is_below_what_a_sign_flip_test_on_n_prompts_can_give():
+    """At 4 prompts all of one sign the interval's inversion reaches its floor (no small-sample expansion
+    below 6 prompts); the reported p is held at 2^-(n-1) = 0.125, the exact sign-flip p of that data
+    (2 of the 16 sign patterns reach |sum|: all + and all -), counted here."""
+    import itertools
+
+    import numpy as np
+
+    x = np.array([[1.0], [1.2], [0.9], [1.1]])  # 4 prompts, 1 cell, far from 0
+    exact = np.mean([abs(sum(s * v for s, v in zip(signs, x[:, 0]))) >= abs(x[:, 0].sum()) - 1e-12
+                     for signs in itertools.product([1, -1], repeat=4)])
+    assert exact == 0.125
+    plain = summarise(mean_stat(x), Stats(refine_p=False), seed=0)
+    assert plain.p_value[0] < 0.05  # the interval alone would call it
+    held = summarise(mean_stat(x), Stats(), seed=0)
+    assert held.p_value[0] == exact and not held.p_bound[0]

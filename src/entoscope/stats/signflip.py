@@ -153,9 +153,16 @@ def refine(p: np.ndarray, bound: np.ndarray, tested: Callable[[np.ndarray], np.n
     sign-flip p of the cells' per-prompt tested values, tested(idx) -> [n, len(idx)], where that is below
     1 - level too; elsewhere p and bound unchanged. So p < 1 - L still means exactly that the level-L
     interval excludes 0 at the run's level and every lower one; below 1 - level, p is the sign-flip test's
-    (docs/statistics.md)."""
+    (docs/statistics.md). No p is below 2^-(n-1), the limit of any sign-flip test on n prompts: at 5 prompts
+    or fewer the interval may exclude 0 while p stays above 1 - level (its interval is too narrow there)."""
     p, bound = p.copy(), bound.copy()
     refined = np.zeros(p.shape, dtype=bool)
+    if n >= 2:
+        # no test that treats the prompts' signs as exchangeable can give less than 2^-(n-1); below 6 prompts the
+        # interval has no small-sample expansion and its inversion can (0.002 at 4 prompts), so p is held there
+        floor = 2.0 ** -(n - 1)
+        low = np.isfinite(p) & (p < floor)
+        p[low], bound[low] = floor, False
     idx = np.flatnonzero(np.isfinite(p) & (p < 1 - level))
     if not idx.size or n < 2:
         return p, bound, refined
