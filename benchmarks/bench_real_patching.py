@@ -19,7 +19,8 @@ Compared, in this one process, with the thread count set and printed (default 1)
       hook (heads: a pre-hook on o_proj writing the clean head's slice; resid: the clean residual written
       at the patched position before layer L), final norm and lm_head at each prompt's last position;
   (b) entoscope.patching.Patching(method="exact") on the TransformerBridge from `es.load_model`.
-Times are the median of --repeat runs (after a one-pair warm-up of each); "max |diff|" is the largest
+Times are CPU seconds of this process (one thread: the work done, however busy the machine; wall seconds
+printed too), the median of --repeat runs, after a one-pair warm-up of each; "max |diff|" is the largest
 difference of the per-pair patched logit differences [pairs, sites] between (a) and (b).
 """
 
@@ -156,12 +157,15 @@ def entoscope_sweep(model, data, sweep: str, n_layers: int, batch_size: int | No
 
 
 def measure(fn, repeat: int):
-    times, out = [], None
+    """(median CPU seconds, median wall seconds, output). CPU time of this process: with one thread it is the
+    work done, whatever else the machine runs (wall time on a shared machine counts the others' work too)."""
+    cpu, wall, out = [], [], None
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         out = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
+        cpu.append(time.process_time() - c0)
+        wall.append(time.perf_counter() - t0)
+    return statistics.median(cpu), statistics.median(wall), out
 
 
 def main() -> int:
@@ -198,7 +202,8 @@ def main() -> int:
     data, clean, corrupt, lengths, answer, wrong = ioi_pairs(model.tokenizer, args.pairs)
     loop = PlainLoop(hf, clean, corrupt, lengths, answer, wrong)
     print(f"{args.pairs} IOI pairs of {int(lengths.min())}-{int(lengths.max())} tokens; layers 0..{n_layers - 1}")
-    head = f"{'sweep':<34} {'loop (a)':>9} {'entoscope (b)':>13} {'(a)/(b)':>8} {'max |diff|':>11}"
+    head = (f"{'sweep':<34} {'loop (a)':>9} {'entoscope (b)':>13} {'(a)/(b)':>8} {'wall (a)':>9} {'wall (b)':>9} "
+            f"{'max |diff|':>11}")
     print()
     print(head)
     print("-" * len(head), flush=True)
@@ -206,12 +211,12 @@ def main() -> int:
         warm = ioi_pairs(model.tokenizer, 1)
         PlainLoop(hf, *warm[1:]).heads(1) if sweep == "heads" else PlainLoop(hf, *warm[1:]).resid(1)
         entoscope_sweep(model, warm[0], sweep, 1, args.batch_size)
-        ta, a = measure(lambda: getattr(loop, sweep)(n_layers), args.repeat)
-        tb, b = measure(lambda: entoscope_sweep(model, data, sweep, n_layers, args.batch_size), args.repeat)
+        ta, wa, a = measure(lambda: getattr(loop, sweep)(n_layers), args.repeat)
+        tb, wb, b = measure(lambda: entoscope_sweep(model, data, sweep, n_layers, args.batch_size), args.repeat)
         n_sites = a.shape[1]
         label = (f"heads: {n_sites} head outputs (z)" if sweep == "heads"
                  else f"resid_pre: {n_layers} layers x {n_sites // n_layers} pos")
-        print(f"{label:<34} {ta:>8.1f}s {tb:>12.1f}s {ta / tb:>7.2f}x {float((a - b).abs().max()):>11.2e}",
+        print(f"{label:<34} {ta:>8.1f}s {tb:>12.1f}s {ta / tb:>7.2f}x {wa:>8.1f}s {wb:>8.1f}s {float((a - b).abs().max()):>11.2e}",
               flush=True)
     print(f"\npeak resident memory of this process: {peak_rss_mib():.0f} MiB")
     return 0
