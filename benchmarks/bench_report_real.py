@@ -131,19 +131,22 @@ def main() -> int:
     out = args.out or tempfile.mkdtemp(prefix="entoscope-report-")
     env = dict(os.environ, ENTOSCOPE_QUIET="0", OMP_NUM_THREADS=str(args.threads))
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", CHILD, args.model, out, ",".join(sections), str(args.threads),
-                           "1" if args.quick else "0"], env=env, capture_output=True, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, args.model, out, ",".join(sections), str(args.threads),
+                             "1" if args.quick else "0"], env=env, stdout=subprocess.PIPE, text=True)
+    lines = []
+    assert proc.stdout is not None
+    for line in proc.stdout:  # the report's progress lines, as they come
+        lines.append(line.rstrip("\n"))
+        if line.startswith("report"):
+            print("  " + line.rstrip(), flush=True)
+    if proc.wait() != 0:
+        print("\n".join(lines[-20:]))
+        return proc.returncode
     wall = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
-    for line in proc.stdout.splitlines():
-        if line.startswith("report"):
-            print("  " + line)
-    if proc.returncode != 0:
-        print(proc.stdout[-3000:], proc.stderr[-3000:])
-        return proc.returncode
-    load = next(float(line.split()[2]) for line in proc.stdout.splitlines() if line.startswith("BENCH load"))
-    steps = json.loads(next(line[6:] for line in proc.stdout.splitlines() if line.startswith("BENCH [")))
+    load = next(float(line.split()[2]) for line in lines if line.startswith("BENCH load"))
+    steps = json.loads(next(line[6:] for line in lines if line.startswith("BENCH [")))
     head = f"{'step':<28} {'CPU time':>9} {'forwards':>9} {'backwards':>9} {'floor':>8} {'x floor':>8}"
     print()
     print(head)

@@ -2,9 +2,10 @@
 headless Chromium: a 30 x 15 layer-by-position map and a 270-head map must stay legible. On a random-weight
 Llama of that shape (SmolLM2-135M's layers and heads, a narrow width), so no real model is needed.
 
-Checked on each figure as the browser draws it: no two tick labels of an axis overlap; no heatmap of more
-than MAX_CELL_TEXT cells writes numbers in its cells; hovering a cell shows that cell's value as the table
-has it (its site and `value`), found from the figure's own axes. Skipped, saying why, where no Chromium or
+Checked on each figure as the browser draws it: no two tick labels of an axis overlap; a heatmap writes
+text in its cells only where the drawn cells are large enough (each text inside its cell's width and
+height); hovering a cell shows that cell's value as the table has it (its site and `value`), found from
+the figure's own axes. Skipped, saying why, where no Chromium or
 no Playwright is installed (like tests/test_pages_browser.py)."""
 
 from __future__ import annotations
@@ -40,10 +41,14 @@ OVERLAPS = """() => {
   });
   return found.slice(0, 10);
 }"""
-CELLS = """() => [...document.querySelectorAll('.plotly-graph-div')].map(gd => gd.data.map((t, i) => t.type !== 'heatmap'
-  ? null : {cells: t.z.flat().length, x: t.x, y: t.y,
-            texts: [...gd.querySelectorAll('.heatmaplayer .hm')][i]?.parentNode.querySelectorAll('text').length || 0,
-            template: t.texttemplate || null}))"""
+CELLS = """() => [...document.querySelectorAll('.plotly-graph-div')].map(gd => gd._fullData.map((t, i) => {
+  if (t.type !== 'heatmap') return null;
+  const xa = gd._fullLayout[t.xaxis.replace('x', 'xaxis')], ya = gd._fullLayout[t.yaxis.replace('y', 'yaxis')];
+  const texts = [...gd.querySelectorAll('.heatmaplayer text')].filter(e => e.textContent)
+    .map(e => e.getBoundingClientRect()).map(r => [r.left, r.right, r.top, r.bottom]);
+  return {cells: t.z.length * t.z[0].length, x: t.x, y: t.y, wide: xa._length / t.z[0].length, tall: ya._length / t.z.length,
+          template: t.texttemplate || null, texts};
+}))"""
 HOVER = """([f, row, col]) => {
   const gd = document.querySelectorAll('.plotly-graph-div')[f];
   Plotly.Fx.hover(gd, [{curveNumber: 0, pointNumber: [row, col]}]);
@@ -94,7 +99,7 @@ def pages(tmp_path_factory):
 def test_large_grid_page_is_legible(pages, name):
     from playwright.sync_api import sync_playwright
 
-    from entoscope.results.figures import MAX_CELL_TEXT
+    from entoscope.results.figures import CELL_TEXT_PX, CELL_TEXT_ROW_PX, MAX_CELL_TEXT
 
     root, results = pages
     table = results[name].table
@@ -115,7 +120,30 @@ def test_large_grid_page_is_legible(pages, name):
         hover = page.evaluate(HOVER, [f, row, col])
         browser.close()
     assert not overlaps, overlaps
-    big = [t for fig in figures for t in fig if t and t["cells"] > MAX_CELL_TEXT]
-    assert big, "the page has a heatmap past the cell-text limit (the case under test)"
-    assert all(t["template"] is None and t["texts"] == 0 for t in big), big
+    heatmaps = [t for fig in figures for t in fig if t]
+    for t in heatmaps:  # text in cells only where a cell holds it: each text inside its column, none overlapping
+        if t["texts"]:
+            assert t["wide"] >= CELL_TEXT_PX and t["tall"] >= CELL_TEXT_ROW_PX and t["cells"] <= MAX_CELL_TEXT, t
+            assert max(r[1] - r[0] for r in t["texts"]) <= t["wide"] and max(r[3] - r[2] for r in t["texts"]) <= t["tall"]
+    assert grid["template"] is not None and len(grid["texts"]) == len(table)  # 270 / 450 cells: large enough
     assert site["site"] in hover and f"value {float(site['value']):.3g}" in hover, hover
+
+
+def test_cell_text_leaves_cells_too_small_to_read():
+    """The rule behind the browser check, on figures whose cells the page would draw too small: 270 rows
+    (16 px each), 30 columns of three panels; a 30 x 9 grid keeps its numbers."""
+    import numpy as np
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from entoscope.results.figures import polish
+
+    z = np.random.default_rng(0).normal(size=(270, 15))
+    tall = polish(go.Figure(go.Heatmap(z=z, texttemplate="%{z:.2f}")))
+    assert tall.data[0].texttemplate is None and tall.layout.height >= 270 * 16
+    panels = make_subplots(rows=1, cols=3)
+    for c in (1, 2, 3):
+        panels.add_trace(go.Heatmap(z=z[:30, :10], texttemplate="%{z:.2f}"), row=1, col=c)
+    assert all(t.texttemplate is None for t in polish(panels).data)
+    kept = polish(go.Figure(go.Heatmap(z=z[:30, :9], texttemplate="%{z:.2f}")))
+    assert kept.data[0].texttemplate == "%{z:.2f}" and kept.layout.height >= 30 * 40

@@ -1,8 +1,9 @@
 """What every figure on a page gets, whichever operation drew it: a height that fits its rows (40 px a row
 up to 40 rows, 16 px a row past that), integer ticks on layer / head / position axes, values written in a
-heatmap's cells only while it has at most MAX_CELL_TEXT cells (past that the cells are too small to read
-and the value stays in the hover alone; words such as a lens's tokens up to MAX_WORD_CELLS), x tick labels turned when they would not fit side by side, a diverging colour scale centred at 0 for signed heatmaps, colour
-bars of a readable size with a title, and legends placed where they never cover data or axis titles.
+heatmap's cells only while each cell is large enough to read it (CELL_TEXT_PX wide, CELL_TEXT_ROW_PX
+tall, MAX_CELL_TEXT cells at most; otherwise the value stays in the hover alone), a diverging colour
+scale centred at 0 for signed heatmaps, colour bars of a readable size with a title, and legends placed
+where they never cover data or axis titles.
 And the words every figure uses for the same things: what its error bars are (`interval_note`, always
 the table's interval at the run's level) and the unit of a metric (`metric_unit`)."""
 
@@ -34,10 +35,9 @@ def metric_unit(metric: str, comparison: str | None = None) -> str:
     return METRIC_UNITS.get(metric, "metric units")
 ROW_PX, MIN_HEIGHT = 40, 300
 MANY_ROWS, SMALL_ROW_PX = 40, 16  # past MANY_ROWS rows, SMALL_ROW_PX a row (a 270-row grid stays one screenful-ish)
-MAX_CELL_TEXT = 200  # cells of a heatmap whose values are written in the cells (30 layers x 9 heads is past it)
-MAX_WORD_CELLS = 600  # cells of a heatmap that writes words (tokens) in its cells, past MAX_CELL_TEXT in 10 px
+MAX_CELL_TEXT = 600  # at most this many cells of a heatmap hold text (30 layers x 15 positions is 450)
+CELL_TEXT_PX, CELL_TEXT_ROW_PX = 40, 20  # and each cell at least this wide and tall (about "-0.12" at 12 px)
 PAGE_PLOT_PX = 1000  # about the plot area's width on a page (1280 px window, less margins and colour bar)
-CHAR_PX = 7  # about one character of a 12 px tick label
 
 
 def polish(fig: Any) -> Any:
@@ -49,7 +49,6 @@ def polish(fig: Any) -> Any:
             z = np.asarray(trace.z, dtype=float)
             rows = max(rows, z.shape[0] if z.ndim == 2 else 1)
             _colour_scale(trace, z)
-            _cell_text(trace, z)
             trace.colorbar.thickness = 14
             trace.colorbar.len = 1.0
             if not (trace.colorbar.title and trace.colorbar.title.text):
@@ -58,41 +57,26 @@ def polish(fig: Any) -> Any:
     if rows:
         height = max(height, 140 + (ROW_PX if rows <= MANY_ROWS else SMALL_ROW_PX) * rows)
     fig.update_layout(height=max(height, MIN_HEIGHT))
-    _turned_labels(fig)
+    panels = len({getattr(t, "xaxis", None) or "x" for t in fig.data})
+    for trace in fig.data:
+        if trace.type == "heatmap" and trace.z is not None:
+            _cell_text(trace, np.asarray(trace.z, dtype=float), fig.layout.height, panels)
     _legend(fig)
     return fig
 
 
-def _cell_text(trace: Any, z: np.ndarray) -> None:
-    """A heatmap past MAX_CELL_TEXT cells keeps its values in the hover only (a hover without a template
-    shows z; the operations' own hover texts hold the value). Words in the cells (a lens's top tokens: what
-    the figure is read for) stay up to MAX_WORD_CELLS cells, in a smaller font past MAX_CELL_TEXT."""
-    template = trace.texttemplate or ""
-    if z.size <= MAX_CELL_TEXT or not template:
+def _cell_text(trace: Any, z: np.ndarray, height: int, panels: int) -> None:
+    """Text in a heatmap's cells only where a cell is large enough to read it: at least CELL_TEXT_PX wide
+    (the plot's width shared by every panel's columns) and CELL_TEXT_ROW_PX tall, and at most MAX_CELL_TEXT
+    cells; otherwise the text goes and the value stays in the hover (a hover without a template shows z;
+    the operations' own hover texts hold the value)."""
+    if not trace.texttemplate or z.ndim != 2:
         return
-    if "%{z" in template or z.size > MAX_WORD_CELLS:
+    rows, columns = z.shape
+    wide = PAGE_PLOT_PX / max(1, panels) / max(1, columns)
+    tall = (height - 140) / max(1, rows)
+    if z.size > MAX_CELL_TEXT or wide < CELL_TEXT_PX or tall < CELL_TEXT_ROW_PX:
         trace.texttemplate = None
-    else:
-        trace.textfont.size = 10
-
-
-def _turned_labels(fig: Any) -> None:
-    """Category x axes whose labels would not fit side by side across the plot get them turned 45 degrees
-    (plotly would turn them too, but only after drawing; a fixed angle keeps the bottom margin for them)."""
-    layout = fig.layout
-    for name in [k for k in layout if k.startswith("xaxis")]:
-        ref = "x" + name[5:]
-        values: list[Any] = []
-        for t in fig.data:
-            if (getattr(t, "xaxis", None) or "x") == ref and getattr(t, "x", None) is not None:
-                values += list(np.asarray(t.x, dtype=object).ravel())
-        panels = len({getattr(t, "xaxis", None) or "x" for t in fig.data})
-        if not values or all(_is_number(v) for v in values) or layout[name].tickangle is not None:
-            continue
-        labels = {str(v) for v in values}
-        room = PAGE_PLOT_PX / max(1, panels) / len(labels)
-        if max(map(len, labels)) * CHAR_PX > room:
-            layout[name].update(tickangle=-45, automargin=True)
 
 
 def _integer_ticks(fig: Any) -> None:
