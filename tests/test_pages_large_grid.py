@@ -49,10 +49,12 @@ CELLS = """() => [...document.querySelectorAll('.plotly-graph-div')].map(gd => g
   return {cells: t.z.length * t.z[0].length, x: t.x, y: t.y, wide: xa._length / t.z[0].length, tall: ya._length / t.z.length,
           template: t.texttemplate || null, texts};
 }))"""
-HOVER = """([f, row, col]) => {
-  const gd = document.querySelectorAll('.plotly-graph-div')[f];
-  Plotly.Fx.hover(gd, [{curveNumber: 0, pointNumber: [row, col]}]);
-  return document.querySelector('.hoverlayer').textContent;
+CENTRE = """([f, row, col]) => {  // the cell's centre on the page, from the figure's own axes
+  const gd = document.querySelectorAll('.plotly-graph-div')[f], t = gd._fullData[0];
+  gd.scrollIntoView({block: 'start'});
+  const box = gd.getBoundingClientRect();
+  const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;
+  return [box.left + xa._offset + xa.d2p(t.x[col]), box.top + ya._offset + ya.d2p(t.y[row])];
 }"""
 
 
@@ -105,7 +107,7 @@ def test_large_grid_page_is_legible(pages, name):
     table = results[name].table
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page = browser.new_page(viewport={"width": 1280, "height": 1600})  # a 30-row figure in view
         page.goto((root / name / "index.html").as_uri())
         page.wait_for_function("() => [...document.querySelectorAll('.plotly-graph-div')]"
                                ".every(f => f.querySelector('.main-svg'))", timeout=20000)
@@ -117,7 +119,9 @@ def test_large_grid_page_is_legible(pages, name):
         col_name = "head" if name == "heads" else "position"
         row = [int(v) for v in grid["y"]].index(int(site["layer"]))
         col = next(i for i, x in enumerate(grid["x"]) if str(x).lstrip("h").split(":")[0] == str(int(site[col_name])))
-        hover = page.evaluate(HOVER, [f, row, col])
+        page.mouse.move(*page.evaluate(CENTRE, [f, row, col]))
+        page.wait_for_function("() => document.querySelector('.hoverlayer')?.textContent", timeout=5000)
+        hover = page.evaluate("() => document.querySelector('.hoverlayer').textContent")
         browser.close()
     assert not overlaps, overlaps
     heatmaps = [t for fig in figures for t in fig if t]
