@@ -411,6 +411,7 @@ def _figures(result: Result) -> list[tuple[str, Any]]:
         hover = t.assign(_hover=_hover(t, value)).pivot_table(index="layer", columns="position", values="_hover",
                                                              aggfunc="first", sort=False)
         text, hover = (f.reindex(index=grid.index, columns=grid.columns) for f in (text, hover))
+        text = text.map(lambda tok: repr(tok) if isinstance(tok, str) and not tok.strip() else tok)  # ' ', '\n': seen
         labels = [str(c) for c in grid.columns]
         first = result.per_prompt_head(1)
         if first is not None and len(first):

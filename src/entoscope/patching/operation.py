@@ -46,6 +46,10 @@ from .values import get_patch_value
 from .writes import Setup
 
 FLOAT = 4  # bytes per activation element assumed by the memory estimates
+# Exact patching on a CPU: at most this many token rows (patched rows x positions) per forward. Beyond it the
+# block's intermediates leave the cache and each row costs more (SmolLM2-135M, one thread: a block walk of 64
+# rows x 15 tokens costs 0.021 s a row, of 256 rows 0.025 s; benchmarks/bench_real_patching.py, docs/speed.md).
+CPU_TOKENS = 1024
 
 
 @dataclass(frozen=True)
@@ -288,7 +292,10 @@ class Patching(Sharded, Operation):
         else:
             per_row += _backward_bytes(model, T)
         budget = int(self.memory_budget_mb * 2**20 / 2)
-        return max(1, min(1024, budget // max(1, per_row)))
+        rows = max(1, min(1024, budget // max(1, per_row)))
+        if self.method == "exact" and torch.device(model.device).type == "cpu":
+            rows = min(rows, max(1, CPU_TOKENS // T))
+        return rows
 
     def confirm_subset(self, rows: Any) -> Patching:
         """The confirmation run patches only the screen's top rows (their coordinates), when the sites are a

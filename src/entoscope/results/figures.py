@@ -1,6 +1,9 @@
-"""What every figure on a page gets, whichever operation drew it: a height that fits its rows, integer
-ticks on layer / head / position axes, a diverging colour scale centred at 0 for signed heatmaps, colour
-bars of a readable size with a title, and legends placed where they never cover data or axis titles.
+"""What every figure on a page gets, whichever operation drew it: a height that fits its rows (40 px a row
+up to 40 rows, 16 px a row past that), integer ticks on layer / head / position axes, values written in a
+heatmap's cells only while each cell is large enough to read it (CELL_TEXT_PX wide, CELL_TEXT_ROW_PX
+tall, MAX_CELL_TEXT cells at most; otherwise the value stays in the hover alone), a diverging colour
+scale centred at 0 for signed heatmaps, colour bars of a readable size with a title, and legends placed
+where they never cover data or axis titles.
 And the words every figure uses for the same things: what its error bars are (`interval_note`, always
 the table's interval at the run's level) and the unit of a metric (`metric_unit`)."""
 
@@ -31,6 +34,10 @@ def metric_unit(metric: str, comparison: str | None = None) -> str:
         return "1 = clean, 0 = corrupt"
     return METRIC_UNITS.get(metric, "metric units")
 ROW_PX, MIN_HEIGHT = 40, 300
+MANY_ROWS, SMALL_ROW_PX = 40, 16  # past MANY_ROWS rows, SMALL_ROW_PX a row (a 270-row grid stays one screenful-ish)
+MAX_CELL_TEXT = 600  # at most this many cells of a heatmap hold text (30 layers x 15 positions is 450)
+CELL_TEXT_PX, CELL_TEXT_ROW_PX = 40, 20  # and each cell at least this wide and tall (about "-0.12" at 12 px)
+PAGE_PLOT_PX = 1000  # about the plot area's width on a page (1280 px window, less margins and colour bar)
 
 
 def polish(fig: Any) -> Any:
@@ -48,10 +55,28 @@ def polish(fig: Any) -> Any:
                 trace.colorbar.title.text = trace.name or "value"
     height = fig.layout.height or 0
     if rows:
-        height = max(height, 140 + ROW_PX * rows)
+        height = max(height, 140 + (ROW_PX if rows <= MANY_ROWS else SMALL_ROW_PX) * rows)
     fig.update_layout(height=max(height, MIN_HEIGHT))
+    panels = len({getattr(t, "xaxis", None) or "x" for t in fig.data})
+    for trace in fig.data:
+        if trace.type == "heatmap" and trace.z is not None:
+            _cell_text(trace, np.asarray(trace.z, dtype=float), fig.layout.height, panels)
     _legend(fig)
     return fig
+
+
+def _cell_text(trace: Any, z: np.ndarray, height: int, panels: int) -> None:
+    """Text in a heatmap's cells only where a cell is large enough to read it: at least CELL_TEXT_PX wide
+    (the plot's width shared by every panel's columns) and CELL_TEXT_ROW_PX tall, and at most MAX_CELL_TEXT
+    cells; otherwise the text goes and the value stays in the hover (a hover without a template shows z;
+    the operations' own hover texts hold the value)."""
+    if not trace.texttemplate or z.ndim != 2:
+        return
+    rows, columns = z.shape
+    wide = PAGE_PLOT_PX / max(1, panels) / max(1, columns)
+    tall = (height - 140) / max(1, rows)
+    if z.size > MAX_CELL_TEXT or wide < CELL_TEXT_PX or tall < CELL_TEXT_ROW_PX:
+        trace.texttemplate = None
 
 
 def _integer_ticks(fig: Any) -> None:
