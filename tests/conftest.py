@@ -154,3 +154,23 @@ def smollm2_folder():
 @pytest.fixture(scope="session")
 def gemma3_folder():
     return real_model_folder(REAL_MODELS["gemma3"])
+
+
+# the real models' reports: the sections that cost seconds there (patching, probing, circuits and steering take
+# minutes on a 2-core CPU); Gemma 3's lens reads a 262,144-token vocabulary, so it is left out there too
+REAL_REPORT_SECTIONS = {"smollm2": ["lens", "head_scores", "dla", "ifr"], "gemma3": ["head_scores", "dla", "ifr"]}
+_REPORTS: dict = {}
+
+
+def real_report(name: str, tmp_path_factory):
+    """The quick report of real model `name` ("smollm2", "gemma3") with REAL_REPORT_SECTIONS, built once per
+    session (the page-claims and browser tests read the same folder)."""
+    if name not in _REPORTS:
+        import entoscope as es
+        from entoscope.report import build_report
+
+        model = es.load_model(str(real_model_folder(REAL_MODELS[name])))
+        folder = tmp_path_factory.mktemp("real_report") / name
+        build_report(model, folder, quick=True, sections=REAL_REPORT_SECTIONS[name], quiet=True)
+        _REPORTS[name] = folder
+    return _REPORTS[name]

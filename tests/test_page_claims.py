@@ -29,11 +29,22 @@ QUALIFIER_WORDS = re.compile(r"\b(most|strongest|strongly|largest|highest|carr(?
                              r"stands? out|above 0|below 0|includes 0|exceeds?|no single|survives?|as much)\b", re.I)
 
 
-@pytest.fixture(scope="module")
-def report(tmp_path_factory):
+@pytest.fixture(scope="module", params=["demo", pytest.param("smollm2", marks=pytest.mark.real),
+                                        pytest.param("gemma3", marks=pytest.mark.real)])
+def report(request, tmp_path_factory):
+    """The demo's quick report, and the real models' (conftest.real_report: the sections that cost seconds)."""
     import entoscope as es
     from entoscope.report import build_report
 
+    if request.param != "demo":
+        from conftest import real_report
+
+        folder = real_report(request.param, tmp_path_factory)
+        manifest = json.loads((folder / "manifest.json").read_text())
+        assert manifest["model"]["structure"]["quantization"].startswith("GGUF ")
+        assert "dequantized from GGUF" in (folder / "index.html").read_text()
+        assert not manifest.get("not_run"), manifest.get("not_run")
+        return folder
     folder = tmp_path_factory.mktemp("claims") / "demo"
     build_report(es.load_model("demo"), folder, quick=True)
     return folder
@@ -98,7 +109,7 @@ def _path(config: dict, dotted: str):
 def test_every_number_of_every_takeaway_is_its_table_cell(report):
     tables = Tables()
     entries = _recorded(report)
-    assert len(entries) >= 20
+    assert len(entries) >= (20 if report.name == "demo" else 4)  # the real reports: 3-4 sections
     n_claims = 0
     for base, page, entry in entries:
         text = entry["text"]
@@ -263,6 +274,9 @@ def test_every_qualifier_follows_its_rule(report):
             else:
                 raise AssertionError(f"{where}: a rule docs/pages.md does not define")
             assert ok, where
+    if report.name != "demo":  # the real reports' few sections need not use every rule
+        assert sum(seen.values()) >= 4, seen
+        return
     for rule in ("most", "not_most", "top_by_abs", "overlaps", "none_significant", "random_as_large",
                  "includes_zero", "above_zero"):
         assert seen.get(rule), f"the demo report exercises no {rule!r} qualifier"
@@ -273,13 +287,14 @@ def test_every_lead_on_every_page_is_a_recorded_takeaway(report):
     for _, page, entry in _recorded(report):
         recorded.setdefault(page.resolve(), set()).add(entry["text"])
     every = set().union(*recorded.values())
+    name = json.loads((report / "manifest.json").read_text())["model"]["name"]  # a model's name may hold digits
     for page in sorted(report.rglob("*.html")):
         text = page.read_text()
         for m in re.finditer(r'<p class="(lead|takeaway)">(.*?)</p>', text, re.S):
             said = html.unescape(m.group(2))
             if said in every:
                 continue
-            assert not re.search(r"\d", said), f"{page.relative_to(report)}: an unrecorded lead states numbers: {said!r}"
+            assert not re.search(r"\d", said.replace(name, "")), f"{page.relative_to(report)}: an unrecorded lead states numbers: {said!r}"
 
 
 # ------------------------------------------------------------------ figures: every mark is the table's interval
@@ -409,7 +424,10 @@ def test_every_error_bar_band_and_hover_interval_is_the_tables(report):
                 if trace.get("type") == "heatmap" and trace.get("showscale") is not False:
                     t = ((trace.get("colorbar") or {}).get("title") or {}).get("text", "")
                     assert t and ("(" in t or "probability" in t or "share" in t), f"{where}: colour bar title {t!r}"
-    assert counts["bars"] >= 50 and counts["bands"] >= 5 and counts["hovers"] >= 200, counts
+    if report.name == "demo":  # the real reports have no lens band over layers in every section
+        assert counts["bars"] >= 50 and counts["bands"] >= 5 and counts["hovers"] >= 200, counts
+    else:
+        assert counts["bars"] >= 50 and counts["hovers"] >= 200, counts
 
 
 def _hover_row_exists(tables: Tables, csvs: list[Path], first: str, m) -> bool:
@@ -500,6 +518,8 @@ def _check_drawing(data: list, layout: dict, where: str) -> int:
 
 def test_no_circuit_edge_runs_over_a_node(report):
     n = 0
+    if not (report / "circuits").is_dir():
+        pytest.skip("this report has no circuits section (the real reports leave it out: minutes on a CPU)")
     for page in sorted(report.rglob("circuit*.html")) + [report / "circuits" / "index.html"]:
         for data, layout in _plotly_figures(page):
             if "layer" in str((layout.get("yaxis") or {}).get("title")):

@@ -44,11 +44,17 @@ CHECKS = """() => {
 }"""
 
 
-@pytest.fixture(scope="module")
-def report(tmp_path_factory):
+@pytest.fixture(scope="module", params=["demo", pytest.param("smollm2", marks=pytest.mark.real),
+                                        pytest.param("gemma3", marks=pytest.mark.real)])
+def report(request, tmp_path_factory):
+    """The demo's quick report, and the real models' (conftest.real_report: 30 and 18 layers' figures)."""
     import entoscope as es
     from entoscope.report import build_report
 
+    if request.param != "demo":
+        from conftest import real_report
+
+        return real_report(request.param, tmp_path_factory)
     folder = tmp_path_factory.mktemp("report") / "demo"
     build_report(es.load_model("demo"), folder, quick=True)
     return folder
@@ -66,7 +72,7 @@ def _artifacts() -> Path:
 
 def test_every_report_page_renders_offline_and_reads_cleanly(report):
     pages = _pages(report)
-    assert len(pages) >= 8
+    assert len(pages) >= (8 if report.name == "demo" else 4)
     _check_pages(report, pages, "report")
 
 
