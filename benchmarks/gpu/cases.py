@@ -201,8 +201,8 @@ def cases() -> list[Case]:
              ("condition", "direction", "coefficient", "mode", "site", "metric"),
              ("metric_steered", "effect", "minus_random"), {"float32": F32, "bfloat16": 0.1},
              scales={"effect": "metric_steered", "minus_random": "metric_steered"}),
-        # IIA over 16 held-out pairs, measured identical in bfloat16 and float32 on the CPU (demo, 3 data seeds,
-        # every row): a tolerance of one pair in float32 (DAS trained with reductions in another order may
+        # IIA over 16 held-out pairs, measured identical in bfloat16 and float32 on the CPU (demo, 3 data seeds;
+        # SmolLM2, 1 seed; every row): a tolerance of one pair in float32 (DAS trained with reductions in another order may
         # flip a pair at the boundary), two pairs in bfloat16
         Case("interchange", _interchange, ("site", "basis"), ("iia",), {"float32": 0.07, "bfloat16": 0.15}),
     ]
