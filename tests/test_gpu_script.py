@@ -53,12 +53,14 @@ def test_cpu_path_runs_every_operation_green(tmp_path: Path) -> None:
     compared = {r["operation"] for r in rows if r["dtype"] == "bfloat16"}
     skipped = {r["operation"]: r["note"] for r in rows if r["status"] == "skipped"}
     assert compared | set(skipped) == _case_names()
-    assert set(skipped) <= {"interchange"}, skipped  # only the operation not written yet
+    assert not skipped, skipped  # every operation runs on the demo model (interchange included)
+    assert "interchange" in compared
     for r in rows:
         if r["dtype"] == "bfloat16":
             assert r["status"] == "ok" and 0 <= r["err"] <= r["tol"], r  # within its tolerance
-            # bfloat16 moves every number (a probe's accuracy over 24 prompts may well stay where it was)
-            assert r["err"] > 0 or r["operation"] == "probing", r
+            # bfloat16 moves every number (a probe's accuracy over 24 prompts, or an IIA over 16 pairs, both
+            # counts, may well stay where they were)
+            assert r["err"] > 0 or r["operation"] in ("probing", "interchange"), r
     assert {t["name"] for t in report["timings"]} == {"eap_ig", "exact_sweep"}
     for t in report["timings"]:
         assert t["seconds"] > 0 and t["floor_seconds"] > 0 and t["n"] == 16, t

@@ -14,6 +14,12 @@ Built in:
   S under the interchange (class 1). Both directions are measured: each original prompt is the base of
   one pair and the source of its swap's. Each prompt's value (for the labelled bases) is its IO's name,
   a class per name, so mean_difference and probe span the names' directions.
+- facts, variable `country` (the subject whose capital is recalled; Meng et al. 2022's factual recall): the
+  source of a prompt is the same template about another country (the task's counterfactual), so the
+  high-level model predicts the source's capital under the interchange; the classes are [the base's
+  capital, the source's capital] (prediction: class 1). Both directions, as for ioi: each counterfactual
+  prompt is also the base of a pair whose source is the original. Each prompt's value is its country's
+  index in vocab.COUNTRIES.
 - your own: a dataset whose `prompt` is the base, `counterfactual` the source, `answer` the expected
   output under the interchange and `wrong_answers` the other outputs read (the classes are
   [answer, *wrong_answers]); `meta.variable` names the variable, `label` (the base's value) and
@@ -30,7 +36,7 @@ import numpy as np
 from ..data.examples import Dataset, Example
 from ..errors import DataError
 
-VARIABLES = {"ioi": ("io",)}
+VARIABLES = {"ioi": ("io",), "facts": ("country",)}
 
 
 @dataclass(frozen=True)
@@ -96,13 +102,14 @@ def _build(data: Dataset, variable: str | None) -> Pairs:
         if task not in VARIABLES:
             raise DataError(f"task {task!r} has no high-level causal model for interchange interventions yet",
                             code="interchange_no_causal_model",
-                            remedy="use task ioi (variable io), or give your own pairs: prompt (base), "
+                            remedy="use task ioi (variable io) or facts (country), or give your own pairs: "
+                            "prompt (base), "
                             "counterfactual (source), answer (expected output) and wrong_answers (docs/interchange.md)")
         known = VARIABLES[task]
         if variable is not None and variable not in known:
             raise DataError(f"task {task!r} has no variable {variable!r}", code="interchange_variable",
                             remedy=f"its variables: {', '.join(known)}")
-        return _ioi(data)
+        return _ioi(data) if task == "ioi" else _facts(data)
     return _own(data, variable)
 
 
@@ -126,6 +133,32 @@ def _ioi(data: Dataset) -> Pairs:
     prompts = Dataset(data.name, tuple(examples), description=data.description, params=dict(data.params or {}))
     return Pairs(prompts, base, source, classes, np.ones(2 * n, dtype=np.int64), np.zeros(2 * n, dtype=np.int64),
                  labels, base % n, "io")
+
+
+def _facts(data: Dataset) -> Pairs:
+    from ..data.tasks import vocab
+
+    n = len(data)
+    if n < 4:
+        raise DataError(f"interchange on facts needs at least 4 prompts, got {n}", code="interchange_too_few",
+                        remedy="use n: 16 or more")
+    countries = [c for c, _ in vocab.COUNTRIES]
+    capital = dict(vocab.COUNTRIES)
+    originals = [Example(prompt=e.prompt, label=e.label,
+                         meta={"country": e.meta["country"],
+                               **({"roles": e.meta["roles"]} if "roles" in e.meta else {})}) for e in data]
+    others = [Example(prompt=e.counterfactual, label=countries.index(e.meta["counterfactual_country"]),
+                      meta={"country": e.meta["counterfactual_country"],
+                            **({"roles": e.meta["cf_roles"]} if "cf_roles" in e.meta else {})}) for e in data]
+    examples = originals + others
+    base = np.arange(2 * n)
+    source = np.concatenate([np.arange(n) + n, np.arange(n)])
+    classes = [[" " + capital[examples[b].meta["country"]], " " + capital[examples[s].meta["country"]]]
+               for b, s in zip(base, source)]
+    labels = np.array([countries.index(e.meta["country"]) for e in examples])
+    prompts = Dataset(data.name, tuple(examples), description=data.description, params=dict(data.params or {}))
+    return Pairs(prompts, base, source, classes, np.ones(2 * n, dtype=np.int64), np.zeros(2 * n, dtype=np.int64),
+                 labels, base % n, "country")
 
 
 def _own(data: Dataset, variable: str | None) -> Pairs:

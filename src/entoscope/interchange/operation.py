@@ -75,7 +75,8 @@ class InterchangeContext:
 class Interchange(Sharded, Operation):
     """Interchange interventions on subspaces, and distributed alignment search (DAS), over a grid of sites.
 
-    variable:    the high-level variable (ioi: io, which name is the indirect object); your own pairs name theirs.
+    variable:    the high-level variable (ioi: io, which name is the indirect object; facts: country); your own
+                 pairs name theirs.
     activation:  the site kind (resid_pre, resid_mid, resid_post, attn_out, mlp_out, mlp_post, z / result with
                  head, a feature site features@KEY); layers: the grid's layers ("all" or a list).
     positions:   token indices or roles ([S2, END]): each prompt's own token (bases and sources alike).
