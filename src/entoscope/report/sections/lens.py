@@ -1,22 +1,41 @@
-"""The report's lens section: the logit lens on IOI prompts, by layer, at the last positions."""
+"""The report's lens section: the logit lens on IOI prompts, by layer, at the last positions; then the logit
+lens beside a Jacobian lens fitted here on a small built-in corpus (lens/compare.py), on the same prompts'
+last tokens: per layer, the share of prompts whose lens top token is the model's and the KL to the final
+distribution, and from which layer each lens is informative. The report trains no tuned lens, so the
+comparison has none."""
 
 from __future__ import annotations
 
+import html
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from ...registry import register
+from ...results.claims import join
 from ..section import Section, lead_of, result_html, run_saved
 
 
 @register("report_section", "lens")
 def lens_section(model: Any, folder: Path, quick: bool) -> Section:
-    from ...lens import Lens
+    from ...lens import JacobianLens, Lens
+    from ...lens.compare import compare_lenses
     from ...sites import Sites
 
+    ioi = {"task": "ioi", "n": 8 if quick else 32, "seed": 7}
     op = Lens(sites=Sites(activation="resid_post", over=["layer", "position"], positions="-8:"))
-    result = run_saved(op, model, {"task": "ioi", "n": 8 if quick else 32, "seed": 7}, folder, folder.parent)
-    return Section("logit lens on IOI (last 8 positions)", lead_of(result, folder, folder.parent),
-                   result_html(result, lead=False),
-                   terms=("logit lens", "KL(final || lens)", "95% interval", "names"))
-
+    result = run_saved(op, model, ioi, folder, folder.parent)
+    # a Jacobian lens fitted on a few corpus texts (seconds on the demo model), compared on the same IOI prompts
+    corpus = {"task": "corpus", "n": 4 if quick else 16, "seed": 3}
+    with tempfile.TemporaryDirectory() as tmp:
+        JacobianLens.fit(model, corpus, skip_first=4, quiet=True).save(Path(tmp) / "jacobian")
+        compared = compare_lenses(model, ioi, jacobian=str(Path(tmp) / "jacobian"))
+    where = folder / "comparison"
+    compared.save(where, assets_dir=folder.parent)
+    lead = join([lead_of(result, folder, folder.parent), lead_of(compared, where, folder.parent)])
+    link = f'<p class="more"><a href="{folder.name}/comparison/index.html">the lenses side by side: every figure and ' \
+           "the whole table</a></p>"
+    body = result_html(result, lead=False) + "<h3>" + html.escape(compared.title) + "</h3>" + \
+        result_html(compared, lead=False, figures=0, max_rows=40) + link
+    return Section("logit lens on IOI (last 8 positions), and beside a Jacobian lens", lead, body,
+                   terms=("logit lens", "Jacobian lens", "KL(final || lens)", "95% interval", "names"))
