@@ -18,6 +18,7 @@ from ..section import Section, lead_of, result_html, run_saved
 
 @register("report_section", "lens")
 def lens_section(model: Any, folder: Path, quick: bool) -> Section:
+    from ...data import tasks
     from ...lens import JacobianLens, Lens
     from ...lens.compare import compare_lenses
     from ...sites import Sites
@@ -26,7 +27,9 @@ def lens_section(model: Any, folder: Path, quick: bool) -> Section:
     op = Lens(sites=Sites(activation="resid_post", over=["layer", "position"], positions="-8:"))
     result = run_saved(op, model, ioi, folder, folder.parent)
     # a Jacobian lens fitted on a few corpus texts (seconds on the demo model), compared on the same IOI prompts
-    corpus = {"task": "corpus", "n": 4 if quick else 16, "seed": 3}
+    # built without the model's tokenizer: the texts are only text, so a tokenizer that splits the tasks' answer
+    # words (SmolLM2's digits) does not refuse them as it would a task's answer set
+    corpus = tasks.corpus(n=4 if quick else 16, seed=3)
     with tempfile.TemporaryDirectory() as tmp:
         JacobianLens.fit(model, corpus, skip_first=4, quiet=True).save(Path(tmp) / "jacobian")
         compared = compare_lenses(model, ioi, jacobian=str(Path(tmp) / "jacobian"))
