@@ -29,9 +29,10 @@ def lens_section(model: Any, folder: Path, quick: bool) -> Section:
     # a Jacobian lens fitted on a few corpus texts (seconds on the demo model), compared on the same IOI prompts
     # built without the model's tokenizer: the texts are only text, so a tokenizer that splits the tasks' answer
     # words (SmolLM2's digits) does not refuse them as it would a task's answer set
-    corpus = tasks.corpus(n=4 if quick else 16, seed=3)
+    corpus = tasks.corpus(n=2 if quick else 16, seed=3)
     with tempfile.TemporaryDirectory() as tmp:
-        JacobianLens.fit(model, corpus, skip_first=4, quiet=True).save(Path(tmp) / "jacobian")
+        fitted = JacobianLens.fit(model, corpus, skip_first=4, max_length=48 if quick else 128, quiet=True)
+        fitted.save(Path(tmp) / "jacobian")
         compared = compare_lenses(model, ioi, jacobian=str(Path(tmp) / "jacobian"))
     where = folder / "comparison"
     compared.save(where, assets_dir=folder.parent)
