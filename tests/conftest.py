@@ -158,7 +158,7 @@ def gemma3_folder():
 
 # the real models' reports: the sections that cost seconds there (patching, probing, circuits and steering take
 # minutes on a 2-core CPU); Gemma 3's lens reads a 262,144-token vocabulary, so it is left out there too
-REAL_REPORT_SECTIONS = {"smollm2": ["lens", "head_scores", "dla", "ifr"], "gemma3": ["head_scores", "dla", "ifr"]}
+REAL_REPORT_SECTIONS = {"smollm2": ["head_scores", "dla", "ifr"], "gemma3": ["head_scores", "dla", "ifr"]}
 _REPORTS: dict = {}
 
 

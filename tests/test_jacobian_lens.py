@@ -158,3 +158,52 @@ def test_decompose_matches_transformer_lens_on_lens_vectors():
     assert mine.selected == theirs.selected_support.tolist() and mine.support == theirs.support.tolist()
     torch.testing.assert_close(torch.tensor(mine.coefficients, dtype=torch.float64), theirs.coordinates.double(),
                                atol=1e-4, rtol=1e-4)
+
+
+def test_the_comparison_page_states_the_tables_agreement_and_from_which_layer_each_lens_is_informative(tmp_path):
+    """Every layer's agreement of the logit lens counted by a direct argmax; its interval against the score
+    test's definition (the proportions pi with |p - pi| <= z sqrt(pi (1 - pi) / n), by a grid); the first
+    informative layer by hand; each number of the saved takeaway read back from the saved table."""
+    import json
+    from statistics import NormalDist
+
+    import numpy as np
+    import pandas as pd
+
+    from entoscope.lens.compare import compare_lenses
+    from entoscope.lens.project import decode_states
+
+    model = es.load_model("demo")  # its logit lens is uninformative at layer 0: the first layer is not trivial
+    data = _texts(16, 6, seed=5)
+    r = compare_lenses(model, data)
+    t = r.table.set_index(["lens", "layer"])
+    a = adapt(model)
+    L = a.structure.n_layers
+    z = NormalDist().inv_cdf(0.975)
+    grid = np.linspace(0, 1, 200001)
+    passes = []
+    for layer in range(L):
+        hits = 0
+        for ex in data:
+            out = a.run(torch.tensor([list(ex.prompt)]), [ActName("resid_post", layer)])
+            h = out.acts[ActName("resid_post", layer)][0, -1]
+            hits += int(decode_states(a, h).argmax() == out.logits[0, -1].argmax())
+        p, n = hits / 16, 16
+        inside = grid[np.abs(p - grid) <= z * np.sqrt(grid * (1 - grid) / n) + 1e-12]
+        row = t.loc[("logit", layer)]
+        assert row["agree"] == pytest.approx(p)
+        assert row["agree_ci_low"] == pytest.approx(inside.min(), abs=1e-4)
+        assert row["agree_ci_high"] == pytest.approx(inside.max(), abs=1e-4)
+        passes.append(p >= 0.5 and inside.min() > 0.5)
+    first = next(i for i in range(L) if all(passes[i:]))
+    assert first > 0
+    assert (r.table["informative_from"] == first).all()
+    r.save(tmp_path / "cmp")
+    saved = pd.read_csv(tmp_path / "cmp" / "table.csv")
+    [entry] = json.loads((tmp_path / "cmp" / "takeaway.json").read_text())
+    assert f"most prompts from layer {first} on through the logit lens" in entry["text"]
+    quotes = [c for c in entry["claims"] if c["type"] == "quote"]
+    assert {int(c["row"]["layer"]) for c in quotes if c["column"] == "agree"} == set(range(first, L))
+    for c in quotes:
+        cell = saved[(saved["lens"] == c["row"]["lens"]) & (saved["layer"] == int(c["row"]["layer"]))].iloc[0]
+        assert cell[c["column"]] == pytest.approx(c["value"]) and format(c["value"], c["fmt"]) in c["text"]

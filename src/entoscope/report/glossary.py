@@ -38,6 +38,8 @@ TERMS: dict[str, str] = {
     "model's own next-token distribution loses when read through the lens at a layer (0 at the last layer).",
     "logit lens": "the residual stream at a layer put through the final norm and the unembedding "
     "(nostalgebraist 2020).",
+    "Jacobian lens": "the logit lens applied after carrying a layer's residual state to the last layer through "
+    "the average Jacobian of the later blocks, fitted on texts (Gurnee et al. 2026).",
     "score": "head scores: the mean attention a head pays to its targets, over query positions that have a "
     "target; an ideal head scores 1.",
     "score_tl": "TransformerLens's head-detector score ('mul'): attention on targets over all attention; on a "

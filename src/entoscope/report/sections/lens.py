@@ -1,11 +1,18 @@
-"""The report's lens section: the logit lens on IOI prompts, by layer, at the last positions."""
+"""The report's lens section: the logit lens on IOI prompts, by layer, at the last positions; then the logit
+lens beside a Jacobian lens fitted here on a small built-in corpus (lens/compare.py), on the same prompts'
+last tokens: per layer, the share of prompts whose lens top token is the model's and the KL to the final
+distribution, and from which layer each lens is informative. The report trains no tuned lens, so the
+comparison has none."""
 
 from __future__ import annotations
 
+import html
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from ...registry import register
+from ...results.claims import join
 from ..preflight import runs_by
 from ..section import Section, lead_of, result_html, run_saved
 
@@ -21,9 +28,26 @@ def lens_runs(model: Any, quick: bool) -> list[tuple[Any, Any]]:
 @register("report_section", "lens")
 @runs_by(lens_runs)
 def lens_section(model: Any, folder: Path, quick: bool) -> Section:
-    [(op, data)] = lens_runs(model, quick)
-    result = run_saved(op, model, data, folder, folder.parent)
-    return Section("logit lens on IOI (last 8 positions)", lead_of(result, folder, folder.parent),
-                   result_html(result, lead=False),
-                   terms=("logit lens", "KL(final || lens)", "95% interval", "names"))
+    from ...data import tasks
+    from ...lens import JacobianLens
+    from ...lens.compare import compare_lenses
 
+    [(op, ioi)] = lens_runs(model, quick)
+    result = run_saved(op, model, ioi, folder, folder.parent)
+    # a Jacobian lens fitted on a few corpus texts (seconds on the demo model), compared on the same IOI prompts
+    # built without the model's tokenizer: the texts are only text, so a tokenizer that splits the tasks' answer
+    # words (SmolLM2's digits) does not refuse them as it would a task's answer set
+    corpus = tasks.corpus(n=2 if quick else 16, seed=3)
+    with tempfile.TemporaryDirectory() as tmp:
+        fitted = JacobianLens.fit(model, corpus, skip_first=4, max_length=48 if quick else 128, quiet=True)
+        fitted.save(Path(tmp) / "jacobian")
+        compared = compare_lenses(model, ioi, jacobian=str(Path(tmp) / "jacobian"))
+    where = folder / "comparison"
+    compared.save(where, assets_dir=folder.parent)
+    lead = join([lead_of(result, folder, folder.parent), lead_of(compared, where, folder.parent)])
+    link = f'<p class="more"><a href="{folder.name}/comparison/index.html">the lenses side by side: every figure and ' \
+           "the whole table</a></p>"
+    body = result_html(result, lead=False) + "<h3>" + html.escape(compared.title) + "</h3>" + \
+        result_html(compared, lead=False, figures=0, max_rows=40) + link
+    return Section("logit lens on IOI (last 8 positions), and beside a Jacobian lens", lead, body,
+                   terms=("logit lens", "Jacobian lens", "KL(final || lens)", "95% interval", "names"))
