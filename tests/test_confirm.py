@@ -50,8 +50,11 @@ def test_dla_confirms_on_fresh_prompts(demo):
 
 
 def test_confirmation_is_refused_before_the_run_where_it_cannot_be_made(demo):
+    from entoscope.data import Dataset
+
+    own = Dataset("mine", tuple(es.tasks.ioi(n=4).examples))  # a user's own prompts: no task to draw fresh ones from
     with pytest.raises(ConfigError) as err:
-        es.Patching(confirm={"k": 2}).run(demo, es.tasks.ioi(n=4), quiet=True)  # a Dataset: no fresh prompts
+        es.Patching(confirm={"k": 2}).run(demo, own, quiet=True)
     assert err.value.code == "confirm_needs_task"
     with pytest.raises(ConfigError) as err:
         es.Lens(sites={"activation": "resid_post", "over": ["layer"]}, confirm={"k": 2}).run(
@@ -80,3 +83,13 @@ def test_circuit_edges_confirm_on_fresh_prompts(demo):
     c = r.confirmation
     np.testing.assert_allclose(c["score"], fresh.loc[c["edge"], "score"], rtol=1e-9)
     assert (c["screen_n_prompts"] == 8).all() and (c["n_prompts"] == 8).all()
+
+
+def test_a_built_in_tasks_dataset_confirms_as_its_spec_does(demo):
+    """es.tasks.ioi(n=12) carries how it was made (its params), so its fresh prompts are those of the spec."""
+    from_dataset = es.DirectLogitAttribution(metric="logit_diff", confirm={"k": 3}).run(
+        demo, es.tasks.ioi(n=12), quiet=True).confirmation
+    from_spec = es.DirectLogitAttribution(metric="logit_diff", confirm={"k": 3}).run(
+        demo, {"task": "ioi", "n": 12}, quiet=True).confirmation
+    np.testing.assert_array_equal(from_dataset["component"].to_numpy(), from_spec["component"].to_numpy())
+    np.testing.assert_allclose(from_dataset["mean"], from_spec["mean"], rtol=1e-12)

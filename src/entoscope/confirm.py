@@ -17,6 +17,7 @@ executor (Ray: a second run).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -45,7 +46,11 @@ def fresh_data(data: Any, confirm: Confirm, name: str) -> dict[str, Any]:
     before anything runs, for data that cannot make fresh prompts."""
     if hasattr(data, "model_dump") and getattr(data, "task", None):  # a DataSpec (YAML, the CLI)
         data = {k: v for k, v in data.model_dump().items() if k in ("task", "n", "seed", "params") and v}
-        data = {**data.pop("params", {}), **data}
+    made = getattr(data, "params", None)
+    if not isinstance(data, dict) and isinstance(made, Mapping) and made.get("task"):  # a built-in task's Dataset
+        made = {k: v for k, v in made.items() if isinstance(v, (str, int, float, bool, list))}
+        own = {k: v for k, v in made.items() if k not in ("task", "n", "seed")}
+        data = {k: made[k] for k in ("task", "n", "seed") if k in made} | ({"params": own} if own else {})
     if not isinstance(data, dict) or "task" not in data:
         raise ConfigError(f"{name}: confirm re-tests the top cells on fresh prompts of the same task, and this data "
                           f"({type(data).__name__}) cannot make fresh prompts", code="confirm_needs_task",
