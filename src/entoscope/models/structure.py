@@ -62,7 +62,8 @@ class Structure:
         return self.n_heads // self.n_kv_heads
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The record as JSON reads it back (tuples as lists), so a manifest equals the record it saved."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
     def describe(self) -> str:
         """A few human lines (the `entoscope info` printout)."""

@@ -125,7 +125,7 @@ def _monte_carlo(z: np.ndarray, target: np.ndarray, flips: int, seed: int) -> tu
     count = np.zeros(k)
     p = np.full(k, np.nan)
     active = np.arange(k)
-    done, step = 0, 256
+    done, step = 0, max(1, min(256, CHUNK_FLOATS // max(n, 1)))  # the patterns [step, n] held at once
     while done < flips and active.size:
         step = min(step, flips - done)
         signs = 1.0 - 2.0 * rng.integers(0, 2, size=(step, n)).astype(np.float64)
@@ -140,7 +140,7 @@ def _monte_carlo(z: np.ndarray, target: np.ndarray, flips: int, seed: int) -> tu
             count[cells] = hits[-1]
         done += step
         active = active[np.isnan(p[active])]
-        step = min(4 * step, max(256, CHUNK_FLOATS // max(n, active.size, 1)))
+        step = min(4 * step, max(1, CHUNK_FLOATS // max(n, active.size, 1)))
     p[active] = (1 + count[active]) / (done + 1)
     bound = np.zeros(k, dtype=bool)
     bound[active] = count[active] == 0
