@@ -37,7 +37,8 @@ def test_patching_confirms_its_top_cells_on_fresh_prompts(demo, tmp_path):
     r.save(tmp_path / "run")
     saved = pd.read_csv(tmp_path / "run" / "confirmation.csv")
     assert list(saved["site"]) == list(c["site"])
-    assert "confirmation on fresh prompts" in (tmp_path / "run" / "index.html").read_text()
+    page = (tmp_path / "run" / "index.html").read_text()
+    assert page.count(">confirmation on fresh prompts</h2>") == 1  # its note and its table under one heading
 
 
 def test_dla_confirms_on_fresh_prompts(demo):

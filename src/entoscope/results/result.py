@@ -164,7 +164,10 @@ class Result:
         if self.confirmation is not None:  # both stages of the top cells (confirm.py)
             self.confirmation.to_csv(out / "confirmation.csv", index=False)
             files.append("confirmation.csv")
-            sections.insert(len(sections) - 1, ("confirmation on fresh prompts", table_html(self.confirmation)))
+            title = "confirmation on fresh prompts"  # one section: its note (operation.py), then its table
+            note = "".join(body for t, body in sections if t == title)
+            sections = [(t, body) for t, body in sections if t != title]
+            sections.insert(len(sections) - 1, (title, note + table_html(self.confirmation)))
         summary = {k: self.manifest.get(k) for k in ("operation", "config", "timings", "created")} \
             if self.manifest else None
         self.js_relpath = rel  # for pages save_extra writes beside index.html
