@@ -1,4 +1,5 @@
-"""Lenses side by side: the logit, tuned and Jacobian lenses on the same prompts, layer by layer.
+"""Lenses side by side: the logit, tuned and Jacobian lenses on the same prompts, layer by layer
+(`LensComparison`, operation `lens_comparison`; `compare_lenses` is the same in one call).
 
 Per lens and layer, at each prompt's last token (END): `kl_mean`, the mean KL(model's final distribution ||
 lens distribution) in nats with its bootstrap interval over prompts (the lens operation's), and `agree`,
@@ -7,49 +8,130 @@ the share of prompts whose lens top-1 token is the model's own top-1 token, with
 "most" prompts at every layer (docs/pages.md: the share >= 1/2 and its interval's lower end > 1/2; the column
 `informative_from`, the same on each of the lens's rows, -1 where no layer qualifies). The takeaway is built
 from claims (results/claims.py): each share and KL it states is a cell of the table.
+
+The Jacobian lens is read from `lens`, or, when none is given, fitted in the run on `fit_data` (a few corpus
+texts by default; jacobian_source.py) and the page says so; `fit_data: null` compares without it. The tuned
+lens is compared where `translators` is given.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pandas as pd
+from pydantic import Field
 
+from ..data.examples import Dataset
+from ..models.adapter import ModelAdapter
+from ..operation import Operation, Plan, Prepared, register_operation
 from ..results.claims import Takeaway, TakeawayBuilder, most
 from ..results.result import Result
-from ..sites import Sites
+from ..sites import Selection, Sites
 from ..stats import Stats
 from ..stats.proportion import share_interval
+from .jacobian_source import JacobianSource, LensSource, prepare_source
 from .operation import Lens
+
+TITLE = "logit, tuned and Jacobian lenses side by side: agreement with the model's top token and KL"
+
+
+@dataclass(frozen=True)
+class ComparisonState:
+    """Each lens's prepared run (the Jacobian lens's, when fitted here, gets its matrices at run time)."""
+
+    runs: list[tuple[str, Lens, Prepared[Any]]]
+    source: LensSource
+
+
+@register_operation
+class LensComparison(JacobianSource, Operation):
+    """The logit, tuned and Jacobian lenses side by side on the same prompts' last tokens, layer by layer.
+
+    layers:       the block outputs (resid_post) compared; default every layer.
+    translators:  a tuned lens's folder (compared where given).
+    lens:         a Jacobian lens file or folder; without it one is fitted in the run on fit_data (few texts:
+                  said on the page), and fit_data: null leaves the Jacobian lens out.
+    """
+
+    name = "lens_comparison"
+    layers: Selection = "all"
+    translators: str | None = Field(default=None, description="a tuned lens's folder (compared where given)")
+
+    def not_sharded_reason(self) -> str:
+        return "it runs each lens (and a Jacobian fit) one after the other"
+
+    def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[ComparisonState]:
+        assert data is not None
+        sites = Sites(activation="resid_post", over=["layer"], layers=self.layers)
+        common = dict(sites=sites, top_k=1, stats=self.stats, seed=self.seed, batch_size=self.batch_size,
+                      memory_budget_mb=self.memory_budget_mb, prepend_bos=self.prepend_bos)
+        logit = Lens(**common)
+        runs = [("logit", logit, logit.prepare(model, data))]
+        if self.translators:
+            tuned = Lens(method="tuned", translators=self.translators, **common)
+            runs.append(("tuned", tuned, tuned.prepare(model, data)))
+        layers = sorted({int(u.get("layer")) for u in runs[0][2].state.siteset.units})
+        last = model.structure.n_layers - 1
+        source = prepare_source(self, model, required=False, layers=[L for L in layers if L < last] or [0])
+        if source.lens is not None:
+            jac = Lens(method="jacobian", lens=self.lens, **common)
+            runs.append(("jacobian", jac, jac.prepare(model, data)))
+        elif source.fit is not None:
+            runs.append(("jacobian", logit, runs[0][2]))  # the logit run's batches, read through the fitted J
+        plans = [r[2].plan for r in runs]
+        notes = [source.note] if source.note else []
+        plan = Plan(self.name, rows=sum(p.rows for p in plans), batch_sizes=[b for p in plans for b in p.batch_sizes],
+                    forward_passes=sum(p.forward_passes for p in plans) + source.forward_passes,
+                    backward_passes=source.backward_passes, examples=plans[0].examples,
+                    peak_memory_bytes=max([p.peak_memory_bytes for p in plans]
+                                          + ([source.fit.plan.peak_memory_bytes] if source.fit else [])),
+                    notes=notes + plans[0].notes)
+        return Prepared(model, data, plan, ComparisonState(runs, source))
+
+    def execute(self, prepared: Prepared[ComparisonState], *, quiet: bool = False) -> Result:
+        st = prepared.state
+        fitted = st.source.resolve(quiet=quiet) if st.source.fit is not None else None
+        frames = []
+        for method, op, run in st.runs:
+            if method == "jacobian" and fitted is not None:
+                for row in run.state.rows:
+                    fitted.index_of(row["act"])
+                run = replace(run, state=replace(run.state, lens=fitted), contexts={})
+            r = op.execute(run, quiet=quiet)
+            frames.append(_lens_rows(method, r, self.stats))
+        table = pd.concat(frames, ignore_index=True)
+        result = Result(self.name, table, takeaway=_takeaway, title=TITLE,
+                        extra={"jacobian_note": st.source.note, "jacobian_fitted": fitted is not None})
+        if st.source.note:
+            result.notes.append(("the Jacobian lens", st.source.note))
+        return result
 
 
 def compare_lenses(model: Any, data: Any, *, translators: str | None = None, jacobian: str | None = None,
                    layers: Any = "all", stats: Stats | None = None, seed: int = 0, quiet: bool = True) -> Result:
     """Run the logit lens, and the tuned (`translators`) and Jacobian (`jacobian`) lenses where given, on the
-    same prompts' last tokens; one row per lens and layer (see the module docstring)."""
-    stats = stats or Stats()
-    methods = [("logit", {})] + ([("tuned", {"translators": translators})] if translators else []) + \
-        ([("jacobian", {"lens": jacobian})] if jacobian else [])
-    frames = []
-    for method, kw in methods:
-        sites = Sites(activation="resid_post", over=["layer"], layers=layers)
-        r = Lens(method=method, sites=sites, top_k=1, stats=stats, seed=seed, **kw).run(model, data, quiet=quiet)
-        pp = r.per_prompt
-        last = pp["layer"].max()
-        model_top = pp[pp["layer"] == last].set_index("example")["top1_token"]  # the last layer decodes the logits
-        pp = pp.assign(agree=(pp["top1_token"].to_numpy() == model_top.reindex(pp["example"]).to_numpy()))
-        share = pp.groupby("layer")["agree"].agg(["mean", "count"])
-        t = r.table[["layer", "n_prompts", "kl_mean", "kl_mean_ci_low", "kl_mean_ci_high"]].copy()
-        t.insert(0, "lens", method)
-        t["agree"] = share["mean"].reindex(t["layer"]).to_numpy()
-        low, high = share_interval(t["agree"].to_numpy(), share["count"].reindex(t["layer"]).to_numpy(), stats.ci_level)
-        t["agree_ci_low"], t["agree_ci_high"] = low, high
-        t["informative_from"] = _informative_from(t)
-        t["ci_level"] = stats.ci_level
-        frames.append(t)
-    table = pd.concat(frames, ignore_index=True)
-    return Result("lens_comparison", table, takeaway=_takeaway,
-                  title="logit, tuned and Jacobian lenses side by side: agreement with the model's top token and KL")
+    same prompts' last tokens; one row per lens and layer (see the module docstring). Fits nothing."""
+    op = LensComparison(translators=translators, lens=jacobian, fit_data=None, layers=layers,
+                        stats=stats or Stats(), seed=seed)
+    return op.run(model, data, quiet=quiet)
+
+
+def _lens_rows(method: str, r: Result, stats: Stats) -> pd.DataFrame:
+    """One lens's rows: its KL with interval, its agreement with the model's top token with Wilson's."""
+    pp = r.per_prompt
+    last = pp["layer"].max()
+    model_top = pp[pp["layer"] == last].set_index("example")["top1_token"]  # the last layer decodes the logits
+    pp = pp.assign(agree=(pp["top1_token"].to_numpy() == model_top.reindex(pp["example"]).to_numpy()))
+    share = pp.groupby("layer")["agree"].agg(["mean", "count"])
+    t = r.table[["layer", "n_prompts", "kl_mean", "kl_mean_ci_low", "kl_mean_ci_high"]].copy()
+    t.insert(0, "lens", method)
+    t["agree"] = share["mean"].reindex(t["layer"]).to_numpy()
+    low, high = share_interval(t["agree"].to_numpy(), share["count"].reindex(t["layer"]).to_numpy(), stats.ci_level)
+    t["agree_ci_low"], t["agree_ci_high"] = low, high
+    t["informative_from"] = _informative_from(t)
+    t["ci_level"] = stats.ci_level
+    return t
 
 
 def _informative_from(rows: pd.DataFrame) -> int:
@@ -94,4 +176,6 @@ def _takeaway(result: Result) -> Takeaway | str:
     b.say(" intervals over ")
     b.constant(t["n_prompts"].iloc[0], "n_prompts", unit="prompts")
     b.say(").")
+    if result.extra.get("jacobian_fitted"):
+        b.say(" The Jacobian lens was fitted in this run on a few texts (a noisy lens: see the note below).")
     return b.build()

@@ -33,37 +33,74 @@ class Decomposition:
     error: float  # ||x - reconstruction|| / ||x||
 
 
-def decompose(x: Tensor, dictionary: Tensor, k: int = 25) -> Decomposition:
+@dataclass(frozen=True)
+class Atoms:
+    """A dictionary made ready once for many decompositions: its rows in float64 on the CPU and their norms."""
+
+    rows: Tensor  # [atoms, d_model] float64
+    norms: Tensor  # [atoms]
+
+    @classmethod
+    def of(cls, dictionary: Tensor | Atoms) -> Atoms:
+        if isinstance(dictionary, Atoms):
+            return dictionary
+        if dictionary.ndim != 2:
+            raise ConfigError(f"a dictionary is [atoms, d]; got {tuple(dictionary.shape)}", code="decompose_shape",
+                              remedy="pass the lens vectors of one layer")
+        rows = dictionary.detach().double().cpu()
+        return cls(rows, rows.norm(dim=1))
+
+
+def decompose(x: Tensor, dictionary: Tensor | Atoms, k: int = 25) -> Decomposition:
     """x [d_model] as a k-sparse nonnegative combination of the rows of dictionary [atoms, d_model]."""
+    if x.ndim != 1:
+        raise ConfigError(f"decompose takes x [d]; got {tuple(x.shape)}", code="decompose_shape",
+                          remedy="pass one activation vector (decompose_many takes [n, d])")
+    return decompose_many(x[None], dictionary, k)[0]
+
+
+def decompose_many(X: Tensor, dictionary: Tensor | Atoms, k: int = 25) -> list[Decomposition]:
+    """Each row of X [n, d_model] decomposed as `decompose` does, one matrix product per greedy step for all rows."""
     from scipy.optimize import nnls
 
-    if dictionary.ndim != 2 or x.ndim != 1 or x.shape[0] != dictionary.shape[1]:
-        raise ConfigError(f"decompose takes x [d] and a dictionary [atoms, d]; got {tuple(x.shape)} and "
-                          f"{tuple(dictionary.shape)}", code="decompose_shape", remedy="pass one activation vector")
-    if not 1 <= k <= dictionary.shape[0]:
-        raise ConfigError(f"k must lie in 1..{dictionary.shape[0]}, got {k}", code="decompose_shape",
+    atoms = Atoms.of(dictionary)
+    if X.ndim != 2 or X.shape[1] != atoms.rows.shape[1]:
+        raise ConfigError(f"decompose takes x [n, d] and a dictionary [atoms, d]; got {tuple(X.shape)} and "
+                          f"{tuple(atoms.rows.shape)}", code="decompose_shape", remedy="pass activation vectors")
+    if not 1 <= k <= atoms.rows.shape[0]:
+        raise ConfigError(f"k must lie in 1..{atoms.rows.shape[0]}, got {k}", code="decompose_shape",
                           remedy="e.g. k=25")
-    target = x.detach().double().cpu()
-    atoms = dictionary.detach().double().cpu()
-    norms = atoms.norm(dim=1)
-    x_norm = float(target.norm())
+    target = X.detach().double().cpu()
+    x_norm = target.norm(dim=1).tolist()
     residual = target.clone()
-    selected: list[int] = []
-    coef = np.zeros(0)
+    selected: list[list[int]] = [[] for _ in range(len(target))]
+    coefs = [np.zeros(0) for _ in range(len(target))]
+    active = list(range(len(target)))
     for _ in range(k):
-        corr = (atoms @ residual) / norms
-        if selected:
-            corr[selected] = -torch.inf
-        best = int(corr.argmax())
-        if float(corr[best]) <= TOL * x_norm:
+        if not active:
             break
-        selected.append(best)
-        A = atoms[selected].T.numpy()
-        coef, _ = nnls(A, target.numpy())
-        residual = target - torch.from_numpy(A @ coef)
-    active = [i for i, c in enumerate(coef) if c * float(norms[selected[i]]) > TOL * x_norm]
+        corr = (residual[active] @ atoms.rows.T) / atoms.norms
+        still = []
+        for j, i in enumerate(active):
+            c = corr[j]
+            if selected[i]:
+                c[selected[i]] = -torch.inf
+            best = int(c.argmax())
+            if float(c[best]) <= TOL * x_norm[i]:
+                continue
+            selected[i].append(best)
+            A = atoms.rows[selected[i]].T.numpy()
+            coefs[i], _ = nnls(A, target[i].numpy())
+            residual[i] = target[i] - torch.from_numpy(A @ coefs[i])
+            still.append(i)
+        active = still
+    return [_result(target[i], atoms, selected[i], coefs[i], x_norm[i]) for i in range(len(target))]
+
+
+def _result(target: Tensor, atoms: Atoms, selected: list[int], coef: np.ndarray, x_norm: float) -> Decomposition:
+    active = [i for i, c in enumerate(coef) if c * float(atoms.norms[selected[i]]) > TOL * x_norm]
     support = [selected[i] for i in active]
     values = [float(coef[i]) for i in active]
-    rec = atoms[support].T @ torch.tensor(values, dtype=torch.float64) if support else torch.zeros_like(target)
+    rec = atoms.rows[support].T @ torch.tensor(values, dtype=torch.float64) if support else torch.zeros_like(target)
     error = float((target - rec).norm() / x_norm) if x_norm > 0 else 0.0
     return Decomposition(support, values, selected, rec.float(), error)
