@@ -34,6 +34,8 @@ _EXPORTS = {  # public name -> the module it lives in ("module:" is the module i
     "JacobianLens": ".lens.jacobian",
     "JacobianLensFit": ".lens.jacobian_fit",
     "Lens": ".lens.operation",
+    "LensComparison": ".lens.compare",
+    "CoordinatePatching": ".lens.coordinate_patch",
     "Metric": ".metrics",
     "ModelAdapter": ".models.adapter",
     "Operation": ".operation",
