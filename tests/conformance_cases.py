@@ -221,6 +221,21 @@ def jacobian_lens_file() -> str:
         _JACOBIAN.append(folder)
     return _JACOBIAN[0]
 CIRCUIT_IDS = ("edge", "sender", "receiver")
+FIT_TEXT = "the cat sat on the mat and the dog ran"  # a text to fit a Jacobian lens on (any tokenizer)
+_TOP_PAIRS: list[Dataset] = []
+
+
+def top_pairs() -> Dataset:
+    """pairs() whose answer is the tiny model's own top token at the end and whose wrong answer its second:
+    tokens whose lens vectors the last layers' decompositions hold (an edit that changes something)."""
+    if not _TOP_PAIRS:
+        a = adapt(plain_model("tiny", "bridge"))
+        out = []
+        for ex in pairs():
+            top = a.run(torch.tensor([list(ex.prompt)])).logits[0, -1].topk(2).indices.tolist()
+            out.append(Example(ex.prompt, ex.counterfactual, answers=(top[0],), wrong_answers=(top[1],)))
+        _TOP_PAIRS.append(Dataset("random-top", tuple(out)))
+    return _TOP_PAIRS[0]
 
 CASES: dict[str, dict[str, Case]] = {
     "lens": {
@@ -243,6 +258,18 @@ CASES: dict[str, dict[str, Case]] = {
     "jacobian_lens_fit": {
         "default": Case(lambda s: es.JacobianLensFit(skip_first=2, max_length=8, seed=s, batch_size=4), pairs,
                         ids=("layer",), descriptive=JACOBIAN_DESCRIPTIVE),
+    },
+    "lens_comparison": {
+        # no lens given: a Jacobian lens is fitted in the run, so every model kind runs it in its own basis
+        "fitted": Case(lambda s: es.LensComparison(fit_data=[FIT_TEXT] * 2, fit_skip_first=2, fit_max_length=10,
+                                                   stats=FAST, seed=s, batch_size=4), pairs, ids=("lens", "layer"),
+                       random=("kl_mean_ci_low",)),
+    },
+    "coordinate_patching": {
+        "fitted": Case(lambda s: es.CoordinatePatching(fit_data=[FIT_TEXT] * 2, fit_skip_first=2, fit_max_length=10,
+                                                       k=8, stats=FAST, seed=s, batch_size=4), top_pairs,
+                       ids=("site", "layer"), descriptive={"alpha": "the edit's strength (a setting of the run)"},
+                       random=("effect_ci_low", "control_effect")),
     },
     "parameter_lens": {
         "neuron_out": Case(lambda s: es.ParameterLens(neurons="0:4", top_k=3, seed=s), None, ids=("layer", "neuron"),
