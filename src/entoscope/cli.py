@@ -33,7 +33,8 @@ from .registry import lookup, names
 
 CLI_NAMES = {"lens": "lens", "parameter-lens": "parameter_lens", "head-scores": "head_scores", "patch": "patching", "probe": "probing",
              "circuit": "circuits", "dla": "dla", "ifr": "ifr", "steer": "steering",
-             "interchange": "interchange"}
+             "interchange": "interchange", "lens-comparison": "lens_comparison",
+             "coordinate-patch": "coordinate_patching"}
 
 SAVED: list[str] = []  # folders this process has saved (named when Ctrl-C interrupts it)
 

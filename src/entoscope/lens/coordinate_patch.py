@@ -83,11 +83,17 @@ class CoordinatePatching(JacobianSource, Sharded, Operation):
     """
 
     name = "coordinate_patching"
-    sites: Sites = Field(default_factory=lambda: Sites(activation="resid_post", over=["layer"], positions=[-1]))
-    edit: Edit = "swap"
-    alpha: float = Field(default=1.0, allow_inf_nan=False)
-    k: int = Field(default=25, ge=1)
-    metric: Metric = Field(default_factory=Metric)
+    sites: Sites = Field(default_factory=lambda: Sites(activation="resid_post", over=["layer"], positions=[-1]),
+                         description="block outputs edited (resid_post), one row per site; default every layer at "
+                         "each prompt's last token")
+    edit: Edit = Field(default="swap", description="swap: the answer's and the wrong answer's coefficients exchanged; "
+                       "substitute: the answer's moved to the wrong answer, the answer's set to 0; remove: the "
+                       "answer's set to 0")
+    alpha: float = Field(default=1.0, allow_inf_nan=False, description="coefficients move by alpha times the edit's "
+                         "change (0: no edit)")
+    k: int = Field(default=25, ge=1, description="at most k lens vectors per decomposition")
+    metric: Metric = Field(default_factory=Metric, description="read at the answer position of the edited, control "
+                           "and unedited runs (kl: to the unedited run)")
     answer_scoring: Literal["first_token", "single"] = "first_token"
 
     def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[CoordinateState]:
