@@ -102,7 +102,8 @@ class LensComparison(JacobianSource, Operation):
             frames.append(_lens_rows(method, r, self.stats))
         table = pd.concat(frames, ignore_index=True)
         result = Result(self.name, table, takeaway=_takeaway, title=TITLE,
-                        extra={"jacobian_note": st.source.note, "jacobian_fitted": fitted is not None})
+                        extra={"jacobian_note": st.source.note, "jacobian_fitted": fitted is not None,
+                               "jacobian_lens": fitted or st.source.lens})
         if st.source.note:
             result.notes.append(("the Jacobian lens", st.source.note))
         return result

@@ -9,6 +9,8 @@ the residual (under nonnegativity such an atom cannot reduce it), so k is an upp
 are returned: `selected` (every chosen atom) and `support` (those with a nonzero coefficient), with the
 reconstruction and its relative error ||x - reconstruction|| / ||x||. The rule is TransformerLens 4.3's
 `get_sparse_decomposition` default (nonnegative orthogonal matching pursuit); a test compares the two.
+`decompose_many` decomposes many activations against one dictionary (`Atoms`: made float64 once), one matrix
+product per greedy step for all of them (coordinate patching's prompts).
 """
 
 from __future__ import annotations
