@@ -26,9 +26,11 @@ from ..data.examples import Dataset
 from ..models.adapter import ModelAdapter
 from ..operation import Operation, Plan, Prepared, register_operation
 from ..results.claims import Takeaway, TakeawayBuilder, most
+from ..results.figures import interval_note, noted
 from ..results.result import Result
 from ..sites import Selection, Sites
 from ..stats import Stats
+from ..stats.columns import interval_bars, level_text
 from ..stats.proportion import share_interval
 from .jacobian_source import JacobianSource, LensSource, prepare_source
 from .operation import Lens
@@ -101,7 +103,7 @@ class LensComparison(JacobianSource, Operation):
             r = op.execute(run, quiet=quiet)
             frames.append(_lens_rows(method, r, self.stats))
         table = pd.concat(frames, ignore_index=True)
-        result = Result(self.name, table, takeaway=_takeaway, title=TITLE,
+        result = Result(self.name, table, takeaway=_takeaway, title=TITLE, figures=_figures,
                         extra={"jacobian_note": st.source.note, "jacobian_fitted": fitted is not None,
                                "jacobian_lens": fitted or st.source.lens})
         if st.source.note:
@@ -132,7 +134,28 @@ def _lens_rows(method: str, r: Result, stats: Stats) -> pd.DataFrame:
     t["agree_ci_low"], t["agree_ci_high"] = low, high
     t["informative_from"] = _informative_from(t)
     t["ci_level"] = stats.ci_level
+    t["row"] = [f"{method} L{L}" for L in t["layer"]]  # one id per row (the figures' bars name it)
     return t
+
+
+def _figures(result: Result) -> list[tuple[str, Any]]:
+    """Agreement with the model's top token and KL(final || lens) by layer, one line per lens, with intervals."""
+    import plotly.graph_objects as go
+
+    t = result.table
+    figs = []
+    for col, label in (("agree", "share of prompts whose lens top token is the model's"),
+                       ("kl_mean", "KL(final || lens), nats")):
+        fig = go.Figure()
+        for lens, rows in t.groupby("lens", sort=False):
+            rows = rows.sort_values("layer")
+            fig.add_trace(go.Scatter(x=rows["layer"], y=rows[col], mode="lines+markers", name=f"{lens} lens",
+                                     **interval_bars(rows, col, "row")))
+        fig.update_layout(xaxis_title="layer", yaxis_title=noted(label, interval_note(level_text(t))), height=360,
+                          legend={"orientation": "h"})
+        fig.update_xaxes(dtick=1)
+        figs.append((f"{label} by layer", fig))
+    return figs
 
 
 def _informative_from(rows: pd.DataFrame) -> int:

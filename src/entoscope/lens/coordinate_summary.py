@@ -23,7 +23,7 @@ from ..results.figures import interval_note, noted
 
 EDIT_TEXT = {"swap": "the answer's and the wrong answer's coefficients swapped",
              "substitute": "the answer's coefficient moved to the wrong answer",
-             "remove": "the answer's coefficient set to 0"}
+             "remove": "the answer's coefficient set to zero"}
 MEANS = ("metric_base", "effect", "control_effect", "minus_control", "error", "support_size")
 
 
