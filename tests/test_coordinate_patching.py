@@ -181,3 +181,47 @@ def test_a_lens_fitted_in_the_comparison_is_the_lens_given_as_a_file(demo, tmp_p
     assert list(fitted.table["lens"].unique()) == ["logit", "jacobian"]
     none = es.LensComparison(fit_data=None, **common).run(demo, IOI, quiet=True)
     assert list(none.table["lens"].unique()) == ["logit"]
+
+
+def test_every_number_and_word_of_both_takeaways_is_read_back_from_the_saved_tables(demo, lens_file, tmp_path):
+    """Each saved takeaway.json's quotes are table.csv's cells, its counts the table's rows, its "largest" the row of
+    largest |effect|, its "beats" / "does not beat" the rule of docs/pages.md read from the quoted intervals."""
+    import json
+
+    import pandas as pd
+
+    runs = {"swap": es.CoordinatePatching(lens=lens_file, stats={"n_boot": 300}),
+            "remove": es.CoordinatePatching(lens=lens_file, edit="remove", stats={"n_boot": 300}),
+            "lenses": es.LensComparison(lens=lens_file, stats={"n_boot": 300})}
+    for name, op in runs.items():
+        folder = op.run(demo, {"task": "ioi", "n": 12, "seed": 3}, quiet=True).save(tmp_path / name)
+        table = pd.read_csv(folder / "table.csv")
+        [entry] = json.loads((folder / "takeaway.json").read_text())
+        claims = entry["claims"]
+        for c in claims:
+            assert entry["text"][c["start"]:c["start"] + len(c["text"])] == c["text"]
+            if c["type"] == "quote":
+                hit = np.ones(len(table), dtype=bool)
+                for k, v in c["row"].items():
+                    hit &= table[k].astype(str).to_numpy() == str(v)
+                row = table[hit].iloc[0]
+                assert row[c["column"]] == pytest.approx(c["value"], abs=1e-9)
+                if c["low"] is not None:
+                    assert (row[c["column"] + "_ci_low"], row[c["column"] + "_ci_high"]) == \
+                        pytest.approx((c["low"], c["high"]), abs=1e-9)
+            elif c["type"] == "count":
+                assert c["value"] == int(table[c["column"]].astype(bool).sum()) and c["total"] == len(table)
+            elif c["type"] == "qualifier":
+                refs = [claims[i] for i in c["refs"]]
+                if c["rule"] == "top_by_abs":
+                    assert abs(refs[0]["value"]) == pytest.approx(table[refs[0]["column"]].abs().max())
+                elif c["rule"] in ("beats_random", "not_beats_random"):
+                    effect, minus = refs
+                    shown = effect["low"] > 0 or effect["high"] < 0
+                    same_side = minus["low"] > 0 if effect["value"] > 0 else minus["high"] < 0
+                    assert (shown and same_side) == (c["rule"] == "beats_random")
+                elif c["rule"] in ("most", "not_most"):
+                    held = all(r["value"] >= 0.5 and r["low"] > 0.5 for r in refs)
+                    assert held == (c["rule"] == "most")
+                else:
+                    raise AssertionError(f"a rule this test does not know: {c['rule']}")
