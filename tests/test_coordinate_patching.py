@@ -105,7 +105,7 @@ def test_the_edited_run_is_transformer_lens_coordinate_patch_run_on(demo, lens_f
         tokens = torch.tensor([ids])
         with torch.no_grad():
             h = demo.run_with_cache(tokens)[1][f"blocks.{LAYER}.hook_out"][0, -1]
-        ans, wrong = a.tokenize(ex.answers[0], prepend_bos=False)[0], a.tokenize(ex.wrong_answers[0], prepend_bos=False)[0]
+        ans, wrong = (a.tokenize(w, prepend_bos=False)[0] for w in (ex.answers[0], ex.wrong_answers[0]))
         patch = tl_lens.coordinate_patch(demo, h, LAYER, ans, wrong, mode="swap", k=12)
         logits = _tl_run(demo, tokens, LAYER, len(ids) - 1, patch.patched)
         assert row["metric_edited"] == pytest.approx(float(logits[ans] - logits[wrong]), abs=2e-3)
@@ -128,7 +128,7 @@ def test_the_control_moves_as_many_support_coordinates_as_far(demo, lens_file, s
         tokens = torch.tensor([ids])
         h = a.run(tokens, [ActName("resid_post", LAYER)]).acts[ActName("resid_post", LAYER)][0, -1]
         d = decompose(h, vectors, k=12)
-        ans, wrong = a.tokenize(ex.answers[0], prepend_bos=False)[0], a.tokenize(ex.wrong_answers[0], prepend_bos=False)[0]
+        ans, wrong = (a.tokenize(w, prepend_bos=False)[0] for w in (ex.answers[0], ex.wrong_answers[0]))
         coef = dict(zip(d.support, d.coefficients))
         assert row["coef_answer"] == pytest.approx(coef.get(ans, 0.0), rel=1e-5, abs=1e-6)
         assert row["support_size"] == len(d.support)
@@ -153,12 +153,13 @@ def test_the_page_says_what_the_table_holds(swapped, tmp_path):
     assert row["minus_control"] == pytest.approx((pp["metric_edited"] - pp["metric_control"]).mean())
     assert row["answer_in_support"] == pytest.approx((pp["coef_answer"] > 0).mean())
     swapped.save(tmp_path / "run")
-    assert (tmp_path / "run" / "takeaway.json").exists() and "Jacobian lens" in (tmp_path / "run" / "index.html").read_text()
+    page = (tmp_path / "run" / "index.html").read_text()
+    assert (tmp_path / "run" / "takeaway.json").exists() and "Jacobian lens" in page
 
 
 def test_refusals(demo, lens_file):
-    for op, data, code in ((es.CoordinatePatching(lens=lens_file, sites=es.Sites(activation="resid_pre", over=["layer"])),
-                            IOI, "jacobian_lens_site"),
+    pre = es.Sites(activation="resid_pre", over=["layer"])
+    for op, data, code in ((es.CoordinatePatching(lens=lens_file, sites=pre), IOI, "jacobian_lens_site"),
                            (es.CoordinatePatching(lens=lens_file), ["a prompt without answers"], "data_no_answers"),
                            (es.CoordinatePatching(fit_data=None), IOI, "jacobian_lens_missing")):
         with pytest.raises(EntoscopeError) as err:

@@ -79,7 +79,8 @@ def _per_prompt(sites: list[dict[str, Any]], a: dict[str, np.ndarray], values: d
     out["support_size"], out["selected_size"] = a["support_size"].reshape(-1), a["selected_size"].reshape(-1)
     out["error"] = a["error"].reshape(-1)
     out["control_tokens"] = text(a["control_tokens"])
-    out["control_ids"] = [" ".join(str(int(t)) for t in row if t >= 0) for row in a["control_tokens"].reshape(n * U, -1)]
+    drawn = a["control_tokens"].reshape(n * U, -1)
+    out["control_ids"] = [" ".join(str(int(t)) for t in row if t >= 0) for row in drawn]
     out["control_from_vocab"] = a["from_vocab"].reshape(-1).astype(int)
     out["metric_base"] = values["metric_base"].reshape(-1)
     out["metric_edited"], out["metric_control"] = a["edited"].reshape(-1), a["control"].reshape(-1)
