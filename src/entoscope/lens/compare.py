@@ -201,5 +201,5 @@ def _takeaway(result: Result) -> Takeaway | str:
     b.constant(t["n_prompts"].iloc[0], "n_prompts", unit="prompts")
     b.say(").")
     if result.extra.get("jacobian_fitted"):
-        b.say(" The Jacobian lens was fitted in this run on a few texts (a noisy lens: see the note below).")
+        b.say(" The Jacobian lens was fitted in this run on a few texts (a noisy lens: see the note on this page).")
     return b.build()

@@ -223,7 +223,8 @@ class CoordinatePatching(JacobianSource, Sharded, Operation):
     def summarise(self, prepared: Prepared[CoordinateState], merged: dict[str, Any], *, quiet: bool = False) -> Result:
         st = prepared.state
         cols = merged["main"]
-        result = coordinate_result(self, prepared.model, st.siteset, [r["cols"] for r in st.rows], cols.read(0, cols.n))
+        result = coordinate_result(self, prepared.model, st.siteset, [r["cols"] for r in st.rows], cols.read(0, cols.n),
+                                   fitted=st.source.fit is not None)
         result.notes.append(("the Jacobian lens", st.source.note))
         return result
 

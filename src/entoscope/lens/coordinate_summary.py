@@ -27,8 +27,8 @@ EDIT_TEXT = {"swap": "the answer's and the wrong answer's coefficients swapped",
 MEANS = ("metric_base", "effect", "control_effect", "minus_control", "error", "support_size")
 
 
-def coordinate_result(op: Any, model: Any, siteset: Any, sites: list[dict[str, Any]], a: dict[str, np.ndarray]
-                      ) -> Result:
+def coordinate_result(op: Any, model: Any, siteset: Any, sites: list[dict[str, Any]], a: dict[str, np.ndarray],
+                      fitted: bool = False) -> Result:
     n, U = a["edited"].shape
     base = np.repeat(np.asarray(a["base"], dtype=np.float64)[:, None], U, 1)
     values = {"metric_base": base, "effect": a["edited"] - base, "control_effect": a["control"] - base,
@@ -51,7 +51,7 @@ def coordinate_result(op: Any, model: Any, siteset: Any, sites: list[dict[str, A
     title = (f"{op.metric.type} when each prompt's Jacobian-lens coordinates are edited ({op.edit}: "
              f"{EDIT_TEXT[op.edit]}), beside as many random coordinates moved as far")
     return Result(op.name, table, per_prompt=per_prompt, figures=_figures, title=title, takeaway=_takeaway,
-                  extra={"edit": op.edit})
+                  extra={"edit": op.edit, "jacobian_fitted": fitted})
 
 
 def beats(row: Any) -> bool:
@@ -135,4 +135,6 @@ def _takeaway(result: Result) -> Takeaway | str:
     b.say(" intervals over ")
     b.constant(t["n_prompts"].iloc[0], "n_prompts", unit="prompts")
     b.say(").")
+    if result.extra.get("jacobian_fitted"):
+        b.say(" The Jacobian lens was fitted in this run on a few texts (a noisy lens: see the note on this page).")
     return b.build()
