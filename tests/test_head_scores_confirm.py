@@ -136,3 +136,8 @@ def test_head_scores_confirm_on_fresh_prompts_as_a_fresh_run_gives(demo):
     for col in ("excess", "excess_ci_low", "excess_ci_high", "excess_p"):
         np.testing.assert_allclose(c[col], fresh[col], rtol=1e-9, err_msg=col)
     assert r.plan.screen["m"] == len(t) == 3 * 12  # the plan's screen counts every kind x head
+    # 36 cells over 8 prompts: 2^-7 x 36 > 0.05, so no cell alone (6 at 2^-7 together: 6 x 0.05 / 36 >= 2^-7);
+    # the confirmation's BH counts its 3 cells (3 x 2^-7 < 0.05), so its run does not warn
+    blind = [w["message"] for w in r.warnings if w["code"] == "screen_blind"]
+    assert len(blind) == 1 and "only 6 or more cells" in blind[0] and "top 3 on fresh prompts needs p <= 0.017" in blind[0]
+    assert not [w for w in r.manifest["confirmation"]["warnings"] if w["code"] == "screen_blind"]

@@ -152,6 +152,9 @@ def test_the_screen_limits_of_a_grid():
     edges = sf.screen_limits(8, 70_651, 0.05, n_boot=1000, method="bca")
     assert edges["blind"] and edges["min_p"] == pytest.approx(2.0 ** -7)
     assert edges["min_prompts"] == 22  # 2^-(k-1) <= 0.05 / 70,651 = 7.1e-7 from k = 22 on
+    # BH makes discoveries of r cells at p = 2^-7 when 2^-7 <= 0.05 r / 70,651: r >= 11,039.2
+    assert edges["cells_together"] == 11_040 and lim["cells_together"] == 1
+    assert sf.screen_limits(5, 12, 0.05, n_boot=1000, method="bca")["cells_together"] is None  # 2^-4 > 0.05
     assert lim["min_prompts"] == 14 and 2.0 ** -13 <= 0.05 / 270 < 2.0 ** -12
     # a cell 5 standard errors from zero at 16 prompts: |t| > 4.6 (t_15 at p = 1.9e-4 two-sided) already
     assert lim["prompts_for"][5.0] == 16
