@@ -91,7 +91,7 @@ def head_scores_takeaway(result: Any, top: int = 3) -> Takeaway | str:
             b.no_discovery(t, "excess", fdr, unit="head scores")
         else:
             b.count(significant, len(t), "significant", unit="head scores (kind x head)")
-            b.say(" differ from chance (a head attending uniformly over the earlier tokens) at the false discovery "
+            b.say(" differ from chance (a head attending uniformly over the tokens up to its own) at the false discovery "
                   "control. ")
     b.say("Heads that put ")
     word = b.qualify("most of their attention", "most")
