@@ -286,7 +286,8 @@ def head_score_summary(n: int, kinds: list[str], n_layers: int, n_heads: int, re
     """One row per (kind, layer, head) from the per-prompt scores read in blocks (read(lo, hi) -> {kind:
     [rows, 3, L, H]}: score, score_tl, chance): `score` (mean over the prompts with a target position),
     `score_tl` (mean over all prompts), each with its bootstrap interval over prompts (one resampling of the
-    prompts for every kind, head and column), `chance` (mean over the prompts with a target position) and
+    prompts for every kind, head and column), `chance` (mean over the prompts with a target position, with its
+    interval) and
     `excess` = score - chance per prompt, tested against 0 (`excess_p`, `excess_q` over every row,
     `significant`; the module's docstring)."""
     LH = n_layers * n_heads
@@ -302,11 +303,15 @@ def head_score_summary(n: int, kinds: list[str], n_layers: int, n_heads: int, re
     def excess(lo: int, hi: int) -> np.ndarray:  # per kind: score - chance, [rows, L x H]
         b = block(lo, hi)
         return np.concatenate([b[k][:, 0] - b[k][:, 2] for k in kinds], axis=1)
+    def chance(lo: int, hi: int) -> np.ndarray:  # per kind: the chance score, one column (equal over heads)
+        b = block(lo, hi)
+        return np.stack([b[k][:, 2, 0] for k in kinds], axis=1)
     width = 2 * LH * len(kinds)
     # score and score_tl are not tested (a score is >= 0): their p is not refined; the excess's is (one
     # resampling of the prompts for both: the same seed)
     summary = summarise(streamed_mean(n, width, stacked), stats.model_copy(update={"refine_p": False}), seed)
     tested = summarise(streamed_mean(n, LH * len(kinds), excess), stats, seed)
+    level = summarise(streamed_mean(n, len(kinds), chance), stats.model_copy(update={"refine_p": False}), seed)
     test_cols = interval_columns(tested, "excess", stats, test=True)
     counts = column_moments(n, width, stacked).count
     tables = []
@@ -322,7 +327,9 @@ def head_score_summary(n: int, kinds: list[str], n_layers: int, n_heads: int, re
                 table["n_prompts"] = counts[part].astype(int)
         part = slice(i * LH, (i + 1) * LH)
         table["excess"] = tested.value[part]
-        table["chance"] = table["score"] - table["excess"]  # the mean chance over the prompts with a target
+        table["chance"] = level.value[i]  # the mean chance over the prompts with a target (= score - excess)
+        for key, value in interval_columns(level, "chance", stats).items():
+            table[key] = value[i]
         for key, value in test_cols.items():
             table[key] = np.asarray(value)[part]
         table["ci_level"] = stats.ci_level
