@@ -205,9 +205,9 @@ def test_every_table_with_a_p_agrees_with_its_interval_on_every_row(demo):
         t = op.run(demo, data, quiet=True).table
         if _check_table(t, what):
             tested.append(what)
-        else:  # lens, head scores, probing test nothing against 0: no p column at all
+        else:  # lens and probing test nothing against 0: no p column at all
             assert not any(c.endswith(("_p", "_q")) for c in t.columns), what
-    assert {"dla", "dla neurons", "circuits edges", "patching mlp_out, absolute"} <= set(tested), tested
+    assert {"dla", "dla neurons", "circuits edges", "patching mlp_out, absolute", "head scores"} <= set(tested), tested
 
 
 def test_a_page_reads_a_bound_p_as_less_than_its_floor():

@@ -116,6 +116,20 @@ def test_head_scores_dla_and_tuned_lens_data_on_two_workers_equal_in_process(clu
     assert losses[0] == losses[1]  # the same batches of states and logits, so the same training
 
 
+def test_a_confirmed_run_on_two_workers_equals_the_confirmed_run_in_process(cluster, demo):
+    """confirm (issue 34) on Ray: the screen and the confirmation on fresh prompts (a second Ray run) give the
+    in-process tables bit for bit: patching (the confirmation patches only the top sites) and head scores
+    (the whole grid again, the top rows read)."""
+    sites = {"activation": "z", "over": ["layer", "head"]}
+    for op, data in ((es.Patching(sites=sites, confirm={"k": 3, "n": 12}), {"task": "ioi", "n": 12, "seed": 3}),
+                     (es.HeadScores(confirm={"k": 4}), {"task": "induction", "n": 12, "seed": 6})):
+        here, there = op.run(demo, data, quiet=True), op.run(demo, data, executor=RAY2, quiet=True)
+        assert there.manifest["executor"]["shards"] >= 2
+        _same(here.table, there.table)
+        _same(here.confirmation, there.confirmation)
+        assert len(there.confirmation) == op.confirm.k
+
+
 def test_a_killed_worker_is_restarted_and_nothing_is_lost_or_doubled(cluster, demo, tmp_path):
     data = es.tasks.ioi(n=32, seed=4)
     op = es.Patching(method="exact", sites=es.Sites(activation="resid_pre", over=["layer"]))

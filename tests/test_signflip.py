@@ -152,6 +152,9 @@ def test_the_screen_limits_of_a_grid():
     edges = sf.screen_limits(8, 70_651, 0.05, n_boot=1000, method="bca")
     assert edges["blind"] and edges["min_p"] == pytest.approx(2.0 ** -7)
     assert edges["min_prompts"] == 22  # 2^-(k-1) <= 0.05 / 70,651 = 7.1e-7 from k = 22 on
+    # BH makes discoveries of r cells at p = 2^-7 when 2^-7 <= 0.05 r / 70,651: r >= 11,039.2
+    assert edges["cells_together"] == 11_040 and lim["cells_together"] == 1
+    assert sf.screen_limits(5, 12, 0.05, n_boot=1000, method="bca")["cells_together"] is None  # 2^-4 > 0.05
     assert lim["min_prompts"] == 14 and 2.0 ** -13 <= 0.05 / 270 < 2.0 ** -12
     # a cell 5 standard errors from zero at 16 prompts: |t| > 4.6 (t_15 at p = 1.9e-4 two-sided) already
     assert lim["prompts_for"][5.0] == 16
@@ -194,3 +197,25 @@ def test_no_p_is_below_what_a_sign_flip_test_on_n_prompts_can_give():
     assert plain.p_value[0] < 0.05  # the interval alone would call it
     held = summarise(mean_stat(x), Stats(), seed=0)
     assert held.p_value[0] == exact and not held.p_bound[0]
+
+
+def test_a_page_reads_a_p_at_the_tests_limit_as_at_most_that_limit():
+    """Issue 34: 16 prompts all on one side give the exact sign-flip p 2 / 2^16 (the data's pattern and its
+    negation), the smallest any sign-flip test on 16 prompts can give: the page reads it "<= 3.1e-05", a
+    larger p plainly, a Monte Carlo bound "< ..."; a confirmation table's screen_ columns by its screen's
+    prompts."""
+    import pandas as pd
+
+    from entoscope.results.page import table_html
+
+    x = np.column_stack([np.linspace(0.5, 2.0, 16), np.r_[np.linspace(0.5, 2.0, 15), -0.6]])
+    p, bound = sf.sign_flip_p(x)
+    assert p[0] == 2 / 2 ** 16 and p[1] > p[0] and not bound.any()
+    frame = pd.DataFrame({"value_p": [p[0], p[1], 0.002], "value_p_bound": [False, False, True], "n_prompts": 16})
+    page = table_html(frame)
+    assert "&lt;= 3.1e-05" in page and f">{p[1]:.2g}<" in page and "&lt; 0.002" in page
+    confirmation = pd.DataFrame({"screen_value_p": [2.0 ** -11], "screen_value_p_bound": [False],
+                                 "screen_n_prompts": [12], "value_p": [2.0 ** -11], "value_p_bound": [False],
+                                 "n_prompts": [16]})
+    page = table_html(confirmation)
+    assert page.count("&lt;= 0.00049") == 1 and f">{2.0 ** -11:.2g}<" in page  # 12 prompts' limit, not 16's

@@ -9,7 +9,7 @@ of prompts) is refused before the run (`confirm_needs_task`).
 
 `Confirm` is a field of every operation (YAML `confirm: {k: 10, n: 32}`, CLI `--confirm "{k: 10}"`,
 Python `confirm={"k": 10}`); only operations whose table tests its rows against 0 take it (patching, DLA,
-circuits' edges, feature DLA), others refuse it (`confirm_unsupported`). An operation may confirm only
+circuits' edges, feature DLA, head scores: their excess over chance), others refuse it (`confirm_unsupported`). An operation may confirm only
 the chosen cells (`Operation.confirm_subset`: patching's sites as coordinates); otherwise the whole grid
 runs again on the fresh prompts and its top-k rows are read. The confirmation run goes through the same
 executor (Ray: a second run).
@@ -69,10 +69,12 @@ def tested_stem(table: pd.DataFrame) -> str:
                       code="confirm_unsupported", remedy="leave confirm out")
 
 
-def key_of(table: pd.DataFrame) -> str:
+def key_of(table: pd.DataFrame) -> list[str]:
+    """The columns that name a row: its id column, after `kind` where the table has one (head scores: a head
+    is a row once per kind)."""
     for k in KEYS:
         if k in table:
-            return k
+            return (["kind"] if "kind" in table else []) + [k]
     raise ConfigError("the table has no row names to match on fresh prompts", code="confirm_unsupported",
                       remedy="leave confirm out")
 
@@ -91,10 +93,11 @@ def confirmation_table(screen: pd.DataFrame, fresh: pd.DataFrame, k: int, fdr: f
     and the fresh prompts' value, interval, p and q (Benjamini-Hochberg over the k), `confirmed` = q <= fdr."""
     stem, key = tested_stem(screen), key_of(screen)
     top = top_rows(screen, k)
-    again = fresh.set_index(key).reindex(top[key].to_numpy())
-    out = pd.DataFrame({key: top[key].to_numpy()})
-    for c in ("", "_ci_low", "_ci_high", "_p", "_q"):
-        out[f"screen_{stem}{c}"] = top[f"{stem}{c}"].to_numpy()
+    again = fresh.set_index(key).reindex(pd.MultiIndex.from_frame(top[key]) if len(key) > 1 else top[key[0]])
+    out = pd.DataFrame({c: top[c].to_numpy() for c in key})
+    for c in ("", "_ci_low", "_ci_high", "_p", "_p_bound", "_q"):
+        if f"{stem}{c}" in top:
+            out[f"screen_{stem}{c}"] = top[f"{stem}{c}"].to_numpy()
     out["screen_n_prompts"] = n_screen
     for c in ("", "_ci_low", "_ci_high", "_p", "_p_bound"):
         out[f"{stem}{c}"] = again[f"{stem}{c}"].to_numpy()

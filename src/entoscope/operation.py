@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from pydantic import Field
+from pydantic import Field, PrivateAttr
 
 from .config_model import ConfigModel
 from .data.examples import Dataset
@@ -59,6 +59,7 @@ class Operation(ConfigModel):
                          "(n_boot, ci_level, ci_method, degenerate_share, influence_share, fdr, refine_p)")
     confirm: Confirm | None = Field(default=None, description="re-test the screen's top k cells on n fresh prompts "
                                     "of the same task ({k: 10, n: 32}; tables tested against 0 only)")
+    _screen_cells: int | None = PrivateAttr(default=None)  # a confirmation run: its k cells are what BH counts
 
     # ------------------------------------------------------------------ public life
     def plan(self, model: Any, data: Any = None, *, executor: Any = None) -> Plan:
@@ -159,7 +160,9 @@ class Operation(ConfigModel):
 
         assert self.confirm is not None
         top = top_rows(result.table, self.confirm.k)
-        again = self.confirm_subset(top).run(model, fresh, executor=executor, quiet=quiet)
+        op = self.confirm_subset(top)
+        op._screen_cells = len(top)  # its plan's screen: the k cells the confirmation tests, not the grid it runs
+        again = op.run(model, fresh, executor=executor, quiet=quiet)
         result.confirmation = confirmation_table(result.table, again.table, self.confirm.k, self.stats.fdr,
                                                  result.plan.examples, again.plan.examples)
         result.notes.append(("confirmation on fresh prompts", confirmation_note(result.confirmation, self.stats.fdr)))
@@ -186,7 +189,8 @@ class Operation(ConfigModel):
                               remedy="pass data: a task ({task: ioi, n: 16}), a file, or prompts")
         prepared = self.prepare(adapter, dataset)
         if self.tests_cells:
-            screen_plan(prepared.plan, self.stats)
+            screen_plan(prepared.plan, self.stats, cells=self._screen_cells,
+                        confirm_k=None if self.confirm is None else self.confirm.k)
         return prepared
 
     # ------------------------------------------------------------------ to implement
@@ -225,25 +229,33 @@ class Operation(ConfigModel):
         return {"operation": self.name, **self.model_dump(mode="json")}
 
 
-def screen_plan(plan: Plan, stats: Stats) -> None:
+def screen_plan(plan: Plan, stats: Stats, *, cells: int | None = None, confirm_k: int | None = None) -> None:
     """What the table's screen can show at its number of prompts (stats/signflip.py): the smallest p and q
-    into the plan, and a `screen_blind` warning, before the run, when no cell can be a discovery on its own."""
+    into the plan, and one `screen_blind` warning, before the run, when no cell can be a discovery on its own
+    (saying how many cells at the smallest p Benjamini-Hochberg would need, or that none could be one at all).
+    cells: the cells Benjamini-Hochberg counts (a confirmation run: its k); default the plan's rows.
+    confirm_k: the run confirms its top k on fresh prompts (the warning says what that confirmation needs)."""
     from .stats.signflip import screen_limits, screen_text
 
-    if not stats.n_boot or plan.examples < 2 or plan.rows < 1:
+    m = cells or plan.rows
+    if not stats.n_boot or plan.examples < 2 or m < 1:
         return
-    limits = screen_limits(plan.examples, plan.rows, stats.fdr, n_boot=stats.n_boot, method=stats.ci_method,
+    limits = screen_limits(plan.examples, m, stats.fdr, n_boot=stats.n_boot, method=stats.ci_method,
                            refine_p=stats.refine_p)
     plan.screen = limits
     plan.notes.append(screen_text(limits))
     if limits["blind"]:
-        need = limits["min_prompts"]
-        warn(f"{plan.rows:,} cells over {plan.examples} prompts: the smallest p is {limits['min_p']:.2g} and a cell "
+        need, together = limits["min_prompts"], limits["cells_together"]
+        warn(f"{m:,} cells over {plan.examples} prompts: the smallest p is {limits['min_p']:.2g} and a cell "
              f"needs p <= {limits['needed_p']:.2g} to be a discovery on its own (Benjamini-Hochberg at fdr "
-             f"{stats.fdr:g}), so none can on its own; "
-             + (f"use {need} prompts or more, " if need else "no number of prompts reaches it with "
-                "refine_p false; ")
-             + "or confirm the top cells on fresh prompts (confirm: {k: 10})", code="screen_blind")
+             f"{stats.fdr:g}), so none can on its own"
+             + (f" (only {together:,} or more cells at the smallest p together could be)" if together is not None
+                else " and none can at all")
+             + "; "
+             + (f"use {need} prompts or more" if need else "no number of prompts reaches it with refine_p false")
+             + (f"; the confirmation of the top {confirm_k} on fresh prompts needs p <= "
+                f"{stats.fdr / confirm_k:.2g} there" if confirm_k else
+                ", or confirm the top cells on fresh prompts (confirm: {k: 10})"), code="screen_blind")
 
 
 def model_bytes(model: ModelAdapter) -> int:

@@ -21,6 +21,21 @@ Two scores per head, averaged over prompts:
 Both are means over prompts of per-prompt scores (the per-prompt table; a prompt without a target
 position has no `score`), and each carries its bootstrap interval over prompts (`score_ci_low`,
 `score_ci_high`, `score_tl_ci_low`, ...; `summarise_head_scores`, from the per-prompt table alone).
+
+The test (what `significant` and `confirm` read): a head's score against chance.
+  chance    the `score` a head attending uniformly over the causal keys would get (1 / (q + 1) on each key
+            k <= q, with the same exclusions), per prompt: the mean over the target queries of (targets
+            left after the exclusions) / (q + 1). The same for every head of a kind; the table's `chance` is
+            its mean over the prompts with a target position.
+  excess    score - chance, per prompt, and its mean over those prompts (= score - chance in the table),
+            with its interval, `excess_p` (two-sided, against 0: the interval's inversion, then the
+            sign-flip test below 1 - ci_level, stats/signflip.py), `excess_q` (Benjamini-Hochberg over
+            every kind x layer x head) and `significant`. A head below chance (attention kept off its
+            targets, e.g. on the BOS) differs from chance too, with a negative excess.
+Uniform causal attention is the null model of an attention pattern carrying no information about the
+targets (the "random baseline" of Olsson et al. 2022's prefix-matching scores reads the same way); a head
+that is significant has more (or less) attention on its targets than that, which is weaker than being a
+head "of a kind" (the takeaway's `most` rule on `score`).
 """
 
 from __future__ import annotations
@@ -94,6 +109,15 @@ def period_offsets(model: ModelAdapter, data: Dataset, prompts: list[list[int]],
     return out
 
 
+def uniform_pattern(lengths: Tensor, T: int) -> Tensor:
+    """[B, 1, T, T] the pattern of a head attending uniformly over the causal keys: 1 / (q + 1) on each key
+    k <= q of a query inside its prompt (right-padded), 0 elsewhere (the chance level of a score)."""
+    q = torch.arange(T)[:, None]
+    causal = (torch.arange(T)[None, :] <= q).to(torch.float64) / (q + 1)
+    inside = (torch.arange(T)[None, :, None] < lengths[:, None, None]).to(torch.float64)
+    return (causal[None] * inside)[:, None]
+
+
 def score_patterns(pattern: Tensor, det: Tensor, lengths: Tensor, exclude_bos: bool = False,
                    exclude_current: bool = False) -> tuple[Tensor, Tensor]:
     """pattern [B, H, T, T], det [B, T, T] -> (score [B, H], score_tl [B, H])."""
@@ -135,6 +159,7 @@ class HeadScores(Sharded, Operation):
     """
 
     name = "head_scores"
+    tests_cells = True  # excess over chance: p, q and significant per row (the plan's screen, confirm)
     kinds: list[HeadKind] = Field(default_factory=lambda: ["previous_token", "duplicate_token", "induction"])
     period: int | None = Field(default=None, ge=1)
     exclude_bos: bool = False
@@ -171,7 +196,7 @@ class HeadScores(Sharded, Operation):
         mine = [st.batches[i] for i in batches]
         examples = [i for b in mine for i in b.index]
         n = len(examples)
-        per_prompt = {k: torch.full((2, n, s.n_layers, s.n_heads), float("nan"), dtype=torch.float64)
+        per_prompt = {k: torch.full((3, n, s.n_layers, s.n_heads), float("nan"), dtype=torch.float64)
                       for k in self.kinds}
         start = 0
         for b in progress(mine, total=len(mine), desc="head scores", quiet=quiet):
@@ -181,12 +206,15 @@ class HeadScores(Sharded, Operation):
             for kind in self.kinds:
                 det = detection_patterns(kind, b.tokens, b.lengths, self.period,
                                          torch.tensor([st.offsets[i] for i in b.index]) if st.offsets else None)
+                chance, _ = score_patterns(uniform_pattern(b.lengths, det.shape[-1]), det, b.lengths,
+                                           self.exclude_bos, self.exclude_current)  # [B, 1]
+                per_prompt[kind][2, idx] = chance.double().cpu()[:, :, None]
                 for L in range(s.n_layers):
                     sc, tl = score_patterns(out[reads[L]].float(), det, b.lengths, self.exclude_bos,
                                             self.exclude_current)
                     per_prompt[kind][0, idx, L] = sc.double().cpu()
                     per_prompt[kind][1, idx, L] = tl.double().cpu()
-        return PerPrompt(examples, {k: v.transpose(0, 1).numpy() for k, v in per_prompt.items()})  # [n, 2, L, H]
+        return PerPrompt(examples, {k: v.transpose(0, 1).numpy() for k, v in per_prompt.items()})  # [n, 3, L, H]
 
     def summarise(self, prepared: Prepared[HeadScoresState], merged: dict[str, Any], *, quiet: bool = False) -> Result:
         s, columns = prepared.model.structure, merged["main"]
@@ -217,22 +245,24 @@ def _frame_rows(columns: Any, kinds: list[str], n_layers: int, n_heads: int, lo:
     for k, kind in enumerate(kinds):
         a, b = max(lo, k * n) - k * n, min(hi, (k + 1) * n) - k * n
         if a < b:
-            v = torch.from_numpy(columns.read(a, b, [kind])[kind]).transpose(0, 1)  # [2, rows, L, H]
+            v = torch.from_numpy(columns.read(a, b, [kind])[kind]).transpose(0, 1)  # [3, rows, L, H]
             frames.append(head_score_frame({kind: v}, n_layers, n_heads, first=a))
     return pd.concat(frames, ignore_index=True) if frames else head_score_frame({}, n_layers, n_heads)
 
 
 def head_score_frame(per_prompt: dict[str, Tensor], n_layers: int, n_heads: int, first: int = 0) -> pd.DataFrame:
     """The per-prompt table: one row per (kind, example, layer, head) with `score` (NaN: no target
-    position in that prompt) and `score_tl`. per_prompt[kind]: [2, n, layers, heads] of examples first.."""
-    frames = [pd.DataFrame(columns=["kind", "example", "layer", "head", "site", "score", "score_tl"])]
+    position in that prompt), `score_tl` and `chance` (the score of uniform causal attention on that
+    prompt, the same for every head). per_prompt[kind]: [3, n, layers, heads] of examples first.."""
+    frames = [pd.DataFrame(columns=["kind", "example", "layer", "head", "site", "score", "score_tl", "chance"])]
     for kind, v in per_prompt.items():
         n = v.shape[1]
         ex, L, h = np.meshgrid(np.arange(first, first + n), np.arange(n_layers), np.arange(n_heads), indexing="ij")
         frames.append(pd.DataFrame({"kind": kind, "example": ex.reshape(-1), "layer": L.reshape(-1),
                                     "head": h.reshape(-1),
                                     "site": [naming.head(a, b) for a, b in zip(L.reshape(-1), h.reshape(-1))],
-                                    "score": v[0].reshape(-1).numpy(), "score_tl": v[1].reshape(-1).numpy()}))
+                                    "score": v[0].reshape(-1).numpy(), "score_tl": v[1].reshape(-1).numpy(),
+                                    "chance": v[2].reshape(-1).numpy()}))
     return pd.concat(frames[1:], ignore_index=True) if len(frames) > 1 else frames[0]
 
 
@@ -244,8 +274,8 @@ def summarise_head_scores(per_prompt: pd.DataFrame, stats: Stats, seed: int) -> 
     arrays = {}
     for kind, sub in per_prompt.groupby("kind", sort=False):
         grids = [sub.pivot_table(index="example", columns=["layer", "head"], values=col, dropna=False, sort=True)
-                 .to_numpy(dtype=np.float64).reshape(-1, n_layers, n_heads) for col in ("score", "score_tl")]
-        arrays[kind] = np.stack(grids, 1)  # [n, 2, L, H]
+                 .to_numpy(dtype=np.float64).reshape(-1, n_layers, n_heads) for col in ("score", "score_tl", "chance")]
+        arrays[kind] = np.stack(grids, 1)  # [n, 3, L, H]
     n = len(next(iter(arrays.values())))
     return head_score_summary(n, kinds, n_layers, n_heads, lambda lo, hi: {k: v[lo:hi] for k, v in arrays.items()},
                               stats, seed)
@@ -254,17 +284,35 @@ def summarise_head_scores(per_prompt: pd.DataFrame, stats: Stats, seed: int) -> 
 def head_score_summary(n: int, kinds: list[str], n_layers: int, n_heads: int, read: Any, stats: Stats,
                        seed: int) -> pd.DataFrame:
     """One row per (kind, layer, head) from the per-prompt scores read in blocks (read(lo, hi) -> {kind:
-    [rows, 2, L, H]}): `score` (mean over the prompts with a target position), `score_tl` (mean over all
-    prompts), each with its bootstrap interval over prompts (one resampling of the prompts for every
-    kind, head and column)."""
+    [rows, 3, L, H]}: score, score_tl, chance): `score` (mean over the prompts with a target position),
+    `score_tl` (mean over all prompts), each with its bootstrap interval over prompts (one resampling of the
+    prompts for every kind, head and column), `chance` (mean over the prompts with a target position, with its
+    interval) and
+    `excess` = score - chance per prompt, tested against 0 (`excess_p`, `excess_q` over every row,
+    `significant`; the module's docstring)."""
     LH = n_layers * n_heads
     L, H = np.meshgrid(np.arange(n_layers), np.arange(n_heads), indexing="ij")
 
+    def block(lo: int, hi: int) -> dict[str, np.ndarray]:
+        return {k: np.asarray(v, np.float64).reshape(hi - lo, 3, LH) for k, v in read(lo, hi).items()}
+
     def stacked(lo: int, hi: int) -> np.ndarray:  # per kind: score then score_tl, each [rows, L x H]
-        block = read(lo, hi)
-        return np.concatenate([np.asarray(block[k], np.float64).reshape(hi - lo, 2 * LH) for k in kinds], axis=1)
+        b = block(lo, hi)
+        return np.concatenate([b[k][:, :2].reshape(hi - lo, 2 * LH) for k in kinds], axis=1)
+
+    def excess(lo: int, hi: int) -> np.ndarray:  # per kind: score - chance, [rows, L x H]
+        b = block(lo, hi)
+        return np.concatenate([b[k][:, 0] - b[k][:, 2] for k in kinds], axis=1)
+    def chance(lo: int, hi: int) -> np.ndarray:  # per kind: the chance score, one column (equal over heads)
+        b = block(lo, hi)
+        return np.stack([b[k][:, 2, 0] for k in kinds], axis=1)
     width = 2 * LH * len(kinds)
-    summary = summarise(streamed_mean(n, width, stacked), stats, seed)
+    # score and score_tl are not tested (a score is >= 0): their p is not refined; the excess's is (one
+    # resampling of the prompts for both: the same seed)
+    summary = summarise(streamed_mean(n, width, stacked), stats.model_copy(update={"refine_p": False}), seed)
+    tested = summarise(streamed_mean(n, LH * len(kinds), excess), stats, seed)
+    level = summarise(streamed_mean(n, len(kinds), chance), stats.model_copy(update={"refine_p": False}), seed)
+    test_cols = interval_columns(tested, "excess", stats, test=True)
     counts = column_moments(n, width, stacked).count
     tables = []
     for i, kind in enumerate(kinds):
@@ -277,6 +325,13 @@ def head_score_summary(n: int, kinds: list[str], n_layers: int, n_heads: int, re
                 table[key] = value[part]
             if col == "score":
                 table["n_prompts"] = counts[part].astype(int)
+        part = slice(i * LH, (i + 1) * LH)
+        table["excess"] = tested.value[part]
+        table["chance"] = level.value[i]  # the mean chance over the prompts with a target (= score - excess)
+        for key, value in interval_columns(level, "chance", stats).items():
+            table[key] = value[i]
+        for key, value in test_cols.items():
+            table[key] = np.asarray(value)[part]
         table["ci_level"] = stats.ci_level
         tables.append(table)
     return pd.concat(tables, ignore_index=True)

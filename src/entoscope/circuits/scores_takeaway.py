@@ -76,12 +76,23 @@ def dla_takeaway(result: Any, top: int = 3) -> Takeaway | str:
 
 
 def head_scores_takeaway(result: Any, top: int = 3) -> Takeaway | str:
-    """Per kind, the heads that put most of their attention on their targets (rule `most` on the score and
-    its interval), or the highest-scoring head where none does."""
+    """First how many head scores differ from chance (uniform attention over the causal keys; the false
+    discovery control on `excess`, and when none does that is said first, docs/pages.md); then per kind, the
+    heads that put most of their attention on their targets (rule `most` on the score and its interval), or
+    the highest-scoring head where none does."""
     t = result.table
     if not len(t) or "score" not in t:
         return ""
     b = TakeawayBuilder(key=("kind", "site"))
+    if "significant" in t:
+        significant = int(t["significant"].sum())
+        if not significant:
+            fdr = ((result.manifest or {}).get("config", {}).get("stats", {}) or {}).get("fdr", 0.05)
+            b.no_discovery(t, "excess", fdr, unit="head scores")
+        else:
+            b.count(significant, len(t), "significant", unit="head scores (kind x head)")
+            b.say(" differ from chance (a head attending uniformly over the tokens up to its own) at the false discovery "
+                  "control. ")
     b.say("Heads that put ")
     word = b.qualify("most of their attention", "most")
     b.say(" on their targets (a score of one: all of it; ")

@@ -3,7 +3,8 @@
 `<name>_ci_low`, `<name>_ci_high` (and `_se`; with `test=True` also `_p`: the inversion of the
 interval against 0, `_p_bound`: whether `_p` is the resampling's resolution rather than the value,
 `_q`: Benjamini-Hochberg over the table's cells, and `significant` = q <= `stats.fdr`), plus one
-`ci_level` column. `p_text` writes a p-value as a reader should read it ("p = 0.012", "p < 0.0095"),
+`ci_level` column. `p_text` writes a p-value as a reader should read it ("p = 0.012", "p < 0.0095",
+"p <= 3.1e-05" at the sign-flip test's limit 2^-(n-1)),
 `readable_p` a table's p columns so (what pages show).
 """
 
@@ -40,23 +41,40 @@ def significance_columns(summary: Summary, name: str, stats: Stats) -> dict[str,
 
 def readable_p(frame: Any) -> Any:
     """A copy of a table for reading: each `<name>_p` column as text ("0.012", "< 0.0095" where
-    `<name>_p_bound`), the `_p_bound` columns dropped (table.csv keeps both as numbers)."""
+    `<name>_p_bound`, "<= 3.1e-05" where p is the sign-flip test's limit on the row's prompts, `at_limit`),
+    the `_p_bound` columns dropped (table.csv keeps both as numbers). The row's prompts: `n_prompts`
+    (a confirmation table's `screen_...` columns: `screen_n_prompts`)."""
     bounds = [c for c in frame.columns if c.endswith("_p_bound") and c[: -len("_bound")] in frame]
     if not bounds:
         return frame
     out = frame.drop(columns=bounds)
     for c in bounds:
         p, b = frame[c[: -len("_bound")]], frame[c]
-        out[c[: -len("_bound")]] = [p_text(v, bool(k), name="") or np.nan for v, k in zip(p, b)]
+        n_col = "screen_n_prompts" if c.startswith("screen_") and "screen_n_prompts" in frame else "n_prompts"
+        limit = at_limit(p, frame[n_col]) if n_col in frame else np.zeros(len(frame), dtype=bool)
+        out[c[: -len("_bound")]] = [p_text(v, bool(k), name="", limit=bool(x)) or np.nan for v, k, x in zip(p, b, limit)]
     return out
 
 
-def p_text(p: float, bound: bool = False, *, name: str = "p") -> str:
-    """'p = 0.012', 'p < 0.0095' where the p-value is the resampling's resolution (bound), '' for NaN."""
+def at_limit(p: Any, n: Any) -> np.ndarray:
+    """Per row: whether p is the sign-flip test's smallest p on its n prompts, 2^-(n-1) (stats/signflip.py):
+    the data's pattern is the most extreme one, and more prompts could give a smaller p."""
+    p, n = np.asarray(p, dtype=float), np.asarray(n, dtype=float)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return (n >= 2) & np.isfinite(p) & np.isclose(p, 2.0 ** -(n - 1), rtol=1e-9, atol=0)
+
+
+def p_text(p: float, bound: bool = False, *, name: str = "p", limit: bool = False) -> str:
+    """'p = 0.012'; 'p < 0.0095' where the p-value is the resampling's resolution (bound); 'p <= 3.1e-05' where
+    it is the sign-flip test's limit on the prompts (2^-(n-1): no test on them goes lower); '' for NaN."""
     if p is None or not np.isfinite(p):
         return ""
     prefix = f"{name} " if name else ""
-    return f"{prefix}< {p:.2g}" if bound else (f"{prefix}= {p:.2g}" if name else f"{p:.2g}")
+    if bound:
+        return f"{prefix}< {p:.2g}"
+    if limit:
+        return f"{prefix}<= {p:.2g}"
+    return f"{prefix}= {p:.2g}" if name else f"{p:.2g}"
 
 
 def ci_text(row: Any, name: str) -> str:

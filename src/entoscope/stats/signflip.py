@@ -192,7 +192,9 @@ def screen_limits(n: int, m: int, fdr: float, *, n_boot: int, method: str, refin
                  be a discovery on its own: its distance grows as sqrt(n') and it needs p <= fdr / m, read
                  from Student's t with n' - 1 degrees of freedom (the sign-flip test's large-sample
                  behaviour on normal values), and the test's limit at n' <= fdr / m.
-    blind:       no cell can be a discovery on its own at n (min_q_alone > fdr)."""
+    blind:       no cell can be a discovery on its own at n (min_q_alone > fdr).
+    cells_together: the fewest cells at min_p that Benjamini-Hochberg makes discoveries together
+                 (ceil(min_p m / fdr)); None where even all m cells there would not be (min_p > fdr)."""
     from .levels import expands, p_floor
 
     flips = flips_for(m, fdr)
@@ -216,7 +218,8 @@ def screen_limits(n: int, m: int, fdr: float, *, n_boot: int, method: str, refin
         return int(k[ok.argmax()]) if ok.any() else None
     return {"n": n, "m": m, "fdr": fdr, "min_p": min_p, "min_q_alone": min(1.0, min_p * m), "min_q": min_p,
             "needed_p": needed, "min_prompts": n_min, "prompts_for": {e: prompts(e) for e in effects},
-            "blind": min_p * m > fdr}
+            "blind": min_p * m > fdr,
+            "cells_together": int(np.ceil(min_p * m / fdr - 1e-9)) if min_p <= fdr else None}
 
 
 def screen_text(limits: dict) -> str:
