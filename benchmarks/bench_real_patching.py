@@ -18,7 +18,9 @@ Compared, in this one process, with the thread count set and printed (default 1)
       entering layer L (the layers before it skipped), layers L..29 called in order with the patch as a
       hook (heads: a pre-hook on o_proj writing the clean head's slice; resid: the clean residual written
       at the patched position before layer L), final norm and lm_head at each prompt's last position;
-  (b) entoscope.patching.Patching(method="exact") on the TransformerBridge from `es.load_model`.
+  (b) entoscope.patching.Patching(method="exact") on the TransformerBridge from `es.load_model` (rows start
+      at their layer and at the first token where the pair's prompts differ, position 2 in these IOI pairs;
+      a resid_pre row before it runs nowhere: docs/patching.md, "A pair's shared prefix").
 Times are CPU seconds of this process (one thread: the work done, however busy the machine; wall seconds
 printed too), the median of --repeat runs, after a one-pair warm-up of each; "max |diff|" is the largest
 difference of the per-pair patched logit differences [pairs, sites] between (a) and (b).

@@ -10,6 +10,11 @@ first position); within a batch, rows enter the run at their own first layer, so
 grow as it goes deeper. On a model that cannot start part-way (`prefix_support` "none") every batch
 is a full forward of the rows' base prompts.
 
+When the patch value copies the source run (`copies_source`: patch "source"), nothing changes before
+the first token where a pair's prompts differ (causal attention: every activation there is the same in
+both runs), so a row patched over every position starts there, and a row patched only at earlier
+positions changes nothing: it runs nowhere and its metric is the base run's (`RowBatch.unchanged`).
+
 All writes into one activation are one intervention that indexes rows (`writes.Edits`); values
 come from the unpatched runs (`writes.slot_values`).
 """
@@ -28,7 +33,7 @@ from ..models.names import ActName
 from ..metrics import metric_where
 from ..models.partial import attention_scale, logits_at, slice_start
 from .references import Chunk
-from .slots import Slots, grid_index, make_slots, row_starts
+from .slots import UNCHANGED, Slots, from_position, grid_index, make_slots, row_starts, slots_from
 from .writes import Edits, Setup, answer_columns, score_rows, slot_values
 
 # What one more block call costs, in token-blocks (one position through one block): the weights streamed
@@ -47,6 +52,7 @@ class RowBatch:
     unit: Tensor
     layers: Tensor
     position: int
+    unchanged: bool = False  # rows whose patch writes only what the base run holds: the base metric, no run
 
     @property
     def layer(self) -> int:
@@ -64,27 +70,39 @@ def block_overhead(setup: Setup) -> float:
     return BLOCK_STREAM + BLOCK_CALL_MACS / max(1, per_token)
 
 
-def schedule(setup: Setup, base_len: Tensor, max_rows: int, base_roles: Tensor | None = None) -> list[RowBatch]:
+def schedule(setup: Setup, base_len: Tensor, max_rows: int, base_roles: Tensor | None = None,
+             shared: Tensor | None = None) -> list[RowBatch]:
     """Every (example, unit) row of a chunk, in batches of at most `max_rows`.
 
-    Rows that start part-way are grouped by their first position (a dynamic programme over the sorted
-    start positions, `_split`); within a group rows are sorted by first layer and run together, each
-    joining the run at its own layer. Rows of model-level units (layer -1) run full forwards."""
+    Rows whose patch changes nothing (`row_starts` UNCHANGED, given `shared`: each example's first
+    position where its base and source prompts differ) form one batch that runs nowhere. Rows that start
+    part-way are grouped by their first position (a dynamic programme over the sorted start positions,
+    `_split`); within a group rows are sorted by first layer and run together, each joining the run at
+    its own layer. Rows of model-level units (layer -1) run full forwards."""
     C, U = len(base_len), setup.n_units
     ex = torch.arange(C).repeat_interleave(U)
     unit = torch.arange(U).repeat(C)
+    batches: list[RowBatch] = []
+    starts = None
+    if setup.path == "positions" or shared is not None:
+        starts = row_starts(setup.groups, ex, unit, base_len, base_roles, shared)
+        same = starts == UNCHANGED
+        if bool(same.any()):
+            batches.append(RowBatch(ex[same], unit[same], torch.full_like(ex[same], -1), 0, unchanged=True))
+            ex, unit, starts = ex[~same], unit[~same], starts[~same]
     if setup.path == "none":
         layer = torch.full_like(ex, -1)
     else:
         layer = setup.unit_layer[unit]
     full = layer < 0
-    batches = [RowBatch(ex[full][i:i + max_rows], unit[full][i:i + max_rows], layer[full][i:i + max_rows], 0)
-               for i in range(0, int(full.sum()), max_rows)]
+    batches += [RowBatch(ex[full][i:i + max_rows], unit[full][i:i + max_rows], layer[full][i:i + max_rows], 0)
+                for i in range(0, int(full.sum()), max_rows)]
     ex, unit, layer = ex[~full], unit[~full], layer[~full]
     if not len(ex):
         return batches
     if setup.path == "positions":
-        start = torch.minimum(row_starts(setup.groups, ex, unit, base_len, base_roles), base_len[ex] - 1)
+        assert starts is not None
+        start = torch.minimum(starts[~full], base_len[ex] - 1)
     else:
         start = torch.zeros_like(ex)
     T, n = int(base_len.max()), setup.model.structure.n_layers
@@ -136,6 +154,10 @@ def exact_chunk(setup: Setup, chunk: Chunk, batches: list[RowBatch], tick: Calla
     base = chunk.acts["base"]
     with torch.no_grad():
         for b in batches:
+            if b.unchanged:
+                out[b.ex, b.unit] = chunk.m_base[b.ex.to(chunk.m_base.device)].double().cpu()
+                tick()
+                continue
             edits = build_edits(setup, chunk, b)
             positions = chunk.last[b.ex] - b.position
             ivs = edits.interventions()
@@ -160,12 +182,13 @@ def build_edits(setup: Setup, chunk: Chunk, b: RowBatch) -> Edits:
     T = chunk.base_tokens.shape[1]
     sizes = setup.sizes(T)
     for gi, g in enumerate(setup.groups):
-        slots = make_slots(g, b.ex, b.unit, chunk.base_len, chunk.base_roles)
+        slots = slots_from(make_slots(g, b.ex, b.unit, chunk.base_len, chunk.base_roles), b.position)
         if not len(slots):
             continue
         values = slot_values(setup, chunk, slots, gi)
         if not g.query_head:
-            edits.write(g.act, grid_index(slots, slots.row, sizes, run_offset=b.position), values)
+            index = grid_index(slots, slots.row, sizes, run_offset=b.position)
+            edits.write(g.act, *from_position(slots, index, values, b.position))
         elif g.act.kind == "v":
             _query_head_v(edits, slots, values, T)
         else:

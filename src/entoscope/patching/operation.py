@@ -162,7 +162,9 @@ class Patching(Sharded, Operation):
             chunk_size = min(len(td), self.batch_size)
         chunks = length_batches(lengths, chunk_size)
         rows = self._row_batch(model, T, setup)
-        schedules = [schedule(setup, base_len[idx], rows, pairs.base_role_rows(idx)) for idx in chunks] \
+        shared = pairs.shared_prefix(self.align) if value.copies_source and self.source_position is None else None
+        schedules = [schedule(setup, base_len[idx], rows, pairs.base_role_rows(idx),
+                              None if shared is None else shared[idx]) for idx in chunks] \
             if self.method == "exact" else []
         plan = self._plan(model, td, siteset, setup, chunks, schedules, rows, per_example, T)
         state = PatchingState(pairs, siteset, setup, reads, chunks, schedules, rows, pad_id(model), chunk_size,
@@ -317,10 +319,14 @@ class Patching(Sharded, Operation):
         notes = [siteset.note] if siteset.note else []
         notes.append(self._roles_note(setup))
         if self.method == "exact":
-            batches = [len(b) for sch in schedules for b in sch]
-            forward, backward = E * references + mean + E * U, 0
-            sizes += batches
+            same = sum(len(b) for sch in schedules for b in sch if b.unchanged)
+            forward, backward = E * references + mean + E * U - same, 0
+            sizes += [len(b) for sch in schedules for b in sch if not b.unchanged]
             notes.append(_path_note(model, setup.path, self.prefix_reuse))
+            if same:
+                notes.append(f"{same} of {E * U} patched rows write only positions before the first token where "
+                             "their pair's prompts differ, where both runs hold the same activations: their "
+                             "metric is the base run's, with no run")
         elif self.method == "attribution":
             forward, backward = E * references + mean, E
             notes.append("attribution: per batch of prompts, one forward with gradients, one backward and one "

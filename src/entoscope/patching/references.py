@@ -54,6 +54,22 @@ class Pairs:
         """The runs patch values come from: the sources, or the prompts themselves without pairs."""
         return self.source if self.source is not None else self.base
 
+    def shared_prefix(self, align: str) -> Tensor | None:
+        """[E] per example, the first position where the base and source prompts differ (the shorter one's
+        length when it begins the other): under causal attention both runs hold the same activations
+        before it. 0 for a pair aligned by its end whose lengths differ (its positions do not face the
+        same prefix); None without pairs."""
+        if self.source is None:
+            return None
+        out = []
+        for b, s in zip(self.base, self.source):
+            n = min(len(b), len(s))
+            if align == "end" and len(b) != len(s):
+                out.append(0)
+                continue
+            out.append(next((i for i in range(n) if b[i] != s[i]), n))
+        return torch.tensor(out, dtype=torch.long)
+
     def base_lengths(self) -> Tensor:
         return torch.tensor([len(t) for t in self.base], dtype=torch.long)
 

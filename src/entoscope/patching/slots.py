@@ -154,21 +154,64 @@ def make_slots(group: MemberGroup, ex_rows: Tensor, unit_rows: Tensor, base_len:
     return Slots(group, row, ex, unit_rows[row], member, target)
 
 
+UNCHANGED = 2**62  # row_starts of a row whose patch writes only what its base run already holds
+
+
 def row_starts(groups: list[MemberGroup], ex_rows: Tensor, unit_rows: Tensor, base_len: Tensor,
-               base_roles: Tensor | None = None) -> Tensor:
-    """First position each row's patch can change: min over its members ([R]; 0 for whole positions)."""
-    out = torch.full((len(ex_rows),), 2**62, dtype=torch.long)
+               base_roles: Tensor | None = None, shared: Tensor | None = None) -> Tensor:
+    """First position each row's patch can change: min over its members ([R]; 0 for whole positions).
+
+    shared [C]: per example, the first position where the base and source prompts differ, when the patch
+    value copies the source run (`PatchValue.copies_source`): every activation before it is the same in
+    both runs (causal attention), so a member at an earlier position writes nothing new and a member over
+    every position changes nothing before it. A row none of whose members changes anything: UNCHANGED.
+    (Query-head copies of k/v over every key position keep 0: their edits index all keys.)"""
+    out = torch.full((len(ex_rows),), UNCHANGED, dtype=torch.long)
     for g in groups:
         slots = make_slots(g, ex_rows, unit_rows, base_len, base_roles)
         if not len(slots):
             continue
         axes = [j for j, a in enumerate(g.axes) if a in SHIFTED_AXES]
-        if not axes or g.whole[axes[0]]:
+        p0 = None if shared is None else shared[slots.ex]
+        if not axes:
             first = torch.zeros(len(slots), dtype=torch.long)
+        elif g.whole[axes[0]]:
+            first = torch.zeros(len(slots), dtype=torch.long)
+            if p0 is not None and not g.query_head:
+                first = torch.where(p0 < base_len[slots.ex], p0, UNCHANGED)
         else:
             first = slots.target[:, axes[0]]
+            if p0 is not None:
+                first = torch.where(first < p0, UNCHANGED, first)
         out.scatter_reduce_(0, slots.row, first, reduce="amin")
     return out
+
+
+def slots_from(slots: Slots, position: int) -> Slots:
+    """The slots of a run starting at `position`, less those fixed at an earlier position (rows start at
+    their first changed position, so such a slot writes what the run already holds: `row_starts`)."""
+    axes = [j for j, a in enumerate(slots.group.axes) if a in SHIFTED_AXES]
+    if not position or not axes or slots.group.whole[axes[0]]:
+        return slots
+    keep = slots.target[:, axes[0]] >= position
+    if bool(keep.all()):
+        return slots
+    return Slots(slots.group, slots.row[keep], slots.ex[keep], slots.unit[keep], slots.member[keep],
+                 slots.target[keep])
+
+
+def from_position(slots: Slots, index: tuple[Tensor, ...], values: Tensor,
+                  position: int) -> tuple[tuple[Tensor, ...], Tensor]:
+    """A write over every position (index from `grid_index` with run_offset=position, values [N, *whole,
+    *features]) cut to the positions a run starting at `position` holds."""
+    g = slots.group
+    whole = [a for a, w in zip(g.axes, g.whole) if w]
+    shifted = [k for k, a in enumerate(whole) if a in SHIFTED_AXES]
+    if not position or not shifted:
+        return index, values
+    dim = 1 + shifted[0]
+    index = tuple(i.narrow(dim, position, i.shape[dim] - position) if i.shape[dim] > 1 else i for i in index)
+    return index, values.narrow(dim, position, values.shape[dim] - position)
 
 
 def grid_index(slots: Slots, batch: Tensor, sizes: dict[str, int], *, position: Tensor | None = None,

@@ -53,6 +53,9 @@ class PatchValue:
     params:  accepted params and their defaults (None: any params, passed as given).
     per_row: the value differs per (prompt, unit) (random draws): integrated gradients, which
              follows ONE path per activation, refuses it.
+    copies_source: the value IS the source run's activation at the slot, so at positions before the first
+             token where the base and source prompts differ it writes what the base run already holds
+             (exact patching then skips those positions, and rows that patch nothing else: exact.py).
     """
 
     name: str
@@ -60,6 +63,7 @@ class PatchValue:
     needs: frozenset[str] | Callable[[dict[str, Any]], frozenset[str]] = frozenset()
     params: dict[str, Any] | None = field(default_factory=dict)
     per_row: bool = False
+    copies_source: bool = False
 
     def runs(self, params: dict[str, Any]) -> frozenset[str]:
         needs = self.needs(params) if callable(self.needs) else self.needs
@@ -83,12 +87,12 @@ class PatchValue:
 
 def patch_value(name: str, *, needs: Iterable[str] | Callable[[dict[str, Any]], frozenset[str]] = (),
                 params: dict[str, Any] | None = None, per_row: bool = False,
-                replace: bool = False) -> Callable[[Callable[..., Tensor]], Callable[..., Tensor]]:
+                replace: bool = False, copies_source: bool = False) -> Callable[[Callable[..., Tensor]], Callable[..., Tensor]]:
     """Decorator: register `fn(inputs, **params)` as the patch value `name`."""
     def decorate(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
         runs = needs if callable(needs) else frozenset(needs)
         register("patch", name, replace=replace)(PatchValue(name, fn, runs, {} if params is None else params,
-                                                            per_row))
+                                                            per_row, copies_source))
         return fn
     return decorate
 
@@ -160,7 +164,7 @@ def stream_seed(*parts: int) -> int:
 
 
 # ---------------------------------------------------------------------- built-ins
-@patch_value("source", needs=("source",))
+@patch_value("source", needs=("source",), copies_source=True)
 def _source(inputs: PatchInputs) -> Tensor:
     return inputs.source
 
