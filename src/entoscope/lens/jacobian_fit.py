@@ -21,7 +21,7 @@ is ||J_even - J_odd||_F / ||J||_F, the relative change between the two halves of
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -39,9 +39,11 @@ from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
 from ..models.adapter import Intervention, ModelAdapter
 from ..models.names import ActName
+from ..models.partial import prefix_reads, prefix_support, record_past, slice_start
 from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
 from ..results.result import Result
 from .jacobian import ESTIMATOR, JacobianLens
+from .pointwise import folded_activations
 
 
 @dataclass(frozen=True)
@@ -133,7 +135,7 @@ class JacobianLensFit(Sharded, Operation):
         total = {k: np.zeros((len(st.layers), d, d)) for k in ("even", "odd")}
         mine = [st.batches[i] for i in batches]
         counts = []
-        with frozen(model.module):
+        with frozen(model.module), folded_activations(model.module):
             for b in progress(mine, total=len(mine), desc="Jacobian lens", quiet=quiet):
                 per_prompt = prompt_jacobians(model, b.tokens, b.lengths, st.layers, self.skip_first, st.dim_chunk)
                 parity = torch.tensor(b.index) % 2
@@ -174,18 +176,21 @@ class JacobianLensFit(Sharded, Operation):
 def prompt_jacobians(model: ModelAdapter, tokens: Tensor, lengths: Tensor, layers: list[int], skip_first: int,
                      dim_chunk: int) -> Tensor:
     """Each prompt's matrices [B, len(layers), d_model, d_model] (float32): one forward, batched VJPs.
-    The model's weights must not require gradients (`frozen`): the graph is rooted at resid_post.layers[0]."""
-    s = model.structure
-    target = ActName("resid_post", s.n_layers - 1)
-    reads = [ActName("resid_post", L) for L in layers] + [target]
-    root = Intervention(ActName("resid_post", layers[0]), lambda x: x.detach().requires_grad_(True))
-    # the last position is neither a source nor a target, and (causal attention) changes no other: left out
-    out = model.run(tokens[:, :-1], reads, interventions=[root], grad=True, logits=False)
-    final, sources = out.acts[target], [out.acts[a] for a in reads[:-1]]
+    The model's weights must not require gradients (`frozen`): the graph is rooted at resid_post.layers[0].
+
+    Causal attention: positions before `skip_first` are neither sources nor targets, and no later position's
+    gradient reaches them. Where the model can start part-way (`prefix_support` "positions"), the graph holds
+    positions skip_first.. only, blocks layers[0]+1.. attending to the earlier positions through a frozen
+    key/value prefix recorded without gradients; elsewhere it holds every position."""
+    x = tokens[:, :-1]  # the last position is neither a source nor a target, and (causal) changes no other
+    if skip_first > 0 and prefix_support(model) == "positions":
+        first, final, sources = _suffix_graph(model, x, layers, skip_first)
+    else:
+        first, final, sources = 0, *_full_graph(model, x, layers)
     B, T, d = final.shape
-    pos = torch.arange(T, device=final.device)
+    pos = first + torch.arange(T, device=final.device)
     lengths = lengths.to(final.device)
-    valid = (pos[None, :] >= skip_first) & (pos[None, :] < lengths[:, None] - 1)  # [B, T] (T: the padded length - 1)
+    valid = (pos[None, :] >= skip_first) & (pos[None, :] < lengths[:, None] - 1)  # [B, T]
     weights = (valid / valid.sum(1, keepdim=True)).to(final.dtype)  # the mean over source positions
     result = torch.zeros(B, len(layers), d, d)
     starts = list(range(0, d, dim_chunk))
@@ -198,6 +203,39 @@ def prompt_jacobians(model: ModelAdapter, tokens: Tensor, lengths: Tensor, layer
         for i, g in enumerate(grads):  # [c, B, T, d] -> rows start..start+c of every prompt's matrix
             result[:, i, start:start + c] = torch.einsum("cbtd,bt->bcd", g, weights).float().cpu()
     return result
+
+
+def _full_graph(model: ModelAdapter, x: Tensor, layers: list[int]) -> tuple[Tensor, list[Tensor]]:
+    """A full forward rooted at resid_post.layers[0]: (the last block's output, the sources), all positions."""
+    target = ActName("resid_post", model.structure.n_layers - 1)
+    reads = [ActName("resid_post", L) for L in layers] + [target]
+    root = Intervention(ActName("resid_post", layers[0]), lambda h: h.detach().requires_grad_(True))
+    out = model.run(x, reads, interventions=[root], grad=True, logits=False)
+    return out.acts[target], [out.acts[a] for a in reads[:-1]]
+
+
+def _suffix_graph(model: ModelAdapter, x: Tensor, layers: list[int], position: int) -> tuple[int, Tensor, list[Tensor]]:
+    """Blocks layers[0]+1.. on positions `position`.. with the earlier positions' keys/values frozen (recorded by
+    a run without gradients): (position, the last block's output, the sources), positions position.. only."""
+    n = model.structure.n_layers
+    layer = layers[0] + 1  # resid_pre of that block is resid_post of layers[0]
+    with torch.no_grad():
+        acts = dict(model.run(x, prefix_reads(model, [layer], positions=True), logits=False).acts)
+        record_past(model, acts, layer)
+    start = slice_start(acts, torch.arange(len(x), device=model.device), layer, position, n)
+    start.resid = start.resid.detach().requires_grad_(True)
+    kept: dict[int, Tensor] = {}
+
+    def keep(L: int) -> Callable[[Tensor], Tensor]:
+        def fn(h: Tensor) -> Tensor:
+            kept[L] = h
+            return h
+        return fn
+
+    ivs = model.lower([Intervention(model.resolve(ActName("resid_post", L)), keep(L)) for L in layers[1:]])
+    with torch.enable_grad():
+        final = model.backend.walk(start, ivs, model.structure)
+    return position, final, [start.resid] + [kept[L] for L in layers[1:]]
 
 
 @contextmanager
