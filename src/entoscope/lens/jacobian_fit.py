@@ -11,7 +11,12 @@ at source t, exactly the sum over targets t' >= t. How it is computed here: ONE 
 prompts with the graph rooted at the earliest source block's output (weights frozen), then batched
 vector-Jacobian products, `torch.autograd.grad(..., is_grads_batched=True)`, `dim_chunk` one-hot
 cotangents at a time (ceil(d_model / dim_chunk) backward calls per batch), instead of TransformerLens's
-forward of `dim_batch` copies of one prompt per prompt and d_model / dim_batch backward calls.
+forward of `dim_batch` copies of one prompt per prompt and d_model / dim_batch backward calls. Two savings
+leave the numbers as they are (to float32 rounding): positions before skip_first are neither sources nor
+targets and (causal attention) receive no gradient that reaches one, so where the model can start part-way
+(models/partial.py) the graph holds positions skip_first.. only, attending to the earlier ones through a
+frozen key/value prefix; and elementwise activation modules backpropagate as one multiply by their
+derivative (lens/pointwise.py) instead of replaying a formula's chain of ops on every backward call.
 
 Shards return float64 sums of their prompts' matrices, split by the prompt's index parity (even / odd);
 the merge adds them in shard order and divides by the prompt count once, so a sharded fit equals the
@@ -46,6 +51,9 @@ from .jacobian import ESTIMATOR, JacobianLens
 from .pointwise import folded_activations
 
 
+ROWS_PER_BACKWARD = 32  # prompts x cotangents in one vmapped backward, unless batch_size says otherwise
+
+
 @dataclass(frozen=True)
 class FitState:
     """What the fit's prepare resolved: the kept prompts' batches, the layers, the cotangents per backward."""
@@ -64,7 +72,8 @@ class JacobianLensFit(Sharded, Operation):
     layers:     source layers (block outputs, resid_post.l); default every layer but the last.
     skip_first: leading positions left out of the average (attention sinks; TransformerLens's default 16).
     max_length: prompts are cut to this many tokens (and to the model's context).
-    dim_chunk:  one-hot cotangents per batched backward; default 16 (fewer where the memory budget says so).
+    dim_chunk:  one-hot cotangents per batched backward; default 8 (fewer where the memory budget says so);
+                the default batch holds at most 32 / dim_chunk prompts.
     corpus:     the provenance name recorded in the lens (a merge refuses lenses whose names differ);
                 default the dataset's name and parameters.
     save:       where to write the lens (a .pt file, or a folder that gets lens.pt), for YAML and the CLI.
@@ -106,12 +115,13 @@ class JacobianLensFit(Sharded, Operation):
         act = 4 * T * s.n_layers * (12 * s.d_model + 3 * s.d_mlp + 2 * s.n_heads * T)
         per_cot = act + 4 * T * s.d_model * (len(layers) + 1)
         budget = int(self.memory_budget_mb * 2**20)
-        # default 16 cotangents per call: wider vmapped backwards measured slower on CPU (benchmarks/bench_jacobian_lens.py)
-        chunk = self.dim_chunk or max(1, min(16, s.d_model, budget // (2 * per_cot)))
+        # default 8 cotangents per call and at most 32 prompt-cotangent rows per backward: wider vmapped
+        # backwards measured slower on one CPU thread (their gradients outgrow the cache; bench_jacobian_lens.py)
+        chunk = self.dim_chunk or max(1, min(8, s.d_model, budget // (2 * per_cot)))
         chunk = min(chunk, s.d_model)
         n_chunks = -(-s.d_model // chunk)
         chunk = -(-s.d_model // n_chunks)  # equal chunks
-        bs = self.choose_batch_size(act + chunk * per_cot, len(ids))
+        bs = self.choose_batch_size(act + chunk * per_cot, len(ids), cap=max(1, ROWS_PER_BACKWARD // chunk))
         batches = []
         for idx in length_batches([len(t) for t in ids], bs):
             tokens, lens = pad([ids[i] for i in idx], pad_id(model))
