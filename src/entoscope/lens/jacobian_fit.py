@@ -129,7 +129,10 @@ class JacobianLensFit(Sharded, Operation):
         corpus = self.corpus or _corpus_name(data)
         notes = [f"each backward carries {chunk} one-hot cotangents: {s.d_model} vector-Jacobian products per "
                  f"prompt ({n_chunks} backward calls per batch)",
-                 f"positions {self.skip_first}.. and each prompt's last left out of the average"]
+                 f"positions {self.skip_first}.. and each prompt's last left out of the average",
+                 f"the backward graph holds positions {self.skip_first}.. only (a frozen key/value prefix)"
+                 if self.skip_first > 0 and prefix_support(model) == "positions" else
+                 "the backward graph holds every position (this model cannot start part-way at a position)"]
         if max_length < self.max_length:
             notes.append(f"max_length cut to the model's context, {max_length}")
         mats = 2 * len(layers) * s.d_model ** 2 * 8
