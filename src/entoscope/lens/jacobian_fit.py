@@ -11,7 +11,12 @@ at source t, exactly the sum over targets t' >= t. How it is computed here: ONE 
 prompts with the graph rooted at the earliest source block's output (weights frozen), then batched
 vector-Jacobian products, `torch.autograd.grad(..., is_grads_batched=True)`, `dim_chunk` one-hot
 cotangents at a time (ceil(d_model / dim_chunk) backward calls per batch), instead of TransformerLens's
-forward of `dim_batch` copies of one prompt per prompt and d_model / dim_batch backward calls.
+forward of `dim_batch` copies of one prompt per prompt and d_model / dim_batch backward calls. Two savings
+leave the numbers as they are (to float32 rounding): positions before skip_first are neither sources nor
+targets and (causal attention) receive no gradient that reaches one, so where the model can start part-way
+(models/partial.py) the graph holds positions skip_first.. only, attending to the earlier ones through a
+frozen key/value prefix; and elementwise activation modules backpropagate as one multiply by their
+derivative (lens/pointwise.py) instead of replaying a formula's chain of ops on every backward call.
 
 Shards return float64 sums of their prompts' matrices, split by the prompt's index parity (even / odd);
 the merge adds them in shard order and divides by the prompt count once, so a sharded fit equals the
@@ -21,7 +26,7 @@ is ||J_even - J_odd||_F / ||J||_F, the relative change between the two halves of
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -39,9 +44,14 @@ from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
 from ..models.adapter import Intervention, ModelAdapter
 from ..models.names import ActName
+from ..models.partial import prefix_reads, prefix_support, record_past, slice_start
 from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
 from ..results.result import Result
 from .jacobian import ESTIMATOR, JacobianLens
+from .pointwise import folded_activations
+
+
+ROWS_PER_BACKWARD = 32  # prompts x cotangents in one vmapped backward, unless batch_size says otherwise
 
 
 @dataclass(frozen=True)
@@ -62,7 +72,8 @@ class JacobianLensFit(Sharded, Operation):
     layers:     source layers (block outputs, resid_post.l); default every layer but the last.
     skip_first: leading positions left out of the average (attention sinks; TransformerLens's default 16).
     max_length: prompts are cut to this many tokens (and to the model's context).
-    dim_chunk:  one-hot cotangents per batched backward; default 16 (fewer where the memory budget says so).
+    dim_chunk:  one-hot cotangents per batched backward; default 8 (fewer where the memory budget says so);
+                the default batch holds at most 32 / dim_chunk prompts.
     corpus:     the provenance name recorded in the lens (a merge refuses lenses whose names differ);
                 default the dataset's name and parameters.
     save:       where to write the lens (a .pt file, or a folder that gets lens.pt), for YAML and the CLI.
@@ -104,12 +115,13 @@ class JacobianLensFit(Sharded, Operation):
         act = 4 * T * s.n_layers * (12 * s.d_model + 3 * s.d_mlp + 2 * s.n_heads * T)
         per_cot = act + 4 * T * s.d_model * (len(layers) + 1)
         budget = int(self.memory_budget_mb * 2**20)
-        # default 16 cotangents per call: wider vmapped backwards measured slower on CPU (benchmarks/bench_jacobian_lens.py)
-        chunk = self.dim_chunk or max(1, min(16, s.d_model, budget // (2 * per_cot)))
+        # default 8 cotangents per call and at most 32 prompt-cotangent rows per backward: wider vmapped
+        # backwards measured slower on one CPU thread (their gradients outgrow the cache; bench_jacobian_lens.py)
+        chunk = self.dim_chunk or max(1, min(8, s.d_model, budget // (2 * per_cot)))
         chunk = min(chunk, s.d_model)
         n_chunks = -(-s.d_model // chunk)
         chunk = -(-s.d_model // n_chunks)  # equal chunks
-        bs = self.choose_batch_size(act + chunk * per_cot, len(ids))
+        bs = self.choose_batch_size(act + chunk * per_cot, len(ids), cap=max(1, ROWS_PER_BACKWARD // chunk))
         batches = []
         for idx in length_batches([len(t) for t in ids], bs):
             tokens, lens = pad([ids[i] for i in idx], pad_id(model))
@@ -117,7 +129,10 @@ class JacobianLensFit(Sharded, Operation):
         corpus = self.corpus or _corpus_name(data)
         notes = [f"each backward carries {chunk} one-hot cotangents: {s.d_model} vector-Jacobian products per "
                  f"prompt ({n_chunks} backward calls per batch)",
-                 f"positions {self.skip_first}.. and each prompt's last left out of the average"]
+                 f"positions {self.skip_first}.. and each prompt's last left out of the average",
+                 f"the backward graph holds positions {self.skip_first}.. only (a frozen key/value prefix)"
+                 if self.skip_first > 0 and prefix_support(model) == "positions" else
+                 "the backward graph holds every position (this model cannot start part-way at a position)"]
         if max_length < self.max_length:
             notes.append(f"max_length cut to the model's context, {max_length}")
         mats = 2 * len(layers) * s.d_model ** 2 * 8
@@ -133,7 +148,7 @@ class JacobianLensFit(Sharded, Operation):
         total = {k: np.zeros((len(st.layers), d, d)) for k in ("even", "odd")}
         mine = [st.batches[i] for i in batches]
         counts = []
-        with frozen(model.module):
+        with frozen(model.module), folded_activations(model.module):
             for b in progress(mine, total=len(mine), desc="Jacobian lens", quiet=quiet):
                 per_prompt = prompt_jacobians(model, b.tokens, b.lengths, st.layers, self.skip_first, st.dim_chunk)
                 parity = torch.tensor(b.index) % 2
@@ -174,18 +189,21 @@ class JacobianLensFit(Sharded, Operation):
 def prompt_jacobians(model: ModelAdapter, tokens: Tensor, lengths: Tensor, layers: list[int], skip_first: int,
                      dim_chunk: int) -> Tensor:
     """Each prompt's matrices [B, len(layers), d_model, d_model] (float32): one forward, batched VJPs.
-    The model's weights must not require gradients (`frozen`): the graph is rooted at resid_post.layers[0]."""
-    s = model.structure
-    target = ActName("resid_post", s.n_layers - 1)
-    reads = [ActName("resid_post", L) for L in layers] + [target]
-    root = Intervention(ActName("resid_post", layers[0]), lambda x: x.detach().requires_grad_(True))
-    # the last position is neither a source nor a target, and (causal attention) changes no other: left out
-    out = model.run(tokens[:, :-1], reads, interventions=[root], grad=True, logits=False)
-    final, sources = out.acts[target], [out.acts[a] for a in reads[:-1]]
+    The model's weights must not require gradients (`frozen`): the graph is rooted at resid_post.layers[0].
+
+    Causal attention: positions before `skip_first` are neither sources nor targets, and no later position's
+    gradient reaches them. Where the model can start part-way (`prefix_support` "positions"), the graph holds
+    positions skip_first.. only, blocks layers[0]+1.. attending to the earlier positions through a frozen
+    key/value prefix recorded without gradients; elsewhere it holds every position."""
+    x = tokens[:, :-1]  # the last position is neither a source nor a target, and (causal) changes no other
+    if skip_first > 0 and prefix_support(model) == "positions":
+        first, final, sources = _suffix_graph(model, x, layers, skip_first)
+    else:
+        first, final, sources = 0, *_full_graph(model, x, layers)
     B, T, d = final.shape
-    pos = torch.arange(T, device=final.device)
+    pos = first + torch.arange(T, device=final.device)
     lengths = lengths.to(final.device)
-    valid = (pos[None, :] >= skip_first) & (pos[None, :] < lengths[:, None] - 1)  # [B, T] (T: the padded length - 1)
+    valid = (pos[None, :] >= skip_first) & (pos[None, :] < lengths[:, None] - 1)  # [B, T]
     weights = (valid / valid.sum(1, keepdim=True)).to(final.dtype)  # the mean over source positions
     result = torch.zeros(B, len(layers), d, d)
     starts = list(range(0, d, dim_chunk))
@@ -198,6 +216,39 @@ def prompt_jacobians(model: ModelAdapter, tokens: Tensor, lengths: Tensor, layer
         for i, g in enumerate(grads):  # [c, B, T, d] -> rows start..start+c of every prompt's matrix
             result[:, i, start:start + c] = torch.einsum("cbtd,bt->bcd", g, weights).float().cpu()
     return result
+
+
+def _full_graph(model: ModelAdapter, x: Tensor, layers: list[int]) -> tuple[Tensor, list[Tensor]]:
+    """A full forward rooted at resid_post.layers[0]: (the last block's output, the sources), all positions."""
+    target = ActName("resid_post", model.structure.n_layers - 1)
+    reads = [ActName("resid_post", L) for L in layers] + [target]
+    root = Intervention(ActName("resid_post", layers[0]), lambda h: h.detach().requires_grad_(True))
+    out = model.run(x, reads, interventions=[root], grad=True, logits=False)
+    return out.acts[target], [out.acts[a] for a in reads[:-1]]
+
+
+def _suffix_graph(model: ModelAdapter, x: Tensor, layers: list[int], position: int) -> tuple[int, Tensor, list[Tensor]]:
+    """Blocks layers[0]+1.. on positions `position`.. with the earlier positions' keys/values frozen (recorded by
+    a run without gradients): (position, the last block's output, the sources), positions position.. only."""
+    n = model.structure.n_layers
+    layer = layers[0] + 1  # resid_pre of that block is resid_post of layers[0]
+    with torch.no_grad():
+        acts = dict(model.run(x, prefix_reads(model, [layer], positions=True), logits=False).acts)
+        record_past(model, acts, layer)
+    start = slice_start(acts, torch.arange(len(x), device=model.device), layer, position, n)
+    start.resid = start.resid.detach().requires_grad_(True)
+    kept: dict[int, Tensor] = {}
+
+    def keep(L: int) -> Callable[[Tensor], Tensor]:
+        def fn(h: Tensor) -> Tensor:
+            kept[L] = h
+            return h
+        return fn
+
+    ivs = model.lower([Intervention(model.resolve(ActName("resid_post", L)), keep(L)) for L in layers[1:]])
+    with torch.enable_grad():
+        final = model.backend.walk(start, ivs, model.structure)
+    return position, final, [start.resid] + [kept[L] for L in layers[1:]]
 
 
 @contextmanager

@@ -1,0 +1,91 @@
+"""The Jacobian lens fit's two savings (lens/jacobian_fit.py, lens/pointwise.py): the graph over positions
+skip_first.. with a frozen key/value prefix, and activations backpropagated as one multiply, each checked
+against an independent computation (autograd through the model's own full forward; autograd of the
+activation's own formula)."""
+
+import pytest
+import torch
+from torch import nn
+
+import entoscope.lens.jacobian_fit as jf
+from entoscope.data.tokenized import pad, pad_id
+from entoscope.lens.pointwise import folded_activations, pointwise_classes
+from entoscope.models.adapter import Intervention, adapt
+from entoscope.models.names import ActName
+from entoscope.models.partial import prefix_support
+
+from conftest import get_tiny
+
+
+def _autograd_rows(a, ids, layer: int, skip: int) -> torch.Tensor:
+    """Row i: (1/|V|) sum_{t in V} d (sum_{t' in V} final[t', i]) / d h_layer[t], one row at a time by plain
+    torch.autograd.grad through the model's full forward (every position, no prefix, no fold)."""
+    L = a.structure.n_layers
+    tokens = torch.tensor([ids])
+    h0 = a.run(tokens, [ActName("resid_post", layer)]).acts[ActName("resid_post", layer)].detach().requires_grad_()
+    iv = Intervention(ActName("resid_post", layer), lambda _: h0)
+    final = a.run(tokens, [ActName("resid_post", L - 1)], interventions=[iv], grad=True).acts[
+        ActName("resid_post", L - 1)][0]
+    V = list(range(skip, len(ids) - 1))
+    rows = []
+    for i in range(final.shape[-1]):
+        (g,) = torch.autograd.grad(final[V, i].sum(), h0, retain_graph=True)
+        rows.append(g[0, V].mean(0))
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_the_suffix_graph_gives_every_source_layer_the_full_forwards_jacobian(family):
+    model = get_tiny(family, "bridge", False)
+    a = adapt(model)
+    assert prefix_support(a) == "positions"  # else the test would check the fallback path only
+    g = torch.Generator().manual_seed(1)
+    ids = [[0] + torch.randint(1, 300, (n - 1,), generator=g).tolist() for n in (10, 8)]  # right padding too
+    tokens, lengths = pad(ids, pad_id(a))
+    layers = list(range(a.structure.n_layers - 1))
+    with jf.frozen(a.module), folded_activations(a.module):
+        got = jf.prompt_jacobians(a, tokens, lengths, layers, 3, 16)
+    for b, row_ids in enumerate(ids):
+        for i, L in enumerate(layers):
+            torch.testing.assert_close(got[b, i], _autograd_rows(a, row_ids, L, 3), atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("cls", [c for c in pointwise_classes() if c not in (nn.PReLU,)], ids=lambda c: c.__name__)
+def test_a_folded_activation_has_its_own_values_and_derivative(cls):
+    from transformers.activations import ACT2CLS
+
+    kwargs = next((v[1] for v in ACT2CLS.values() if isinstance(v, tuple) and v[0] is cls), {})
+    try:
+        act = cls(**kwargs)
+    except TypeError:
+        pytest.skip(f"{cls.__name__} needs arguments")
+    x = torch.randn(3, 5, 7, generator=torch.Generator().manual_seed(0)) * 3
+    cot = torch.randn(3, 5, 7, generator=torch.Generator().manual_seed(1))
+    x1 = x.clone().requires_grad_()
+    want = act(x1)
+    (want_grad,) = torch.autograd.grad(want, x1, cot)
+    x2 = x.clone().requires_grad_()
+    with folded_activations(nn.Sequential(act)) as n:
+        got = act(x2)
+        (got_grad,) = torch.autograd.grad(got, x2, cot)
+    assert n == 1 and "forward" not in vars(act)  # restored
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    torch.testing.assert_close(got_grad, want_grad, atol=1e-6, rtol=1e-5)
+
+
+def test_a_folded_activation_backpropagates_batched_cotangents_as_one_multiply():
+    from transformers.activations import NewGELUActivation
+
+    act = NewGELUActivation()
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(2)).requires_grad_()
+    cots = torch.randn(5, 4, 6, generator=torch.Generator().manual_seed(3))
+    with folded_activations(nn.Sequential(act)):
+        y = act(x)
+        (got,) = torch.autograd.grad(y, x, cots, is_grads_batched=True)
+        assert type(y.grad_fn).__name__ == "_DiagonalBackward"
+    # the formula's own derivative, by hand: d/dx 0.5 x (1 + tanh(k (x + 0.044715 x^3)))
+    k = (2 / torch.pi) ** 0.5
+    v = x.detach()
+    u = k * (v + 0.044715 * v ** 3)
+    slope = 0.5 * (1 + torch.tanh(u)) + 0.5 * v * (1 - torch.tanh(u) ** 2) * k * (1 + 3 * 0.044715 * v ** 2)
+    torch.testing.assert_close(got, cots * slope, atol=1e-6, rtol=1e-5)
