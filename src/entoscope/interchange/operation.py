@@ -38,7 +38,8 @@ from ..sites import position_text, resolve_positions, role_ref
 from ..steering.sites import steerable
 from . import bases as B
 from .causal import Pairs, build_pairs, split
-from .runs import BASIS, FULL, PLACEBO, Cell, DasSettings, correct, edit, grid_logits, select, train_das_grid
+from .runs import (BASIS, FULL, PLACEBO, Cell, DasSettings, by_set, correct, edit, grid_logits, select,
+                   train_das_grid)
 from .summary import interchange_figures, interchange_table, interchange_takeaway
 
 FLOAT = 4
@@ -50,6 +51,8 @@ class InterchangeState:
     pairs: Pairs
     td: TokenizedData
     classes: torch.Tensor  # [P, C] token ids
+    sets: torch.Tensor | None  # [P, C] each class column's output set (None: each its own; causal.Pairs.sets)
+    n_sets: int  # K, the outputs the argmax is over (C where sets is None)
     held: np.ndarray  # [P] held-out pairs
     cells: list[Cell]
     width: int
@@ -129,7 +132,9 @@ class Interchange(Sharded, Operation):
         size = self.choose_batch_size(per_example, len(td))
         batches = length_batches(td.lengths, size)
         support = prefix_support(model)
-        state = InterchangeState(pairs, td, classes, held, cells, width, conditions, batches, support != "none",
+        sets = None if pairs.sets is None else torch.from_numpy(np.asarray(pairs.sets)).long()
+        n_sets = classes.shape[1] if sets is None else int(sets.max()) + 1
+        state = InterchangeState(pairs, td, classes, sets, n_sets, held, cells, width, conditions, batches, support != "none",
                                  support == "positions", pad_id(model))
         return Prepared(model, pairs.prompts, self._plan(model, state, per_example), state)
 
@@ -218,7 +223,7 @@ class Interchange(Sharded, Operation):
                       quiet: bool = False) -> PerPrompt:
         st, model = prepared.state, prepared.model
         examples = [i for bi in batches for i in st.batches[bi]]
-        n, C, K = len(examples), st.classes.shape[1], len(st.cells)
+        n, C, K = len(examples), st.n_sets, len(st.cells)
         P = len(st.pairs)
         if phase == "read":
             acts = np.full((n, K, st.width), np.nan, np.float32)
@@ -234,7 +239,9 @@ class Interchange(Sharded, Operation):
                         .float().cpu().numpy()
                 for r, i in enumerate(idx):
                     if i < P:
-                        clean[row + r] = out.logits[r, st.classes[i].to(out.logits.device)].double().cpu().numpy()
+                        picked = out.logits[r, st.classes[i].to(out.logits.device)][None]
+                        clean[row + r] = by_set(picked, None if st.sets is None else st.sets[i][None])[0] \
+                            .double().cpu().numpy()
                 row += len(idx)
             return PerPrompt(examples, {"act": acts, "clean": clean})
         ctx: InterchangeContext = prepared.contexts["eval"]
@@ -269,6 +276,7 @@ class Interchange(Sharded, Operation):
                 chunk = rows[lo:lo + per_cell]
                 ex = torch.tensor([i for i, _ in chunk])
                 first = int(pos[ex].min()) if st.positions else 0
+                sets = None if st.sets is None else st.sets[np.array(idx)[ex.repeat(len(members)).numpy()]]
                 ivs = [Intervention(st.cells[k].act, self._edit(st, ctx, k, idx, chunk, ex, pos, first, g * len(chunk)))
                        for g, k in enumerate(members)]
                 stacked = ex.repeat(len(members))
@@ -276,7 +284,7 @@ class Interchange(Sharded, Operation):
                     logits = grid_logits(model, ivs, tokens[stacked], lengths[stacked] - 1 - first,
                                          st.classes[np.array(idx)[stacked.numpy()]], cache, stacked,
                                          torch.tensor([st.cells[k].layer for k in members]).repeat_interleave(len(chunk)),
-                                         first)
+                                         first, sets=sets)
                 for g, k in enumerate(members):
                     part = logits[g * len(chunk):(g + 1) * len(chunk)]
                     out[ex.numpy(), k, [j for _, j in chunk]] = correct(part, targets[ex])
@@ -350,7 +358,8 @@ class Interchange(Sharded, Operation):
         positions = [self._pos(cell, lengths, roles) for cell in st.cells]
         sources = [acts[pairs.source[train], k] for k in range(len(st.cells))]
         return train_das_grid(model, st.cells, st.width, tokens, lengths, positions, sources, st.classes[train],
-                              torch.from_numpy(pairs.target[train]), cache, cfg)
+                              torch.from_numpy(pairs.target[train]), cache, cfg,
+                              None if st.sets is None else st.sets[train])
 
     # ------------------------------------------------------------------ summarise
     def summarise(self, prepared: Prepared[InterchangeState], merged: dict[str, Any], *, quiet: bool = False) -> Result:

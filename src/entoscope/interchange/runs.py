@@ -91,7 +91,7 @@ def edit(cell: Cell, pos: Tensor, source: Tensor, mode: Tensor, basis: Tensor | 
 
 def class_logits(model: ModelAdapter, cell: Cell, tokens: Tensor, lengths: Tensor, classes: Tensor,
                  fn: Callable[[Tensor], Tensor], cache: dict[ActName, Tensor] | None, rows: Tensor,
-                 grad: bool = False, first: int = 0) -> Tensor:
+                 grad: bool = False, first: int = 0, sets: Tensor | None = None) -> Tensor:
     """[R, C] logits of each row's classes (class ids -1: -inf) at its base's last token, under `fn` at the
     cell; with `cache`, a run from the cached residual entering the cell's block (rows index it) at positions
     `first`.. (`fn` then sees those positions only: it must be made with positions counted from `first`)."""
@@ -107,9 +107,19 @@ def class_logits(model: ModelAdapter, cell: Cell, tokens: Tensor, lengths: Tenso
     return picked.masked_fill((classes < 0).to(logits.device), float("-inf"))
 
 
+def by_set(picked: Tensor, sets: Tensor | None) -> Tensor:
+    """[R, K] each output set's logit, the log-sum-exp of its classes' logits (so the argmax compares the sets'
+    probability mass; causal.py's greater_than), from the classes' [R, C] and each column's set [R, C]; None:
+    every column its own set (the logits unchanged)."""
+    if sets is None:
+        return picked
+    mask = sets.to(picked.device)[..., None] == torch.arange(int(sets.max()) + 1, device=picked.device)
+    return torch.logsumexp(picked[..., None].masked_fill(~mask, float("-inf")), dim=1)
+
+
 def grid_logits(model: ModelAdapter, ivs: list[Intervention], tokens: Tensor, last: Tensor, classes: Tensor,
                 cache: dict[ActName, Tensor] | None, rows: Tensor, layers: Tensor, first: int,
-                grad: bool = False) -> Tensor:
+                grad: bool = False, sets: Tensor | None = None) -> Tensor:
     """[R, C] class logits (ids -1: -inf) at positions `last` (counted from `first`) of runs under `ivs`: from the
     cache, rows (indices into it, sorted by `layers`) each joining at its own block at positions first..;
     without a cache, full forwards of `tokens` (then first is 0)."""
@@ -120,7 +130,7 @@ def grid_logits(model: ModelAdapter, ivs: list[Intervention], tokens: Tensor, la
     else:
         logits = logits_at(model, last, tokens=tokens, interventions=ivs, grad=grad, columns=columns)
     picked = logits.gather(1, inverse.to(logits.device))
-    return picked.masked_fill((classes < 0).to(logits.device), float("-inf"))
+    return by_set(picked.masked_fill((classes < 0).to(logits.device), float("-inf")), sets)
 
 
 @dataclass(frozen=True)
@@ -136,7 +146,7 @@ class DasSettings:
 
 def train_das(model: ModelAdapter, cell: Cell, width: int, tokens: Tensor, lengths: Tensor, pos: Tensor,
               source: Tensor, classes: Tensor, targets: Tensor, cache: dict[ActName, Tensor] | None,
-              cfg: DasSettings) -> tuple[Tensor, list[float]]:
+              cfg: DasSettings, sets: Tensor | None = None) -> tuple[Tensor, list[float]]:
     """The DAS basis [width, rank] (float64) of one cell from its training pairs, and the mean loss of each epoch.
     tokens [N, T] (right-padded), pos [N] the base's token, source [N, width] the source's vectors, classes
     [N, C] token ids, targets [N] class indices; cache: the residual entering the cell's block [N, T, d]."""
@@ -160,7 +170,7 @@ def train_das(model: ModelAdapter, cell: Cell, width: int, tokens: Tensor, lengt
                 first = int(pos[rows].min()) if cache is not None and cfg.positions else 0
                 fn = edit(cell, pos[rows] - first, source[rows], mode, lambda: layer.weight, None, cfg.strength)
                 logits = class_logits(model, cell, tokens[rows], lengths[rows], classes[rows], fn, cache, rows,
-                                      grad=True, first=first)
+                                      grad=True, first=first, sets=None if sets is None else sets[rows])
                 loss = nn.functional.cross_entropy(logits.float(), targets[rows].to(logits.device))
                 grads = torch.autograd.grad(loss, params)
                 opt.zero_grad()
@@ -184,7 +194,8 @@ def correct(logits: Tensor, targets: Tensor) -> np.ndarray:
 
 def train_das_grid(model: ModelAdapter, cells: list[Cell], width: int, tokens: Tensor, lengths: Tensor,
                    positions: list[Tensor], sources: list[Tensor], classes: Tensor, targets: Tensor,
-                   cache: dict[ActName, Tensor] | None, cfg: DasSettings) -> list[tuple[Tensor, list[float]]]:
+                   cache: dict[ActName, Tensor] | None, cfg: DasSettings,
+                   sets: Tensor | None = None) -> list[tuple[Tensor, list[float]]]:
     """train_das for every cell, the cells of one position rule trained together: each step one run whose rows
     are the batch once per cell, each cell's rows joining at its own block (models/partial.py), each with its
     own basis and Adam; the loss is the sum of the cells' losses, so each basis gets its own cell's gradient
@@ -193,7 +204,7 @@ def train_das_grid(model: ModelAdapter, cells: list[Cell], width: int, tokens: T
     if cache is None:
         for k, cell in enumerate(cells):
             out[k] = train_das(model, cell, width, tokens, lengths, positions[k], sources[k], classes, targets,
-                               None, cfg)
+                               None, cfg, sets)
         return [out[k] for k in range(len(cells))]
     groups: dict[int, list[int]] = {}
     for k, cell in enumerate(cells):
@@ -205,7 +216,7 @@ def train_das_grid(model: ModelAdapter, cells: list[Cell], width: int, tokens: T
             members = sorted(members, key=lambda k: cells[k].layer)
             for k, result in zip(members, _train_group(model, [cells[k] for k in members], width, tokens, lengths,
                                                        positions[members[0]], [sources[k] for k in members],
-                                                       classes, targets, cache, cfg)):
+                                                       classes, targets, cache, cfg, sets)):
                 out[k] = result
     finally:
         for p, flag in zip(model.module.parameters(), frozen):
@@ -215,7 +226,7 @@ def train_das_grid(model: ModelAdapter, cells: list[Cell], width: int, tokens: T
 
 def _train_group(model: ModelAdapter, cells: list[Cell], width: int, tokens: Tensor, lengths: Tensor, pos: Tensor,
                  sources: list[Tensor], classes: Tensor, targets: Tensor, cache: dict[ActName, Tensor],
-                 cfg: DasSettings) -> list[tuple[Tensor, list[float]]]:
+                 cfg: DasSettings, sets: Tensor | None = None) -> list[tuple[Tensor, list[float]]]:
     gen = torch.Generator().manual_seed(cfg.seed)
     layers, opts = [], []
     for _ in cells:
@@ -246,6 +257,7 @@ def _train_group(model: ModelAdapter, cells: list[Cell], width: int, tokens: Ten
                                grad=True, columns=columns)
             picked = logits.gather(1, inverse.repeat(G, 1).to(logits.device))
             picked = picked.masked_fill((classes[rows] < 0).repeat(G, 1).to(logits.device), float("-inf"))
+            picked = by_set(picked, None if sets is None else sets[rows].repeat(G, 1))
             parts = [nn.functional.cross_entropy(picked[i * R:(i + 1) * R].float(), targets[rows].to(logits.device))
                      for i in range(G)]
             flat = [p for ps in params for p in ps]
