@@ -235,7 +235,7 @@ def _induction(data: Dataset) -> Pairs:
             raise DataError("induction prompts share all their words: no other token to copy",
                             code="interchange_too_few", remedy="use more prompts (n: 16 or more)")
         swapped = words[:k] + [pool[int(rng.integers(len(pool)))]] + words[k + 1:]
-        originals.append(Example(prompt=e.prompt, meta={"words": words, "k": k}))
+        originals.append(Example(prompt=e.prompt, meta={"words": words, "k": k, "roles": e.meta["roles"]}))
         others.append(Example(prompt=_marked(swapped, swapped[:k]), meta={"words": swapped, "k": k}))
     examples = originals + others
     copied = [e.meta["words"][e.meta["k"]] for e in examples]
