@@ -224,3 +224,20 @@ def test_pairs_read_back_from_their_saved_prompts():
         for name in ("base", "source", "target", "base_value", "labels", "group"):
             np.testing.assert_array_equal(getattr(again, name), getattr(first, name))
         assert again.classes == first.classes and again.variable == first.variable
+
+
+def test_boundless_das_recovers_the_planted_direction_with_a_small_learned_size():
+    """Boundless DAS (Wu et al. 2023) starts with half of the 64 rotated dimensions under its soft boundary; the
+    boundary's cost shrinks it while the loss keeps the planted direction inside."""
+    model, u = planted()
+    op = es.Interchange(activation="resid_post", layers=[0], positions=["END"], epochs=30, lr=0.05,
+                        das_batch_size=8, bases=["boundless_das"], placebo=False, seed=0)
+    result = op.run(model, planted_pairs(), quiet=True)
+    basis = torch.from_numpy(result.extra["bases"][0]["boundless_das"])
+    assert 1 <= basis.shape[1] <= 4  # from 32: the size it learned is small
+    torch.testing.assert_close(basis.T @ basis, torch.eye(basis.shape[1], dtype=torch.float64), atol=1e-5, rtol=0)  # float32 weights
+    ov, angle = B.overlap(basis, torch.from_numpy(u)[:, None])
+    assert angle < 10.0  # u lies (nearly) inside the learned subspace; a random 4-dim one: about 75 degrees
+    t = result.table.set_index("basis")
+    assert t.loc["boundless_das", "rank"] == basis.shape[1]
+    assert t.loc["boundless_das", "iia_changed_ci_low"] > 0.8

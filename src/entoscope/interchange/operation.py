@@ -17,7 +17,7 @@ the pairs into training and held-out ones, and plans; no model runs. Sharded pha
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -71,7 +71,7 @@ class InterchangeContext:
     bases: list[dict[str, np.ndarray]]  # per cell: name -> [width, r]
     placebos: list[dict[str, np.ndarray]]  # per cell: name -> [width, r] random, the basis's rank
     sources: np.ndarray  # [P, cells, width] (NaN outside the held-out pairs)
-    losses: list[list[float]]  # per cell: DAS's mean loss per epoch
+    losses: list[list[float]]  # per cell, per learned basis (in the order of `bases`): the mean loss per epoch
 
 
 @register_operation
@@ -83,7 +83,8 @@ class Interchange(Sharded, Operation):
     activation:  the site kind (resid_pre, resid_mid, resid_post, attn_out, mlp_out, mlp_post, z / result with
                  head, a feature site features@KEY); layers: the grid's layers ("all" or a list).
     positions:   token indices or roles ([S2, END]): each prompt's own token (bases and sources alike).
-    bases:       das (learned, rank r), mean_difference, probe, pca, neurons, random.
+    bases:       das (learned, rank r), boundless_das (learned, its rank learned too), mean_difference, probe,
+                 pca, neurons, random.
     rank:        r, the dimension of every basis (a fixed basis has at most what its construction gives).
     strength:    s in h' = h + s (h_src - h) B B^T.
     placebo:     a norm-matched random subspace of the same rank beside every basis but random.
@@ -179,13 +180,13 @@ class Interchange(Sharded, Operation):
         P = len(st.pairs)
         n_train, n_test = int((~st.held).sum()), int(st.held.sum())
         n_cells = len(st.cells)
-        das = "das" in self.bases
+        das = len(set(self.bases) & set(B.LEARNED))
         steps = -(-n_train // self.das_batch_size) * self.epochs
         cache = (2 if st.positions and model.structure.backend == "bridge" else 1) if st.start else 0
-        train = (n_train * cache if das else 0) + (self.epochs * n_train * n_cells if das else 0)
+        train = (n_train * cache + self.epochs * n_train * n_cells) * das
         evaluate = n_test * cache + n_test * n_cells * len(st.conditions)
         forward = len(st.td) + train + evaluate
-        backward = self.epochs * n_train * n_cells if das else 0
+        backward = self.epochs * n_train * n_cells * das
         notes = [f"{P} pairs of variable {st.pairs.variable!r}: {n_train} train the bases, {n_test} held out measure "
                  f"IIA (seed {self.seed})",
                  f"grid: {n_cells} cells ({', '.join(c.label for c in st.cells)}); conditions per cell: "
@@ -320,7 +321,8 @@ class Interchange(Sharded, Operation):
         gen = torch.Generator().manual_seed(self.seed)
         cfg = DasSettings(self.rank, self.epochs, self.das_batch_size, self.lr, self.strength, self.seed, st.positions)
         bases, placebos, losses = [], [], []
-        das = self._das(model, st, train, acts, cfg) if "das" in self.bases else None
+        learned = {name: self._das(model, st, train, acts, replace(cfg, boundless=name == "boundless_das"))
+                   for name in self.bases if name in B.LEARNED}
         for k, cell in enumerate(st.cells):
             x = acts[:, k]
             labels = torch.from_numpy(pairs.labels[prompts])
@@ -337,8 +339,7 @@ class Interchange(Sharded, Operation):
                 elif name == "random":
                     b = B.random_basis(st.width, self.rank, gen)
                 else:
-                    assert das is not None
-                    b, loss = das[k]
+                    b, loss = learned[name][k]
                     losses.append(loss)
                 made[name] = b.numpy()
             bases.append(made)
