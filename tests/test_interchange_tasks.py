@@ -114,3 +114,12 @@ def test_induction_full_interchange_at_the_copied_token_is_a_hand_written_hook(d
             hits += int(logits[ids[1]] > logits[ids[0]])
     assert table.loc[("resid_post.0@B1", "full"), "iia"] == hits / len(held)
     assert hits / len(held) >= 0.75  # the demo model copies what followed the earlier occurrence
+
+
+@pytest.mark.real
+def test_greater_than_on_a_digit_tokenizer_is_refused_before_any_run(smollm2_folder):
+    model = es.load_model(smollm2_folder)
+    data = es.tasks.greater_than(n=8, tokenizer=model.tokenizer)  # years digit by digit: "00" is two tokens
+    with pytest.raises(es.errors.DataError) as err:
+        es.Interchange(variable="yy", layers=[0], bases=["pca"]).plan(model, data)
+    assert err.value.code == "multi_token_answer" and "year tokens" in err.value.message

@@ -20,6 +20,17 @@ Built in:
   capital, the source's capital] (prediction: class 1). Both directions, as for ioi: each counterfactual
   prompt is also the base of a pair whose source is the original. Each prompt's value is its country's
   index in vocab.COUNTRIES.
+- greater_than, variables `yy` (the start year's last two digits) and `decade` (its tens digit; Hanna et al.
+  2023): the source is the same sentence with another start year; the high-level model sets the threshold t
+  (yy: the source's digits; decade: the source's tens digit with the base's last digit) and predicts a year
+  > t. The output is a range, so the classes are the 100 two-digit year tokens grouped into two sets (`sets`:
+  0 the years > t, 1 the others) read by their probability mass (runs.by_set: each set's log-sum-exp); the
+  prediction is set 0: more mass after t than up to it. One direction only: t lies YEAR_GAP or more years
+  after the base's year, so the base's own output is not already the prediction. The base alone's value:
+  the set holding most of its own high-level output (its years after its own year, uniform).
+- induction, variable `token` (the token to copy, what followed the current token's first occurrence;
+  Olsson et al. 2022): the source replaces that token (role B1) with a word of another prompt that the
+  sequence lacks; classes [the base's token, the source's], prediction class 1; both directions, as ioi.
 - your own: a dataset whose `prompt` is the base, `counterfactual` the source, `answer` the expected
   output under the interchange and `wrong_answers` the other outputs read (the classes are
   [answer, *wrong_answers]); `meta.variable` names the variable, `label` (the base's value) and

@@ -78,7 +78,8 @@ class InterchangeContext:
 class Interchange(Sharded, Operation):
     """Interchange interventions on subspaces, and distributed alignment search (DAS), over a grid of sites.
 
-    variable:    the high-level variable (ioi: io, which name is the indirect object; facts: country); your own
+    variable:    the high-level variable (ioi: io, which name is the indirect object; facts: country;
+                 greater_than: yy or decade, of the start year; induction: token, the token to copy); your own
                  pairs name theirs.
     activation:  the site kind (resid_pre, resid_mid, resid_post, attn_out, mlp_out, mlp_post, z / result with
                  head, a feature site features@KEY); layers: the grid's layers ("all" or a list).
@@ -120,7 +121,14 @@ class Interchange(Sharded, Operation):
                                 remedy="give label (the base's value) and meta.source_label per pair, or use "
                                 "bases das, pca, random")
         td = tokenize_data(model, pairs.prompts, prepend_bos=self.prepend_bos)
-        classes = torch.tensor([[model.token_id(t) for t in row] for row in pairs.classes])
+        try:
+            classes = torch.tensor([[model.token_id(t) for t in row] for row in pairs.classes])
+        except DataError as e:
+            if pairs.sets is None:
+                raise
+            raise DataError(f"{e.message} (greater_than's interchange reads the 100 two-digit year tokens)",
+                            code="multi_token_answer", remedy="on a tokenizer that writes years digit by digit, "
+                            "give your own pairs (docs/interchange.md)") from e
         cells, width = self._cells(model, td)
         held = split(pairs, self.test_share, self.seed)
         conditions: list[tuple[str, int]] = [("full", FULL)]
