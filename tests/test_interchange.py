@@ -241,3 +241,35 @@ def test_boundless_das_recovers_the_planted_direction_with_a_small_learned_size(
     t = result.table.set_index("basis")
     assert t.loc["boundless_das", "rank"] == basis.shape[1]
     assert t.loc["boundless_das", "iia_changed_ci_low"] > 0.8
+
+
+def test_sae_basis_is_the_span_of_the_chosen_decoder_directions():
+    """A dictionary at resid_post.0 whose feature 3 decodes along the planted direction u: the sae basis of
+    feature 3 is +-u and moves the variable; features 0 and 1 (random directions) do not."""
+    from entoscope.models.dictionaries.catalog import register_dictionary
+    from entoscope.models.dictionaries.dictionary import Dictionary
+
+    model, u = planted()
+    g = torch.Generator().manual_seed(5)
+    W_dec = torch.randn(8, D, generator=g)
+    W_dec[3] = 3.0 * torch.from_numpy(u).float()
+    register_dictionary("planted_sae", Dictionary("standard", torch.randn(D, 8, generator=g), W_dec, torch.zeros(D),
+                                                  "resid_post.0", "resid_post.0", b_enc=torch.zeros(8), space="any"),
+                        replace=True)
+    runs = {}
+    for feats in ([3], [0, 1]):
+        op = es.Interchange(activation="resid_post", layers=[0], positions=["END"], bases=["sae"], placebo=False,
+                            dictionary="planted_sae", features=feats, seed=0)
+        runs[tuple(feats)] = op.run(model, planted_pairs(64), quiet=True)
+    basis = runs[(3,)].extra["bases"][0]["sae"]
+    assert basis.shape == (D, 1) and abs(float(basis[:, 0] @ u)) == pytest.approx(1.0, abs=1e-6)
+    pair = torch.from_numpy(runs[(0, 1)].extra["bases"][0]["sae"])
+    P = pair @ pair.T  # the projection onto span(W_dec[0], W_dec[1]), against a hand least-squares fit
+    X = W_dec[[0, 1]].double().T
+    torch.testing.assert_close(P @ X, X)
+    assert pair.shape == (D, 2)
+    t3, t01 = (runs[k].table.set_index("basis").loc["sae"] for k in ((3,), (0, 1)))
+    assert t3["iia_changed"] == 1.0 and t01["iia_changed_ci_high"] < t3["iia_changed_ci_low"]
+    with pytest.raises(es.EntoscopeError) as err:
+        es.Interchange(layers=[1], bases=["sae"], dictionary="planted_sae", features=[3]).plan(model, planted_pairs(8))
+    assert err.value.code == "interchange_sae"

@@ -85,12 +85,14 @@ class Interchange(Sharded, Operation):
                  head, a feature site features@KEY); layers: the grid's layers ("all" or a list).
     positions:   token indices or roles ([S2, END]): each prompt's own token (bases and sources alike).
     bases:       das (learned, rank r), boundless_das (learned, its rank learned too), mean_difference, probe,
-                 pca, neurons, random.
+                 pca, neurons, random, sae (chosen SAE features' decoder directions).
     rank:        r, the dimension of every basis (a fixed basis has at most what its construction gives).
     strength:    s in h' = h + s (h_src - h) B B^T.
     placebo:     a norm-matched random subspace of the same rank beside every basis but random.
     test_share:  the share of pairs held out (IIA is measured on them; bases are made from the others).
     epochs, das_batch_size, lr: DAS's training (Adam).
+    dictionary, features: basis sae, the span of these features' decoder directions (a registered dictionary's
+                 name or a folder; the grid's cells at the site it writes).
     """
 
     name = "interchange"
@@ -107,6 +109,8 @@ class Interchange(Sharded, Operation):
     epochs: int = Field(default=10, ge=1)
     das_batch_size: int = Field(default=32, ge=1)
     lr: float = Field(default=1e-2, gt=0)
+    dictionary: str | None = None
+    features: list[int] = Field(default_factory=list)
 
     # ------------------------------------------------------------------ prepare
     def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[InterchangeState]:
@@ -130,6 +134,8 @@ class Interchange(Sharded, Operation):
                             code="multi_token_answer", remedy="on a tokenizer that writes years digit by digit, "
                             "give your own pairs (docs/interchange.md)") from e
         cells, width = self._cells(model, td)
+        if "sae" in self.bases:
+            self._check_sae(model, cells, width)
         held = split(pairs, self.test_share, self.seed)
         conditions: list[tuple[str, int]] = [("full", FULL)]
         for name in self.bases:
@@ -152,6 +158,24 @@ class Interchange(Sharded, Operation):
         if unknown or not self.bases or len(set(self.bases)) != len(self.bases):
             raise ConfigError(f"bases {self.bases} {'name unknown ' + str(unknown) if unknown else 'repeat or are empty'}",
                               code="interchange_bases", remedy=f"choose each once among {', '.join(B.KNOWN)}")
+
+    def _check_sae(self, model: ModelAdapter, cells: list[Cell], width: int) -> None:
+        from ..models.dictionaries.catalog import get_dictionary
+
+        if not self.dictionary or not self.features:
+            raise ConfigError("basis sae needs a dictionary and the features whose decoder directions span it",
+                              code="interchange_sae", remedy="give dictionary: NAME (or a folder) and features: "
+                              "[ids]")
+        d = get_dictionary(self.dictionary)
+        writes = model.resolve(d.hook_out)
+        wrong = [c.label for c in cells if c.act != writes or c.head is not None]
+        bad = [f for f in self.features if not 0 <= f < d.d_sae]
+        if wrong or bad or d.d_out != width or len(set(self.features)) != len(self.features):
+            raise ConfigError(f"basis sae: dictionary {self.dictionary!r} writes {writes} ({d.d_sae} features of "
+                              f"width {d.d_out}); " + (f"cells {wrong} are elsewhere" if wrong else
+                                                       f"features {bad or self.features} are not its own, once each"),
+                              code="interchange_sae", remedy=f"use activation {writes.kind} and layers "
+                              f"[{writes.layer}] with it, and features 0..{d.d_sae - 1} once each")
 
     def _cells(self, model: ModelAdapter, td: TokenizedData) -> tuple[list[Cell], int]:
         n_layers = model.structure.n_layers
@@ -344,6 +368,11 @@ class Interchange(Sharded, Operation):
                     b = B.neuron_basis(x[prompts], labels, self.rank)
                 elif name == "pca":
                     b = B.pca_basis(x[pairs.source[train]] - x[pairs.base[train]], self.rank)
+                elif name == "sae":
+                    from ..models.dictionaries.catalog import get_dictionary
+
+                    b = B.decoder_basis(get_dictionary(str(self.dictionary)).W_dec.detach().double().cpu(),
+                                        list(self.features))
                 elif name == "random":
                     b = B.random_basis(st.width, self.rank, gen)
                 else:
