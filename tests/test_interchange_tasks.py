@@ -123,3 +123,15 @@ def test_greater_than_on_a_digit_tokenizer_is_refused_before_any_run(smollm2_fol
     with pytest.raises(es.errors.DataError) as err:
         es.Interchange(variable="yy", layers=[0], bases=["pca"]).plan(model, data)
     assert err.value.code == "multi_token_answer" and "year tokens" in err.value.message
+
+
+def test_greater_than_das_trains_the_same_from_full_forwards_and_part_way_runs():
+    """DAS on nnsight (every run a full forward: runs.train_das) and on the bridge (runs that start at the cell's
+    block and token: runs._train_group) from the same seed and batches: the first epoch's mean loss over the
+    year sets is the same number up to float error (a set logit read differently would differ by far more)."""
+    data = es.tasks.greater_than(n=12, seed=0)
+    op = es.Interchange(variable="yy", layers=[1], positions=["END"], bases=["das"], rank=2, epochs=2,
+                        placebo=False, seed=0)
+    losses = [op.run(es.load_model("demo", backend=b), data, quiet=True).extra["losses"][0]
+              for b in ("bridge", "nnsight")]
+    assert losses[0][0] == pytest.approx(losses[1][0], rel=1e-4)
