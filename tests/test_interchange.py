@@ -217,9 +217,13 @@ def test_pairs_read_back_from_their_saved_prompts():
     from them again gives the same pairs, not pairs of pairs."""
     from entoscope.interchange.causal import build_pairs
 
-    for data in (es.tasks.ioi(n=6, seed=2), planted_pairs(8)):
+    for data in (es.tasks.ioi(n=6, seed=2), planted_pairs(8), es.tasks.greater_than(n=6, seed=1),
+                 es.tasks.induction(n=6, seed=1)):
         first = build_pairs(data, None)
         again = build_pairs(first.prompts, None)
+        assert (first.sets is None) == (again.sets is None) == (data.name != "greater_than")
+        if first.sets is not None:  # greater_than's year sets travel with the prompts (a Ray worker's pairs)
+            np.testing.assert_array_equal(again.sets, first.sets)
         assert len(again.prompts) == len(first.prompts) == 2 * len(data)
         for name in ("base", "source", "target", "base_value", "labels", "group"):
             np.testing.assert_array_equal(getattr(again, name), getattr(first, name))
@@ -235,7 +239,8 @@ def test_boundless_das_recovers_the_planted_direction_with_a_small_learned_size(
     result = op.run(model, planted_pairs(), quiet=True)
     basis = torch.from_numpy(result.extra["bases"][0]["boundless_das"])
     assert 1 <= basis.shape[1] <= 4  # from 32: the size it learned is small
-    torch.testing.assert_close(basis.T @ basis, torch.eye(basis.shape[1], dtype=torch.float64), atol=1e-5, rtol=0)  # float32 weights
+    eye = torch.eye(basis.shape[1], dtype=torch.float64)
+    torch.testing.assert_close(basis.T @ basis, eye, atol=1e-5, rtol=0)  # orthonormal (float32 weights)
     ov, angle = B.overlap(basis, torch.from_numpy(u)[:, None])
     assert angle < 10.0  # u lies (nearly) inside the learned subspace; a random 4-dim one: about 75 degrees
     t = result.table.set_index("basis")

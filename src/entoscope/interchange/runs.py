@@ -94,8 +94,9 @@ def class_logits(model: ModelAdapter, cell: Cell, tokens: Tensor, lengths: Tenso
                  fn: Callable[[Tensor], Tensor], cache: dict[ActName, Tensor] | None, rows: Tensor,
                  grad: bool = False, first: int = 0, sets: Tensor | None = None) -> Tensor:
     """[R, C] logits of each row's classes (class ids -1: -inf; [R, K] by output set with `sets`: by_set) at its
-    base's last token, under `fn` at the cell; with `cache`, a run from the cached residual entering the cell's block (rows index it) at positions
-    `first`.. (`fn` then sees those positions only: it must be made with positions counted from `first`)."""
+    base's last token, under `fn` at the cell; with `cache`, a run from the cached residual entering the cell's
+    block (rows index it) at positions `first`.. (`fn` then sees those positions only: it must be made with
+    positions counted from `first`)."""
     columns, inverse = torch.unique(classes.clamp_min(0), return_inverse=True)
     iv = [Intervention(cell.act, fn)]
     positions = lengths - 1 - first
@@ -121,7 +122,8 @@ def by_set(picked: Tensor, sets: Tensor | None) -> Tensor:
 def grid_logits(model: ModelAdapter, ivs: list[Intervention], tokens: Tensor, last: Tensor, classes: Tensor,
                 cache: dict[ActName, Tensor] | None, rows: Tensor, layers: Tensor, first: int,
                 grad: bool = False, sets: Tensor | None = None) -> Tensor:
-    """[R, C] class logits (ids -1: -inf; [R, K] by output set with `sets`) at positions `last` (counted from `first`) of runs under `ivs`: from the
+    """[R, C] class logits (ids -1: -inf; [R, K] by output set with `sets`) at positions `last` (counted from
+    `first`) of runs under `ivs`: from the
     cache, rows (indices into it, sorted by `layers`) each joining at its own block at positions first..;
     without a cache, full forwards of `tokens` (then first is 0)."""
     columns, inverse = torch.unique(classes.clamp_min(0), return_inverse=True)
