@@ -278,3 +278,10 @@ def test_sae_basis_is_the_span_of_the_chosen_decoder_directions():
     with pytest.raises(es.EntoscopeError) as err:
         es.Interchange(layers=[1], bases=["sae"], dictionary="planted_sae", features=[3]).plan(model, planted_pairs(8))
     assert err.value.code == "interchange_sae"
+    register_dictionary("processed_sae", Dictionary("standard", torch.randn(D, 8, generator=g), W_dec, torch.zeros(D),
+                                                    "resid_post.0", "resid_post.0", b_enc=torch.zeros(8),
+                                                    space="processed"), replace=True)
+    with pytest.raises(es.EntoscopeError) as err:  # trained on TransformerLens's processed stream; this is plain
+        es.Interchange(layers=[0], bases=["sae"], dictionary="processed_sae", features=[3]).plan(model,
+                                                                                                  planted_pairs(8))
+    assert err.value.code == "dictionary_space_mismatch"

@@ -29,6 +29,7 @@ from ..data.tokenized import TokenizedData, length_batches, pad, pad_id, tokeniz
 from ..errors import ConfigError, DataError, SiteError
 from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
+from ..models import features
 from ..models.adapter import Intervention, ModelAdapter
 from ..models.names import ActName
 from ..models.partial import prefix_reads, prefix_support, record_past
@@ -168,6 +169,8 @@ class Interchange(Sharded, Operation):
                               "[ids]")
         d = get_dictionary(self.dictionary)
         writes = model.resolve(d.hook_out)
+        if writes.layer is not None:  # the feature site's own checks: widths, and the space it was trained in
+            features.resolve(model, ActName("features", writes.layer, self.dictionary))
         wrong = [c.label for c in cells if c.act != writes or c.head is not None]
         bad = [f for f in self.features if not 0 <= f < d.d_sae]
         if wrong or bad or d.d_out != width or len(set(self.features)) != len(self.features):
