@@ -47,3 +47,17 @@ def test_interchange_grid_on_two_workers_equals_in_process(cluster):
     for k, bases in enumerate(here.extra["bases"]):
         for name, basis in bases.items():
             np.testing.assert_array_equal(basis, there.extra["bases"][k][name], err_msg=name)
+
+
+def test_greater_than_year_sets_on_two_workers_equal_in_process(cluster):
+    """The workers rebuild the pairs from the saved prompts: greater_than's year sets (the output read by its
+    probability mass) must travel with them, or the workers' IIA would differ."""
+    demo = es.load_model("demo")
+    data = es.tasks.greater_than(n=16, seed=2)
+    op = es.Interchange(variable="yy", layers=[1, 2], positions=["YY", "END"], bases=["pca", "mean_difference"],
+                        rank=2, batch_size=8, seed=0)
+    here = op.run(demo, data, quiet=True)
+    there = op.run(demo, data, executor=es.Ray(workers=2), quiet=True)
+    assert there.manifest["executor"]["shards"] >= 2
+    pd.testing.assert_frame_equal(here.table, there.table, check_exact=True)
+    assert here.table["iia"].max() > here.table["iia"].min()  # not a constant table: something was measured
