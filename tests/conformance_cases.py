@@ -342,6 +342,15 @@ CASES: dict[str, dict[str, Case]] = {
                     at_most={"backward_passes": "DAS differentiates with respect to its basis's parameters (no batch "
                                                 "axis): the counter sees one row per torch.autograd.grad call of B "
                                                 "prompts, the plan counts the B prompt backwards"}),
+        "boundless": Case(lambda s: es.Interchange(layers=[0, 1], positions=["END", 2],
+                                                   bases=["boundless_das", "random"], epochs=2, das_batch_size=4,
+                                                   seed=s, batch_size=4), lambda: pairs(12),
+                          ids=("site", "basis"),
+                          descriptive={"das_overlap": "a property of two bases (none here: no das basis)",
+                                       "das_angle": "a property of two bases (none here)",
+                                       "strength": "a setting of the run (s), the same on every row"},
+                          random=("iia",),  # the seed draws the split, the rotation and the random basis
+                          at_most={"backward_passes": "as das: one row per torch.autograd.grad call of B prompts"}),
     },
     "steering": {
         "add": Case(lambda s: es.Steering(direction=es.Direction("resid_pre.1", _STEER), coefficients=[1.0, 2.0],

@@ -217,10 +217,71 @@ def test_pairs_read_back_from_their_saved_prompts():
     from them again gives the same pairs, not pairs of pairs."""
     from entoscope.interchange.causal import build_pairs
 
-    for data in (es.tasks.ioi(n=6, seed=2), planted_pairs(8)):
+    for data in (es.tasks.ioi(n=6, seed=2), planted_pairs(8), es.tasks.greater_than(n=6, seed=1),
+                 es.tasks.induction(n=6, seed=1)):
         first = build_pairs(data, None)
         again = build_pairs(first.prompts, None)
+        assert (first.sets is None) == (again.sets is None) == (data.name != "greater_than")
+        if first.sets is not None:  # greater_than's year sets travel with the prompts (a Ray worker's pairs)
+            np.testing.assert_array_equal(again.sets, first.sets)
         assert len(again.prompts) == len(first.prompts) == 2 * len(data)
         for name in ("base", "source", "target", "base_value", "labels", "group"):
             np.testing.assert_array_equal(getattr(again, name), getattr(first, name))
         assert again.classes == first.classes and again.variable == first.variable
+
+
+def test_boundless_das_recovers_the_planted_direction_with_a_small_learned_size():
+    """Boundless DAS (Wu et al. 2023) starts with half of the 64 rotated dimensions under its soft boundary; the
+    boundary's cost shrinks it while the loss keeps the planted direction inside."""
+    model, u = planted()
+    op = es.Interchange(activation="resid_post", layers=[0], positions=["END"], epochs=30, lr=0.05,
+                        das_batch_size=8, bases=["boundless_das"], placebo=False, seed=0)
+    result = op.run(model, planted_pairs(), quiet=True)
+    basis = torch.from_numpy(result.extra["bases"][0]["boundless_das"])
+    assert 1 <= basis.shape[1] <= 4  # from 32: the size it learned is small
+    eye = torch.eye(basis.shape[1], dtype=torch.float64)
+    torch.testing.assert_close(basis.T @ basis, eye, atol=1e-5, rtol=0)  # orthonormal (float32 weights)
+    ov, angle = B.overlap(basis, torch.from_numpy(u)[:, None])
+    assert angle < 10.0  # u lies (nearly) inside the learned subspace; a random 4-dim one: about 75 degrees
+    t = result.table.set_index("basis")
+    assert t.loc["boundless_das", "rank"] == basis.shape[1]
+    assert t.loc["boundless_das", "iia_changed_ci_low"] > 0.8
+
+
+def test_sae_basis_is_the_span_of_the_chosen_decoder_directions():
+    """A dictionary at resid_post.0 whose feature 3 decodes along the planted direction u: the sae basis of
+    feature 3 is +-u and moves the variable; features 0 and 1 (random directions) do not."""
+    from entoscope.models.dictionaries.catalog import register_dictionary
+    from entoscope.models.dictionaries.dictionary import Dictionary
+
+    model, u = planted()
+    g = torch.Generator().manual_seed(5)
+    W_dec = torch.randn(8, D, generator=g)
+    W_dec[3] = 3.0 * torch.from_numpy(u).float()
+    register_dictionary("planted_sae", Dictionary("standard", torch.randn(D, 8, generator=g), W_dec, torch.zeros(D),
+                                                  "resid_post.0", "resid_post.0", b_enc=torch.zeros(8), space="any"),
+                        replace=True)
+    runs = {}
+    for feats in ([3], [0, 1]):
+        op = es.Interchange(activation="resid_post", layers=[0], positions=["END"], bases=["sae"], placebo=False,
+                            dictionary="planted_sae", features=feats, seed=0)
+        runs[tuple(feats)] = op.run(model, planted_pairs(64), quiet=True)
+    basis = runs[(3,)].extra["bases"][0]["sae"]
+    assert basis.shape == (D, 1) and abs(float(basis[:, 0] @ u)) == pytest.approx(1.0, abs=1e-6)
+    pair = torch.from_numpy(runs[(0, 1)].extra["bases"][0]["sae"])
+    P = pair @ pair.T  # the projection onto span(W_dec[0], W_dec[1]), against a hand least-squares fit
+    X = W_dec[[0, 1]].double().T
+    torch.testing.assert_close(P @ X, X)
+    assert pair.shape == (D, 2)
+    t3, t01 = (runs[k].table.set_index("basis").loc["sae"] for k in ((3,), (0, 1)))
+    assert t3["iia_changed"] == 1.0 and t01["iia_changed_ci_high"] < t3["iia_changed_ci_low"]
+    with pytest.raises(es.EntoscopeError) as err:
+        es.Interchange(layers=[1], bases=["sae"], dictionary="planted_sae", features=[3]).plan(model, planted_pairs(8))
+    assert err.value.code == "interchange_sae"
+    register_dictionary("processed_sae", Dictionary("standard", torch.randn(D, 8, generator=g), W_dec, torch.zeros(D),
+                                                    "resid_post.0", "resid_post.0", b_enc=torch.zeros(8),
+                                                    space="processed"), replace=True)
+    with pytest.raises(es.EntoscopeError) as err:  # trained on TransformerLens's processed stream; this is plain
+        es.Interchange(layers=[0], bases=["sae"], dictionary="processed_sae", features=[3]).plan(model,
+                                                                                                  planted_pairs(8))
+    assert err.value.code == "dictionary_space_mismatch"

@@ -62,3 +62,47 @@ def test_full_interchange_equals_a_transformers_hook_on_smollm2(smollm2_folder):
         assert row["n_pairs"] == len(held) == 8
         assert row["iia"] == hits / len(held), (layer, row["iia"], hits)
         assert table.loc[(f"resid_post.{layer}@END", "pca"), "rank"] <= 2
+
+
+def test_induction_full_interchange_at_the_copied_token_equals_a_transformers_hook(smollm2_folder):
+    """Induction's variable (the token to copy) on SmolLM2: the whole vector at resid_post.L@B1 written by a hook
+    on model.model.layers[L] at the one token where base and source differ (what follows the current token's
+    first occurrence); the share of held-out pairs whose hooked run prefers the source's token is the IIA.
+    Measured (6 held-out pairs): 6/6 at layer 4, both ways (at END of layer 4: 0/6, the copy has not started)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smollm2_folder)
+    hf = AutoModelForCausalLM.from_pretrained(smollm2_folder, dtype=torch.float32).eval()
+    data = es.tasks.induction(n=6, seed=0, tokenizer=tok)
+    layer = 4
+    op = es.Interchange(variable="token", layers=[layer], positions=["B1"], bases=["pca"], rank=2, placebo=False,
+                        seed=0)
+    table = op.run(es.load_model(str(smollm2_folder)), data, quiet=True).table.set_index(["site", "basis"])
+    pairs = build_pairs(data, "token")
+    held = np.flatnonzero(split(pairs, op.test_share, op.seed))
+
+    def ids(text: str) -> torch.Tensor:
+        return torch.tensor([[tok.bos_token_id, *tok(text, add_special_tokens=False).input_ids]])
+
+    hits = 0
+    for k in held:
+        base, source = ids(pairs.prompts[int(pairs.base[k])].prompt), ids(pairs.prompts[int(pairs.source[k])].prompt)
+        at = int((base[0] != source[0]).nonzero()[0, 0])
+        with torch.no_grad():
+            vec = hf(source, output_hidden_states=True).hidden_states[layer + 1][0, at]
+
+        def copy(module, args, output, vec=vec, at=at):
+            hs = (output[0] if isinstance(output, tuple) else output).clone()
+            hs[0, at] = vec
+            return (hs, *output[1:]) if isinstance(output, tuple) else hs
+
+        handle = hf.model.layers[layer].register_forward_hook(copy)
+        try:
+            with torch.no_grad():
+                logits = hf(base).logits[0, -1]
+        finally:
+            handle.remove()
+        mine, theirs = (tok(c, add_special_tokens=False).input_ids[0] for c in pairs.classes[k])
+        hits += int(logits[theirs] > logits[mine])
+    row = table.loc[(f"resid_post.{layer}@B1", "full")]
+    assert row["n_pairs"] == len(held) and row["iia"] == hits / len(held), (row["iia"], hits)

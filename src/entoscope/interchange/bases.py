@@ -11,7 +11,12 @@ Every fixed basis is made from the training pairs only (the held-out pairs measu
     neurons          the r coordinates of the site's own basis (neurons of mlp_post, features of a feature
                      site, dimensions of the residual stream) whose class means differ most (|mu_1 - mu_0|)
     random           a seeded random orthonormal basis (Haar: the Q of a Gaussian matrix's QR)
-    das              learned by distributed alignment search (das.py)
+    sae              the span of chosen features' decoder directions (rows of a dictionary's W_dec, at the site
+                     the dictionary writes), orthonormalised: the subspace those SAE features write
+                     (Cunningham et al. 2023; Huang et al. 2024's RAVEL compares SAE features with DAS)
+    das              learned by distributed alignment search, rank r (runs.py; Geiger et al. 2024)
+    boundless_das    learned by boundless DAS: a rotation and a learned soft boundary, so the rank is learned
+                     too (runs.Learned; Wu et al. 2023)
 
 Principal angles between two subspaces (Bjorck & Golub 1973): the singular values of B1^T B2 are their
 cosines; `overlap` is their mean square, ||B1^T B2||_F^2 / min(r1, r2), 1 for nested subspaces and about
@@ -25,9 +30,10 @@ import math
 import torch
 from torch import Tensor
 
-FIXED = ("mean_difference", "probe", "pca", "neurons", "random")
+FIXED = ("mean_difference", "probe", "pca", "neurons", "random", "sae")
 LABELLED = ("mean_difference", "probe", "neurons")  # need each prompt's value of the variable
-KNOWN = ("das",) + FIXED
+LEARNED = ("das", "boundless_das")  # trained (runs.Learned)
+KNOWN = LEARNED + FIXED
 
 
 def orthonormal(vectors: Tensor, rank: int) -> Tensor:
@@ -93,6 +99,11 @@ def probe_basis(acts: Tensor, labels: Tensor, rank: int, l2: float = 1e-3, steps
     w = W.detach() / sd[:, None]
     w = w - w.mean(1, keepdim=True)
     return orthonormal(w, min(rank, len(values) - 1))
+
+
+def decoder_basis(W_dec: Tensor, features: list[int]) -> Tensor:
+    """An orthonormal basis of the span of the decoder directions W_dec[features] ([d_sae, width])."""
+    return orthonormal(W_dec[features].T, len(features))
 
 
 def pca_basis(differences: Tensor, rank: int) -> Tensor:

@@ -17,7 +17,7 @@ the pairs into training and held-out ones, and plans; no model runs. Sharded pha
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -29,6 +29,7 @@ from ..data.tokenized import TokenizedData, length_batches, pad, pad_id, tokeniz
 from ..errors import ConfigError, DataError, SiteError
 from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
+from ..models import features
 from ..models.adapter import Intervention, ModelAdapter
 from ..models.names import ActName
 from ..models.partial import prefix_reads, prefix_support, record_past
@@ -38,7 +39,8 @@ from ..sites import position_text, resolve_positions, role_ref
 from ..steering.sites import steerable
 from . import bases as B
 from .causal import Pairs, build_pairs, split
-from .runs import BASIS, FULL, PLACEBO, Cell, DasSettings, correct, edit, grid_logits, select, train_das_grid
+from .runs import (BASIS, FULL, PLACEBO, Cell, DasSettings, by_set, correct, edit, grid_logits, select,
+                   train_das_grid)
 from .summary import interchange_figures, interchange_table, interchange_takeaway
 
 FLOAT = 4
@@ -50,6 +52,8 @@ class InterchangeState:
     pairs: Pairs
     td: TokenizedData
     classes: torch.Tensor  # [P, C] token ids
+    sets: torch.Tensor | None  # [P, C] each class column's output set (None: each its own; causal.Pairs.sets)
+    n_sets: int  # K, the outputs the argmax is over (C where sets is None)
     held: np.ndarray  # [P] held-out pairs
     cells: list[Cell]
     width: int
@@ -68,24 +72,28 @@ class InterchangeContext:
     bases: list[dict[str, np.ndarray]]  # per cell: name -> [width, r]
     placebos: list[dict[str, np.ndarray]]  # per cell: name -> [width, r] random, the basis's rank
     sources: np.ndarray  # [P, cells, width] (NaN outside the held-out pairs)
-    losses: list[list[float]]  # per cell: DAS's mean loss per epoch
+    losses: list[list[float]]  # per cell, per learned basis (in the order of `bases`): the mean loss per epoch
 
 
 @register_operation
 class Interchange(Sharded, Operation):
     """Interchange interventions on subspaces, and distributed alignment search (DAS), over a grid of sites.
 
-    variable:    the high-level variable (ioi: io, which name is the indirect object; facts: country); your own
+    variable:    the high-level variable (ioi: io, which name is the indirect object; facts: country;
+                 greater_than: yy or decade, of the start year; induction: token, the token to copy); your own
                  pairs name theirs.
     activation:  the site kind (resid_pre, resid_mid, resid_post, attn_out, mlp_out, mlp_post, z / result with
                  head, a feature site features@KEY); layers: the grid's layers ("all" or a list).
     positions:   token indices or roles ([S2, END]): each prompt's own token (bases and sources alike).
-    bases:       das (learned, rank r), mean_difference, probe, pca, neurons, random.
+    bases:       das (learned, rank r), boundless_das (learned, its rank learned too), mean_difference, probe,
+                 pca, neurons, random, sae (chosen SAE features' decoder directions).
     rank:        r, the dimension of every basis (a fixed basis has at most what its construction gives).
     strength:    s in h' = h + s (h_src - h) B B^T.
     placebo:     a norm-matched random subspace of the same rank beside every basis but random.
     test_share:  the share of pairs held out (IIA is measured on them; bases are made from the others).
     epochs, das_batch_size, lr: DAS's training (Adam).
+    dictionary, features: basis sae, the span of these features' decoder directions (a registered dictionary's
+                 name or a folder; the grid's cells at the site it writes).
     """
 
     name = "interchange"
@@ -102,6 +110,8 @@ class Interchange(Sharded, Operation):
     epochs: int = Field(default=10, ge=1)
     das_batch_size: int = Field(default=32, ge=1)
     lr: float = Field(default=1e-2, gt=0)
+    dictionary: str | None = None
+    features: list[int] = Field(default_factory=list)
 
     # ------------------------------------------------------------------ prepare
     def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[InterchangeState]:
@@ -116,8 +126,17 @@ class Interchange(Sharded, Operation):
                                 remedy="give label (the base's value) and meta.source_label per pair, or use "
                                 "bases das, pca, random")
         td = tokenize_data(model, pairs.prompts, prepend_bos=self.prepend_bos)
-        classes = torch.tensor([[model.token_id(t) for t in row] for row in pairs.classes])
+        try:
+            classes = torch.tensor([[model.token_id(t) for t in row] for row in pairs.classes])
+        except DataError as e:
+            if pairs.sets is None:
+                raise
+            raise DataError(f"{e.message} (greater_than's interchange reads the 100 two-digit year tokens)",
+                            code="multi_token_answer", remedy="on a tokenizer that writes years digit by digit, "
+                            "give your own pairs (docs/interchange.md)") from e
         cells, width = self._cells(model, td)
+        if "sae" in self.bases:
+            self._check_sae(model, cells, width)
         held = split(pairs, self.test_share, self.seed)
         conditions: list[tuple[str, int]] = [("full", FULL)]
         for name in self.bases:
@@ -129,7 +148,9 @@ class Interchange(Sharded, Operation):
         size = self.choose_batch_size(per_example, len(td))
         batches = length_batches(td.lengths, size)
         support = prefix_support(model)
-        state = InterchangeState(pairs, td, classes, held, cells, width, conditions, batches, support != "none",
+        sets = None if pairs.sets is None else torch.from_numpy(np.asarray(pairs.sets)).long()
+        n_sets = classes.shape[1] if sets is None else int(sets.max()) + 1
+        state = InterchangeState(pairs, td, classes, sets, n_sets, held, cells, width, conditions, batches, support != "none",
                                  support == "positions", pad_id(model))
         return Prepared(model, pairs.prompts, self._plan(model, state, per_example), state)
 
@@ -138,6 +159,26 @@ class Interchange(Sharded, Operation):
         if unknown or not self.bases or len(set(self.bases)) != len(self.bases):
             raise ConfigError(f"bases {self.bases} {'name unknown ' + str(unknown) if unknown else 'repeat or are empty'}",
                               code="interchange_bases", remedy=f"choose each once among {', '.join(B.KNOWN)}")
+
+    def _check_sae(self, model: ModelAdapter, cells: list[Cell], width: int) -> None:
+        from ..models.dictionaries.catalog import get_dictionary
+
+        if not self.dictionary or not self.features:
+            raise ConfigError("basis sae needs a dictionary and the features whose decoder directions span it",
+                              code="interchange_sae", remedy="give dictionary: NAME (or a folder) and features: "
+                              "[ids]")
+        d = get_dictionary(self.dictionary)
+        writes = model.resolve(d.hook_out)
+        if writes.layer is not None:  # the feature site's own checks: widths, and the space it was trained in
+            features.resolve(model, ActName("features", writes.layer, self.dictionary))
+        wrong = [c.label for c in cells if c.act != writes or c.head is not None]
+        bad = [f for f in self.features if not 0 <= f < d.d_sae]
+        if wrong or bad or d.d_out != width or len(set(self.features)) != len(self.features):
+            raise ConfigError(f"basis sae: dictionary {self.dictionary!r} writes {writes} ({d.d_sae} features of "
+                              f"width {d.d_out}); " + (f"cells {wrong} are elsewhere" if wrong else
+                                                       f"features {bad or self.features} are not its own, once each"),
+                              code="interchange_sae", remedy=f"use activation {writes.kind} and layers "
+                              f"[{writes.layer}] with it, and features 0..{d.d_sae - 1} once each")
 
     def _cells(self, model: ModelAdapter, td: TokenizedData) -> tuple[list[Cell], int]:
         n_layers = model.structure.n_layers
@@ -174,13 +215,13 @@ class Interchange(Sharded, Operation):
         P = len(st.pairs)
         n_train, n_test = int((~st.held).sum()), int(st.held.sum())
         n_cells = len(st.cells)
-        das = "das" in self.bases
+        das = len(set(self.bases) & set(B.LEARNED))
         steps = -(-n_train // self.das_batch_size) * self.epochs
         cache = (2 if st.positions and model.structure.backend == "bridge" else 1) if st.start else 0
-        train = (n_train * cache if das else 0) + (self.epochs * n_train * n_cells if das else 0)
+        train = (n_train * cache + self.epochs * n_train * n_cells) * das
         evaluate = n_test * cache + n_test * n_cells * len(st.conditions)
         forward = len(st.td) + train + evaluate
-        backward = self.epochs * n_train * n_cells if das else 0
+        backward = self.epochs * n_train * n_cells * das
         notes = [f"{P} pairs of variable {st.pairs.variable!r}: {n_train} train the bases, {n_test} held out measure "
                  f"IIA (seed {self.seed})",
                  f"grid: {n_cells} cells ({', '.join(c.label for c in st.cells)}); conditions per cell: "
@@ -218,7 +259,7 @@ class Interchange(Sharded, Operation):
                       quiet: bool = False) -> PerPrompt:
         st, model = prepared.state, prepared.model
         examples = [i for bi in batches for i in st.batches[bi]]
-        n, C, K = len(examples), st.classes.shape[1], len(st.cells)
+        n, C, K = len(examples), st.n_sets, len(st.cells)
         P = len(st.pairs)
         if phase == "read":
             acts = np.full((n, K, st.width), np.nan, np.float32)
@@ -234,7 +275,9 @@ class Interchange(Sharded, Operation):
                         .float().cpu().numpy()
                 for r, i in enumerate(idx):
                     if i < P:
-                        clean[row + r] = out.logits[r, st.classes[i].to(out.logits.device)].double().cpu().numpy()
+                        picked = out.logits[r, st.classes[i].to(out.logits.device)][None]
+                        clean[row + r] = by_set(picked, None if st.sets is None else st.sets[i][None])[0] \
+                            .double().cpu().numpy()
                 row += len(idx)
             return PerPrompt(examples, {"act": acts, "clean": clean})
         ctx: InterchangeContext = prepared.contexts["eval"]
@@ -269,6 +312,7 @@ class Interchange(Sharded, Operation):
                 chunk = rows[lo:lo + per_cell]
                 ex = torch.tensor([i for i, _ in chunk])
                 first = int(pos[ex].min()) if st.positions else 0
+                sets = None if st.sets is None else st.sets[np.array(idx)[ex.repeat(len(members)).numpy()]]
                 ivs = [Intervention(st.cells[k].act, self._edit(st, ctx, k, idx, chunk, ex, pos, first, g * len(chunk)))
                        for g, k in enumerate(members)]
                 stacked = ex.repeat(len(members))
@@ -276,7 +320,7 @@ class Interchange(Sharded, Operation):
                     logits = grid_logits(model, ivs, tokens[stacked], lengths[stacked] - 1 - first,
                                          st.classes[np.array(idx)[stacked.numpy()]], cache, stacked,
                                          torch.tensor([st.cells[k].layer for k in members]).repeat_interleave(len(chunk)),
-                                         first)
+                                         first, sets=sets)
                 for g, k in enumerate(members):
                     part = logits[g * len(chunk):(g + 1) * len(chunk)]
                     out[ex.numpy(), k, [j for _, j in chunk]] = correct(part, targets[ex])
@@ -312,7 +356,8 @@ class Interchange(Sharded, Operation):
         gen = torch.Generator().manual_seed(self.seed)
         cfg = DasSettings(self.rank, self.epochs, self.das_batch_size, self.lr, self.strength, self.seed, st.positions)
         bases, placebos, losses = [], [], []
-        das = self._das(model, st, train, acts, cfg) if "das" in self.bases else None
+        learned = {name: self._das(model, st, train, acts, replace(cfg, boundless=name == "boundless_das"))
+                   for name in self.bases if name in B.LEARNED}
         for k, cell in enumerate(st.cells):
             x = acts[:, k]
             labels = torch.from_numpy(pairs.labels[prompts])
@@ -326,11 +371,15 @@ class Interchange(Sharded, Operation):
                     b = B.neuron_basis(x[prompts], labels, self.rank)
                 elif name == "pca":
                     b = B.pca_basis(x[pairs.source[train]] - x[pairs.base[train]], self.rank)
+                elif name == "sae":
+                    from ..models.dictionaries.catalog import get_dictionary
+
+                    b = B.decoder_basis(get_dictionary(str(self.dictionary)).W_dec.detach().double().cpu(),
+                                        list(self.features))
                 elif name == "random":
                     b = B.random_basis(st.width, self.rank, gen)
                 else:
-                    assert das is not None
-                    b, loss = das[k]
+                    b, loss = learned[name][k]
                     losses.append(loss)
                 made[name] = b.numpy()
             bases.append(made)
@@ -350,7 +399,8 @@ class Interchange(Sharded, Operation):
         positions = [self._pos(cell, lengths, roles) for cell in st.cells]
         sources = [acts[pairs.source[train], k] for k in range(len(st.cells))]
         return train_das_grid(model, st.cells, st.width, tokens, lengths, positions, sources, st.classes[train],
-                              torch.from_numpy(pairs.target[train]), cache, cfg)
+                              torch.from_numpy(pairs.target[train]), cache, cfg,
+                              None if st.sets is None else st.sets[train])
 
     # ------------------------------------------------------------------ summarise
     def summarise(self, prepared: Prepared[InterchangeState], merged: dict[str, Any], *, quiet: bool = False) -> Result:

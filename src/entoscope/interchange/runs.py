@@ -24,6 +24,7 @@ pairs reshuffled every epoch, seeded initialisation).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -91,10 +92,11 @@ def edit(cell: Cell, pos: Tensor, source: Tensor, mode: Tensor, basis: Tensor | 
 
 def class_logits(model: ModelAdapter, cell: Cell, tokens: Tensor, lengths: Tensor, classes: Tensor,
                  fn: Callable[[Tensor], Tensor], cache: dict[ActName, Tensor] | None, rows: Tensor,
-                 grad: bool = False, first: int = 0) -> Tensor:
-    """[R, C] logits of each row's classes (class ids -1: -inf) at its base's last token, under `fn` at the
-    cell; with `cache`, a run from the cached residual entering the cell's block (rows index it) at positions
-    `first`.. (`fn` then sees those positions only: it must be made with positions counted from `first`)."""
+                 grad: bool = False, first: int = 0, sets: Tensor | None = None) -> Tensor:
+    """[R, C] logits of each row's classes (class ids -1: -inf; [R, K] by output set with `sets`: by_set) at its
+    base's last token, under `fn` at the cell; with `cache`, a run from the cached residual entering the cell's
+    block (rows index it) at positions `first`.. (`fn` then sees those positions only: it must be made with
+    positions counted from `first`)."""
     columns, inverse = torch.unique(classes.clamp_min(0), return_inverse=True)
     iv = [Intervention(cell.act, fn)]
     positions = lengths - 1 - first
@@ -104,13 +106,24 @@ def class_logits(model: ModelAdapter, cell: Cell, tokens: Tensor, lengths: Tenso
     else:
         logits = logits_at(model, positions, tokens=tokens, interventions=iv, grad=grad, columns=columns)
     picked = logits.gather(1, inverse.to(logits.device))
-    return picked.masked_fill((classes < 0).to(logits.device), float("-inf"))
+    return by_set(picked.masked_fill((classes < 0).to(logits.device), float("-inf")), sets)
+
+
+def by_set(picked: Tensor, sets: Tensor | None) -> Tensor:
+    """[R, K] each output set's logit, the log-sum-exp of its classes' logits (so the argmax compares the sets'
+    probability mass; causal.py's greater_than), from the classes' [R, C] and each column's set [R, C]; None:
+    every column its own set (the logits unchanged)."""
+    if sets is None:
+        return picked
+    mask = sets.to(picked.device)[..., None] == torch.arange(int(sets.max()) + 1, device=picked.device)
+    return torch.logsumexp(picked[..., None].masked_fill(~mask, float("-inf")), dim=1)
 
 
 def grid_logits(model: ModelAdapter, ivs: list[Intervention], tokens: Tensor, last: Tensor, classes: Tensor,
                 cache: dict[ActName, Tensor] | None, rows: Tensor, layers: Tensor, first: int,
-                grad: bool = False) -> Tensor:
-    """[R, C] class logits (ids -1: -inf) at positions `last` (counted from `first`) of runs under `ivs`: from the
+                grad: bool = False, sets: Tensor | None = None) -> Tensor:
+    """[R, C] class logits (ids -1: -inf; [R, K] by output set with `sets`) at positions `last` (counted from
+    `first`) of runs under `ivs`: from the
     cache, rows (indices into it, sorted by `layers`) each joining at its own block at positions first..;
     without a cache, full forwards of `tokens` (then first is 0)."""
     columns, inverse = torch.unique(classes.clamp_min(0), return_inverse=True)
@@ -120,7 +133,7 @@ def grid_logits(model: ModelAdapter, ivs: list[Intervention], tokens: Tensor, la
     else:
         logits = logits_at(model, last, tokens=tokens, interventions=ivs, grad=grad, columns=columns)
     picked = logits.gather(1, inverse.to(logits.device))
-    return picked.masked_fill((classes < 0).to(logits.device), float("-inf"))
+    return by_set(picked.masked_fill((classes < 0).to(logits.device), float("-inf")), sets)
 
 
 @dataclass(frozen=True)
@@ -132,20 +145,75 @@ class DasSettings:
     strength: float
     seed: int
     positions: bool  # runs may start at a position (the cache holds the attention's keys and values)
+    boundless: bool = False  # boundless DAS: a full rotation and a learned soft boundary (Wu et al. 2023)
+
+    def steps(self, n: int) -> int:
+        return -(-n // self.batch_size) * self.epochs
+
+
+# boundless DAS's boundary temperature (in dimensions), annealed linearly over the steps. Wu et al. 2023 anneal
+# 50 -> 0.1 over Alpaca's 4096-wide stream; 10 -> 0.1 here, for narrower sites (on the 64-wide planted model of
+# tests/test_interchange.py, 50 leaves the rotation barely trained until the last epochs: 9.6 degrees off
+# the planted direction, against 6.0 with 10)
+TEMPERATURE = (10.0, 0.1)
+BOUNDARY_START = 0.5  # the boundary's first place, a share of the width
+BOUNDARY_WEIGHT = 1.0  # the loss's weight on the boundary (its share of the width): smaller subspaces preferred
+
+
+class Learned(nn.Module):
+    """A learned subspace. DAS (Geiger et al. 2024): the [width, r] orthonormal columns of a torch orthogonal
+    parametrisation, seeded. Boundless DAS (Wu et al. 2023): a [width, width] rotation R and a boundary b in
+    [0, 1] (a share of the width); the interchange acts on the rotated coordinates through the soft mask
+    m_i = sigmoid((b width - i) / T), i = 0..width-1, i.e. h' = h + s (h_src - h) R diag(m) R^T (the basis
+    R diag(sqrt m), which bases.interchange takes as it is), the temperature T annealed linearly (TEMPERATURE)
+    over training, and the loss adds BOUNDARY_WEIGHT * b. The subspace kept is R's first ceil(b width)
+    columns (at least 1): the dimension count the training chose."""
+
+    def __init__(self, width: int, cfg: DasSettings, device: torch.device | str) -> None:
+        super().__init__()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.seed)
+            self.rotation = orthogonal(nn.Linear(width if cfg.boundless else cfg.rank, width, bias=False))
+        self.boundary = nn.Parameter(torch.tensor(BOUNDARY_START)) if cfg.boundless else None
+        self.temperature = TEMPERATURE[0]
+        self.width = width
+        self.to(device)
+
+    def anneal(self, step: int, total: int) -> None:
+        hi, lo = TEMPERATURE
+        self.temperature = hi + (lo - hi) * step / max(1, total - 1)
+
+    def basis(self) -> Tensor:
+        w = self.rotation.weight
+        if self.boundary is None:
+            return w
+        at = torch.arange(self.width, device=w.device, dtype=w.dtype)
+        root = torch.exp(0.5 * nn.functional.logsigmoid((self.boundary.clamp(0.0, 1.0) * self.width - at)
+                                                        / self.temperature))  # sqrt(m), its gradient finite
+        return w * root[None, :]
+
+    def penalty(self) -> Tensor | float:
+        return 0.0 if self.boundary is None else BOUNDARY_WEIGHT * self.boundary.clamp(0.0, 1.0)
+
+    def final(self) -> Tensor:
+        with torch.no_grad():
+            w = self.rotation.weight.detach().double().cpu()
+            if self.boundary is None:
+                return w
+            keep = max(1, min(self.width, math.ceil(float(self.boundary.clamp(0.0, 1.0)) * self.width)))
+            return w[:, :keep].contiguous()
 
 
 def train_das(model: ModelAdapter, cell: Cell, width: int, tokens: Tensor, lengths: Tensor, pos: Tensor,
               source: Tensor, classes: Tensor, targets: Tensor, cache: dict[ActName, Tensor] | None,
-              cfg: DasSettings) -> tuple[Tensor, list[float]]:
+              cfg: DasSettings, sets: Tensor | None = None) -> tuple[Tensor, list[float]]:
     """The DAS basis [width, rank] (float64) of one cell from its training pairs, and the mean loss of each epoch.
     tokens [N, T] (right-padded), pos [N] the base's token, source [N, width] the source's vectors, classes
     [N, C] token ids, targets [N] class indices; cache: the residual entering the cell's block [N, T, d]."""
     gen = torch.Generator().manual_seed(cfg.seed)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(cfg.seed)
-        layer = orthogonal(nn.Linear(cfg.rank, width, bias=False))
-    layer = layer.to(model.device)
+    layer = Learned(width, cfg, model.device)
     params = [p for p in layer.parameters() if p.requires_grad]
+    total_steps, step = cfg.steps(len(targets)), 0
     opt = torch.optim.Adam(params, lr=cfg.lr)
     frozen = [p.requires_grad for p in model.module.parameters()]
     model.module.requires_grad_(False)
@@ -158,11 +226,13 @@ def train_das(model: ModelAdapter, cell: Cell, width: int, tokens: Tensor, lengt
                 rows = order[lo:lo + cfg.batch_size]
                 mode = torch.full((len(rows),), BASIS)
                 first = int(pos[rows].min()) if cache is not None and cfg.positions else 0
-                fn = edit(cell, pos[rows] - first, source[rows], mode, lambda: layer.weight, None, cfg.strength)
+                layer.anneal(step, total_steps)
+                step += 1
+                fn = edit(cell, pos[rows] - first, source[rows], mode, layer.basis, None, cfg.strength)
                 logits = class_logits(model, cell, tokens[rows], lengths[rows], classes[rows], fn, cache, rows,
-                                      grad=True, first=first)
+                                      grad=True, first=first, sets=None if sets is None else sets[rows])
                 loss = nn.functional.cross_entropy(logits.float(), targets[rows].to(logits.device))
-                grads = torch.autograd.grad(loss, params)
+                grads = torch.autograd.grad(loss + layer.penalty(), params)
                 opt.zero_grad()
                 for p, g in zip(params, grads):
                     p.grad = g
@@ -172,9 +242,7 @@ def train_das(model: ModelAdapter, cell: Cell, width: int, tokens: Tensor, lengt
     finally:
         for p, flag in zip(model.module.parameters(), frozen):
             p.requires_grad_(flag)
-    with torch.no_grad():
-        basis = layer.weight.detach().double().cpu()
-    return basis, losses
+    return layer.final(), losses
 
 
 def correct(logits: Tensor, targets: Tensor) -> np.ndarray:
@@ -184,7 +252,8 @@ def correct(logits: Tensor, targets: Tensor) -> np.ndarray:
 
 def train_das_grid(model: ModelAdapter, cells: list[Cell], width: int, tokens: Tensor, lengths: Tensor,
                    positions: list[Tensor], sources: list[Tensor], classes: Tensor, targets: Tensor,
-                   cache: dict[ActName, Tensor] | None, cfg: DasSettings) -> list[tuple[Tensor, list[float]]]:
+                   cache: dict[ActName, Tensor] | None, cfg: DasSettings,
+                   sets: Tensor | None = None) -> list[tuple[Tensor, list[float]]]:
     """train_das for every cell, the cells of one position rule trained together: each step one run whose rows
     are the batch once per cell, each cell's rows joining at its own block (models/partial.py), each with its
     own basis and Adam; the loss is the sum of the cells' losses, so each basis gets its own cell's gradient
@@ -193,7 +262,7 @@ def train_das_grid(model: ModelAdapter, cells: list[Cell], width: int, tokens: T
     if cache is None:
         for k, cell in enumerate(cells):
             out[k] = train_das(model, cell, width, tokens, lengths, positions[k], sources[k], classes, targets,
-                               None, cfg)
+                               None, cfg, sets)
         return [out[k] for k in range(len(cells))]
     groups: dict[int, list[int]] = {}
     for k, cell in enumerate(cells):
@@ -205,7 +274,7 @@ def train_das_grid(model: ModelAdapter, cells: list[Cell], width: int, tokens: T
             members = sorted(members, key=lambda k: cells[k].layer)
             for k, result in zip(members, _train_group(model, [cells[k] for k in members], width, tokens, lengths,
                                                        positions[members[0]], [sources[k] for k in members],
-                                                       classes, targets, cache, cfg)):
+                                                       classes, targets, cache, cfg, sets)):
                 out[k] = result
     finally:
         for p, flag in zip(model.module.parameters(), frozen):
@@ -215,13 +284,12 @@ def train_das_grid(model: ModelAdapter, cells: list[Cell], width: int, tokens: T
 
 def _train_group(model: ModelAdapter, cells: list[Cell], width: int, tokens: Tensor, lengths: Tensor, pos: Tensor,
                  sources: list[Tensor], classes: Tensor, targets: Tensor, cache: dict[ActName, Tensor],
-                 cfg: DasSettings) -> list[tuple[Tensor, list[float]]]:
+                 cfg: DasSettings, sets: Tensor | None = None) -> list[tuple[Tensor, list[float]]]:
     gen = torch.Generator().manual_seed(cfg.seed)
     layers, opts = [], []
+    total_steps, step = cfg.steps(len(targets)), 0
     for _ in cells:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(cfg.seed)
-            layer = orthogonal(nn.Linear(cfg.rank, width, bias=False)).to(model.device)
+        layer = Learned(width, cfg, model.device)
         layers.append(layer)
         opts.append(torch.optim.Adam([p for p in layer.parameters() if p.requires_grad], lr=cfg.lr))
     params = [[p for p in layer.parameters() if p.requires_grad] for layer in layers]
@@ -235,8 +303,11 @@ def _train_group(model: ModelAdapter, cells: list[Cell], width: int, tokens: Ten
             R = len(rows)
             first = int(pos[rows].min()) if cfg.positions else 0
             mode = torch.full((R,), BASIS)
-            ivs = [Intervention(c.act, edit(c, pos[rows] - first, sources[i][rows], mode,
-                                            lambda layer=layers[i]: layer.weight, None, cfg.strength, offset=i * R))
+            for layer in layers:
+                layer.anneal(step, total_steps)
+            step += 1
+            ivs = [Intervention(c.act, edit(c, pos[rows] - first, sources[i][rows], mode, layers[i].basis, None,
+                                            cfg.strength, offset=i * R))
                    for i, c in enumerate(cells)]
             stacked = rows.repeat(G).to(model.device)
             row_layers = torch.tensor([c.layer for c in cells]).repeat_interleave(R).to(model.device)
@@ -246,10 +317,11 @@ def _train_group(model: ModelAdapter, cells: list[Cell], width: int, tokens: Ten
                                grad=True, columns=columns)
             picked = logits.gather(1, inverse.repeat(G, 1).to(logits.device))
             picked = picked.masked_fill((classes[rows] < 0).repeat(G, 1).to(logits.device), float("-inf"))
+            picked = by_set(picked, None if sets is None else sets[rows].repeat(G, 1))
             parts = [nn.functional.cross_entropy(picked[i * R:(i + 1) * R].float(), targets[rows].to(logits.device))
                      for i in range(G)]
             flat = [p for ps in params for p in ps]
-            grads = torch.autograd.grad(sum(parts), flat)
+            grads = torch.autograd.grad(sum(parts) + sum(layer.penalty() for layer in layers), flat)
             at = 0
             for i in range(G):
                 opts[i].zero_grad()
@@ -260,5 +332,4 @@ def _train_group(model: ModelAdapter, cells: list[Cell], width: int, tokens: Ten
                 totals[i] += float(parts[i].detach()) * R
         for i in range(G):
             losses[i].append(totals[i] / len(order))
-    with torch.no_grad():
-        return [(layer.weight.detach().double().cpu(), losses[i]) for i, layer in enumerate(layers)]
+    return [(layer.final(), losses[i]) for i, layer in enumerate(layers)]
