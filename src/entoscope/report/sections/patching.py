@@ -9,13 +9,14 @@ from ...registry import register
 from ...results.claims import TakeawayBuilder, most
 from ..preflight import runs_by
 from ..section import Section, examples_html
+from ..sizes import sizes
 
 
 COLUMNS = ["site", "value", "value_ci_low", "value_ci_high", "value_q", "significant", "value_fragile", "n_prompts"]
 
 
-def _examples(quick: bool) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
-    n = 8 if quick else 32
+def _examples(model: Any, quick: bool) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    n = sizes(model, "patching", quick)["n"]  # prompt pairs (report/sizes.py)
     return [
         ("IOI: denoising the residual stream at each name and the last token (normalised logit difference)",
          {"sites": {"activation": "resid_pre", "over": ["layer", "position"],
@@ -36,7 +37,7 @@ def _examples(quick: bool) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
 def patching_runs(model: Any, quick: bool) -> list[tuple[Any, Any]]:
     from ...patching import Patching
 
-    return [(Patching(**config), data) for _, config, data in _examples(quick)]
+    return [(Patching(**config), data) for _, config, data in _examples(model, quick)]
 
 
 @register("report_section", "patching")
@@ -45,7 +46,7 @@ def patching_section(model: Any, folder: Path, quick: bool) -> Section:
     """Exact denoising on IOI and greater-than; the first result is saved in `folder`, the others below it."""
     from ...patching import Patching
 
-    body, results = examples_html(Patching, model, _examples(quick), folder, max_rows=6, columns=COLUMNS)
+    body, results = examples_html(Patching, model, _examples(model, quick), folder, max_rows=6, columns=COLUMNS)
     heads = results[1].table
     b = TakeawayBuilder(source=f"{folder.name}/example1/table.csv", key="site")
     ranked = heads.reindex(heads["value"].abs().sort_values(ascending=False, kind="stable").index)

@@ -16,6 +16,7 @@ from ...registry import register
 from ...results.page import table_html
 from ..preflight import runs_by
 from ..section import Section, lead_of, result_html, run_saved
+from ..sizes import sizes
 
 COLUMNS = ["direction", "coefficient", "effect", "effect_ci_low", "effect_ci_high", "minus_random",
            "minus_random_ci_low", "minus_random_ci_high", "beats_random", "kl", "kl_ci_low", "kl_ci_high",
@@ -23,18 +24,20 @@ COLUMNS = ["direction", "coefficient", "effect", "effect_ci_low", "effect_ci_hig
 COEFFICIENTS = [-1.0, -0.5, -0.25, -0.1, 0.1, 0.25, 0.5]
 
 
-def steering_config(quick: bool) -> dict[str, Any]:
+def steering_config(model: Any, quick: bool) -> dict[str, Any]:
+    size = sizes(model, "steering", quick)  # prompts (report/sizes.py)
     return {"direction": {"source": "mean_difference", "site": "resid_pre.2",
-                          "data": {"task": "greater_than", "n": 64 if quick else 256, "seed": 100}},
+                          "data": {"task": "greater_than", "n": size["direction_n"], "seed": 100}},
             "coefficients": COEFFICIENTS, "metric": "prob_diff",
-            "side_effects": {"n": 16 if quick else 64, "seed": 1729},
+            "side_effects": {"n": size["side_effects_n"], "seed": 1729},
             "continuations": {"prompts": 3, "tokens": 8}}
 
 
 def steering_runs(model: Any, quick: bool) -> list[tuple[Any, Any]]:
     from ...steering import Steering
 
-    return [(Steering(**steering_config(quick)), {"task": "greater_than", "n": 32 if quick else 128, "seed": 7})]
+    size = sizes(model, "steering", quick)
+    return [(Steering(**steering_config(model, quick)), {"task": "greater_than", "n": size["n"], "seed": 7})]
 
 
 @register("report_section", "steering")
