@@ -36,7 +36,7 @@ def _manifest(folder):
 
 @pytest.fixture(scope="module")
 def large_report(demo, tmp_path_factory):
-    """The quick report's circuits and lens sections on the demo model counted as a large one (SMALL_MACS 0),
+    """The quick report's circuits, lens and patching sections on the demo model counted as a large one (SMALL_MACS 0),
     with a Jacobian budget too small to fit on."""
     from entoscope.report import build_report
 
@@ -44,7 +44,7 @@ def large_report(demo, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(sizes_module, "SMALL_MACS", 0.0)
         mp.setattr(sizes_module, "JACOBIAN_BUDGET", {True: 1e6, False: 1e6})
-        build_report(demo, folder, quick=True, sections=["circuits", "lens"], quiet=True)
+        build_report(demo, folder, quick=True, sections=["circuits", "lens", "patching"], quiet=True)
     return folder
 
 
@@ -64,6 +64,11 @@ def test_recorded_sizes_are_the_ones_the_large_tier_runs_used(large_report):
     assert sizes["lens"]["jacobian_fit"] is False
     assert not (large_report / "lens" / "comparison").exists()  # no Jacobian lens fitted, and the page says so
     assert "No Jacobian lens in this report" in page
+    for where in ("patching", "patching/example1", "patching/example2"):
+        run = _manifest(large_report / where)
+        assert run["config"]["method"] == sizes["patching"]["method"] == "attribution"
+        assert run["data"]["n"] == sizes["patching"]["n"]
+    assert "activation patching (attribution, denoising)" in page
 
 
 def test_the_small_tier_keeps_the_demo_sizes_and_records_them(demo, tmp_path):

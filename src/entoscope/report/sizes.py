@@ -29,7 +29,7 @@ SIZES: dict[str, dict[str, tuple[Any, Any, Any, Any]]] = {
     "lens": {"n": (8, 32, 8, 32), "jacobian_texts": (2, 16, 2, 2), "jacobian_max_length": (48, 128, 48, 128)},
     "circuits": {"n": (16, 48, 16, 24), "method": ("eap_ig", "eap_ig", "eap", "eap_ig"), "steps": (5, 5, 1, 3),
                  "faithfulness": ("mib", "mib", "coarse", "coarse"), "routes_n": (8, 16, 8, 16)},
-    "patching": {"n": (8, 32, 4, 8)},
+    "patching": {"n": (8, 32, 16, 32), "method": ("exact", "exact", "attribution", "attribution")},
     "probing": {"greater_than_n": (96, 320, 96, 192), "ioi_n": (160, 512, 96, 192)},
     "steering": {"n": (32, 128, 16, 32), "direction_n": (64, 256, 32, 64), "side_effects_n": (16, 64, 8, 16)},
 }
