@@ -84,3 +84,10 @@ def test_the_small_tier_keeps_the_demo_sizes_and_records_them(demo, tmp_path):
     assert run["config"]["steps"] == sizes["circuits"]["steps"]
     assert run["config"]["faithfulness"] == list(MIB_FRACTIONS)
     assert run["data"]["n"] == sizes["circuits"]["n"]
+
+
+def test_probed_layers_spread_from_the_first_to_the_last_by_hand():
+    # 30 layers, 8 of them: i * 29 / 7 rounded = 0, 4.1, 8.3, 12.4, 16.6, 20.7, 24.9, 29
+    assert sizes_module.spread_layers(30, 8) == [0, 4, 8, 12, 17, 21, 25, 29]
+    assert sizes_module.spread_layers(3, 8) == "all"
+    assert sizes_module.spread_layers(30, None) == "all"

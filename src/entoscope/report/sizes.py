@@ -13,7 +13,8 @@ The lens section fits a Jacobian lens (lens/jacobian_fit.py: d_model vector-Jaco
 every token of every text) on a budget of JACOBIAN_BUDGET multiply-adds, counted as tokens x d_model x the
 blocks' multiply-adds per token: the texts are cut to what the budget buys (at most the small sizes), and
 where that leaves fewer than JACOBIAN_MIN_POSITIONS fitted positions a text the section fits no
-Jacobian lens and says so on its page.
+Jacobian lens and says so on its page. The probes of a large model are fitted at a few layers spread evenly
+from the first to the last (their fits, not the model's forwards, are most of the probing section's time).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ SIZES: dict[str, dict[str, tuple[Any, Any, Any, Any]]] = {
     "circuits": {"n": (16, 48, 16, 24), "method": ("eap_ig", "eap_ig", "eap", "eap_ig"), "steps": (5, 5, 1, 3),
                  "faithfulness": ("mib", "mib", "coarse", "coarse"), "routes_n": (8, 16, 8, 16)},
     "patching": {"n": (8, 32, 16, 32), "method": ("exact", "exact", "attribution", "attribution")},
-    "probing": {"greater_than_n": (96, 320, 96, 192), "ioi_n": (160, 512, 96, 192)},
+    "probing": {"greater_than_n": (96, 320, 96, 192), "ioi_n": (160, 512, 96, 192),
+                "max_layers": (None, None, 8, 12)},
     "steering": {"n": (32, 128, 16, 32), "direction_n": (64, 256, 32, 64), "side_effects_n": (16, 64, 8, 16)},
 }
 COARSE_FRACTIONS = (0.01, 0.05, 0.2, 1.0)  # the faithfulness curve of a large model: 4 of MIB's 10 fractions
@@ -59,7 +61,16 @@ def sizes(model: Any, section: str, quick: bool) -> dict[str, Any]:
     out = {k: v[col] for k, v in SIZES.get(section, {}).items()}
     if section == "lens":
         out.update(jacobian_sizes(model, quick, out["jacobian_texts"], out["jacobian_max_length"]))
+    if "max_layers" in out:
+        out["layers"] = spread_layers(adapt(model).structure.n_layers, out.pop("max_layers"))
     return out
+
+
+def spread_layers(n_layers: int, k: int | None) -> str | list[int]:
+    """At most k layers spread evenly from the first to the last ("all" where k is None or k >= n_layers)."""
+    if k is None or k >= n_layers:
+        return "all"
+    return sorted({round(i * (n_layers - 1) / (k - 1)) for i in range(k)})
 
 
 def jacobian_sizes(model: Any, quick: bool, texts: int, max_length: int) -> dict[str, Any]:

@@ -20,14 +20,17 @@ from ..sizes import sizes
 
 
 def _examples(model: Any, quick: bool) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
-    size = sizes(model, "probing", quick)  # prompts (report/sizes.py)
+    size = sizes(model, "probing", quick)  # prompts and layers (report/sizes.py)
+    at = "" if size["layers"] == "all" else f" (layers {', '.join(map(str, size['layers']))})"
     return [
-        ("greater-than: the start year's two digits (regression, held-out R^2) by layer and position",
-         {"sites": {"activation": "resid_pre", "over": ["layer", "position"], "positions": "-3:"},
+        ("greater-than: the start year's two digits (regression, held-out R^2) by layer and position" + at,
+         {"sites": {"activation": "resid_pre", "over": ["layer", "position"], "positions": "-3:",
+                    "layers": size["layers"]},
           "causal_check": {"metric": "prob_diff", "top": 1}},
          {"task": "greater_than", "n": size["greater_than_n"], "seed": 11}),
-        ("IOI: which name comes first (ABBA / BABA) at the last token, 5-fold",
-         {"sites": {"activation": "resid_post", "over": ["layer"]}, "split": "kfold", "k": 5,
+        ("IOI: which name comes first (ABBA / BABA) at the last token, 5-fold" + at,
+         {"sites": {"activation": "resid_post", "over": ["layer"], "layers": size["layers"]}, "split": "kfold",
+          "k": 5,
           "causal_check": {"metric": "logit_diff", "top": 1}},
          {"task": "ioi", "n": size["ioi_n"], "seed": 11}),
     ]
