@@ -36,7 +36,7 @@ def _manifest(folder):
 
 @pytest.fixture(scope="module")
 def large_report(demo, tmp_path_factory):
-    """The quick report's circuits, lens and patching sections on the demo model counted as a large one (SMALL_MACS 0),
+    """The quick report's circuits, lens, patching and steering sections on the demo model counted as a large one (SMALL_MACS 0),
     with a Jacobian budget too small to fit on."""
     from entoscope.report import build_report
 
@@ -44,7 +44,7 @@ def large_report(demo, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(sizes_module, "SMALL_MACS", 0.0)
         mp.setattr(sizes_module, "JACOBIAN_BUDGET", {True: 1e6, False: 1e6})
-        build_report(demo, folder, quick=True, sections=["circuits", "lens", "patching"], quiet=True)
+        build_report(demo, folder, quick=True, sections=["circuits", "lens", "patching", "steering"], quiet=True)
     return folder
 
 
@@ -69,6 +69,11 @@ def test_recorded_sizes_are_the_ones_the_large_tier_runs_used(large_report):
         assert run["config"]["method"] == sizes["patching"]["method"] == "attribution"
         assert run["data"]["n"] == sizes["patching"]["n"]
     assert "activation patching (attribution, denoising)" in page
+    run = _manifest(large_report / "steering")
+    assert run["config"]["coefficients"] == list(sizes["steering"]["coefficients"])
+    table = __import__("pandas").read_csv(large_report / "steering" / "table.csv")
+    assert set(table["n_prompts"]) == {sizes["steering"]["n"]}
+    assert sorted(set(table["coefficient"])) == sorted(sizes["steering"]["coefficients"])
 
 
 def test_the_small_tier_keeps_the_demo_sizes_and_records_them(demo, tmp_path):
