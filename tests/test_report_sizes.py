@@ -36,8 +36,8 @@ def _manifest(folder):
 
 @pytest.fixture(scope="module")
 def large_report(demo, tmp_path_factory):
-    """The quick report's circuits, lens, patching and steering sections on the demo model counted as a large one (SMALL_MACS 0),
-    with a Jacobian budget too small to fit on."""
+    """The quick report's circuits, lens, patching and steering sections on the demo model counted as a large
+    one (SMALL_MACS 0), with a Jacobian budget too small to fit on."""
     from entoscope.report import build_report
 
     folder = tmp_path_factory.mktemp("sizes") / "large"
