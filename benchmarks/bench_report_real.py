@@ -14,11 +14,12 @@ prompt's forward + backward (batches of --floor-batch IOI prompts), times each s
 and backward passes. It is what a section costs if it did nothing but the model passes its plan needs
 (an overestimate for exact patching, whose part-way runs count as whole forwards).
 
-Peak memory: the child's peak resident set size (its `ru_maxrss`: model, activations, everything).
+Peak memory: the child's peak resident set size (its `ru_maxrss`: model, activations, everything), and
+after each step the peak so far (the step that raised it is the first whose column shows the new value).
 
-Sections: the report's own list, less those given by --skip (default: patching, which on SmolLM2 stops
-at greater-than's vocabulary, a two-digit number being two tokens; issue 33 item 5 fixes that). The
-patching section's IOI sweeps are measured on their own by benchmarks/bench_real_patching.py.
+Sections: the report's own list, less those given by --skip (default none). The sizes each section uses
+on the model are report/sizes.py's (docs/report.md); exact patching's IOI sweeps are measured on their own
+by benchmarks/bench_real_patching.py.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 FOLDER = Path.home() / ".cache" / "entoscope" / "real-models" / "smollm2-135m"
 
 CHILD = r"""
-import json, sys, time, torch
+import json, resource, sys, time, torch
 torch.set_num_threads(int(sys.argv[4]))
 import entoscope as es
 from entoscope.operation import Operation
@@ -63,15 +64,15 @@ import entoscope.report as report
 marks = []
 step = report.Progress.step
 def step_marked(self, name):
-    marks.append((name, len(ops), time.process_time()))
+    marks.append((name, len(ops), time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))
     return step(self, name)
 report.Progress.step = step_marked
 c0 = time.process_time()
 build_report(model, sys.argv[2], quick=sys.argv[5] == "1", sections=sections, overwrite=True)
-marks.append(("end", len(ops), time.process_time()))
+marks.append(("end", len(ops), time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))
 out = []
-for (name, i, c), (_, j, c2) in zip(marks, marks[1:]):
-    out.append({"step": name, "cpu_s": c2 - c, "ops": ops[i:j]})
+for (name, i, c, _), (_, j, c2, peak) in zip(marks, marks[1:]):
+    out.append({"step": name, "cpu_s": c2 - c, "ops": ops[i:j], "peak_mib": peak / 1024})
 print("BENCH " + json.dumps(out), flush=True)
 """
 
@@ -110,7 +111,7 @@ def main() -> int:
     ap.add_argument("--model", default=str(FOLDER))
     ap.add_argument("--quick", action="store_true", help="the report's --quick")
     ap.add_argument("--sections", default="", help="comma-separated sections (default: the report's, less --skip)")
-    ap.add_argument("--skip", default="patching", help="comma-separated sections left out")
+    ap.add_argument("--skip", default="", help="comma-separated sections left out")
     ap.add_argument("--floor-batch", type=int, default=16)
     ap.add_argument("--out", default="", help="the report's folder (default: a temporary one)")
     args = ap.parse_args()
@@ -147,7 +148,8 @@ def main() -> int:
     cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
     load = next(float(line.split()[2]) for line in lines if line.startswith("BENCH load"))
     steps = json.loads(next(line[6:] for line in lines if line.startswith("BENCH [")))
-    head = f"{'step':<28} {'CPU time':>9} {'forwards':>9} {'backwards':>9} {'floor':>8} {'x floor':>8}"
+    head = (f"{'step':<28} {'CPU time':>9} {'forwards':>9} {'backwards':>9} {'floor':>8} {'x floor':>8} "
+            f"{'peak RSS so far':>16}")
     print()
     print(head)
     print("-" * len(head))
@@ -159,7 +161,7 @@ def main() -> int:
         total += s["cpu_s"]
         total_floor += floor
         ratio = f"{s['cpu_s'] / floor:>7.1f}x" if floor else f"{'-':>8}"
-        print(f"{s['step']:<28} {s['cpu_s']:>8.1f}s {f:>9} {b:>9} {floor:>7.1f}s {ratio}")
+        print(f"{s['step']:<28} {s['cpu_s']:>8.1f}s {f:>9} {b:>9} {floor:>7.1f}s {ratio} {s['peak_mib']:>12.0f} MiB")
     print(f"{'report (every step)':<28} {total:>8.1f}s {'':>9} {'':>9} {total_floor:>7.1f}s "
           f"{total / max(total_floor, 1e-9):>7.1f}x")
     user = cpu.ru_utime + cpu.ru_stime

@@ -22,7 +22,7 @@ def test_report_headline_cells_are_not_carried_by_one_pair(demo, example):
     """Every cell of the report's IOI tables either moves by less than half its size (of at least 10% of
     the table's largest) when its most influential pair is left out, or is flagged fragile AND its
     interval includes 0, so no single pair decides a reported effect."""
-    title, config, data = _examples(quick=False)[example]
+    title, config, data = _examples(demo, quick=False)[example]
     t = es.Patching(**config).run(demo, data, quiet=True).table
     scale = np.abs(t.value).max()
     moved = t.value_influence / np.maximum(np.abs(t.value), 0.1 * scale)

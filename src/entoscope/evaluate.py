@@ -37,8 +37,10 @@ import torch
 
 from .data import tasks
 from .data.tokenized import TokenizedData, length_batches, make_batches, pad, pad_id, tokenize_data
-from .metrics import at_positions, logit_diff, prob_diff, top1
+from .metrics import logit_diff, prob_diff, top1
 from .models.adapter import adapt
+from .models.names import ActName
+from .models.partial import unembed_rows
 
 
 TASK_METRICS = {"ioi": "logit_diff", "facts": "top1", "greater_than": "prob_diff", "induction": "top1"}
@@ -62,7 +64,7 @@ def task_scores(model: Any, n: int = 64, seed: int = 1234, batch_size: int = 32)
         parts: list[torch.Tensor] = []
         with torch.no_grad():
             for b in make_batches(td, batch_size, pad_id(a)):
-                logits = at_positions(a.run(b.tokens).logits, b.last)
+                logits = a.run(b.tokens, logits_at=b.last).logits  # [B, d_vocab]: the last tokens' rows only
                 assert b.answers is not None and b.wrong_answers is not None
                 parts.append(_METRIC_FUNCTIONS[metric](logits, b.answers, b.wrong_answers))
         figs = _figures(metric, torch.cat(parts), "")
@@ -131,17 +133,23 @@ def teacher_forced(model: Any, prompts: list[list[int]], seqs: list[list[tuple[i
     by_row: dict[int, list[int]] = {}
     for k, (r, _, _) in enumerate(reads):
         by_row.setdefault(r, []).append(k)
+    final = ActName("resid_post", a.structure.n_layers - 1)
     with torch.no_grad():
         for idx in length_batches([len(r) for r in rows], batch_size):
             tokens, _ = pad([rows[r] for r in idx], pad_id(a))
-            logits = a.run(tokens).logits
             ks = [k for r in idx for k in by_row.get(r, [])]
             b = torch.tensor([idx.index(reads[k][0]) for k in ks])
             pos = torch.tensor([reads[k][1] for k in ks])
             tok = torch.tensor([reads[k][2] for k in ks])
-            at = logits[b, pos].double().log_softmax(-1)
-            logp[ks] = at.gather(-1, tok[:, None])[:, 0].cpu()
-            greedy[ks] = (at.argmax(-1) == tok).cpu()
+            # only the read positions are unembedded (a 262,144-token vocabulary at every position of every
+            # row would be most of the run): the last block's output there, through the final norm and W_U
+            # and each (row, position) once: a prompt's answers are read at the same few positions
+            resid = a.run(tokens, [final], logits=False).acts[final]
+            cells, which = torch.unique(b * tokens.shape[1] + pos, return_inverse=True)
+            rows_at = resid[(cells // tokens.shape[1]).to(resid.device), (cells % tokens.shape[1]).to(resid.device)]
+            at = unembed_rows(a, rows_at).double().log_softmax(-1).cpu()
+            logp[ks] = at[which, tok]
+            greedy[ks] = at.argmax(-1)[which] == tok
     return ([[float(logp[c].sum()) for c in per] for per in where],
             [[bool(greedy[c].all()) for c in per] for per in where])
 

@@ -31,6 +31,7 @@ from . import sections as _sections  # noqa: F401  (registers the sections)
 from .glossary import terms_html
 from .preflight import NotRun, preflight
 from .section import Section
+from . import sizes as _sizes
 
 SECTION_ORDER = ["lens", "head_scores", "dla", "patching", "probing", "circuits", "ifr", "features", "steering"]
 TASK_MEANING = {
@@ -157,6 +158,8 @@ def _write_summary(a: Any, folder: Path, quick: bool, chosen: list[str], scores:
     (folder / "scores.json").write_text(json.dumps(scores, indent=2))
     write_takeaways(folder / "takeaways.json", [("index.html", sec.lead) for _, sec in built])  # their claims
     manifest = {"operation": "report", "quick": quick, "sections": chosen, "model": model_identity(a),
+                "sizes": {"forward_macs_per_token": _sizes.forward_macs(a), "tier": _sizes.tier(a),
+                          **{name: _sizes.sizes(a, name, quick) for name in chosen if name in _sizes.SIZES}},
                 "versions": package_versions(), "written": [name for name, _ in built],
                 "not_run": [n.record() for n in not_run]}
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str), encoding="utf-8")

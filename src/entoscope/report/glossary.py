@@ -49,6 +49,9 @@ TERMS: dict[str, str] = {
     "plus the constant add up to the logit difference.",
     "information flow routes": "edges kept when a component's proximity to a residual state (its share of "
     "that state, Ferrando & Voita 2024) is above tau; routes grow down from the last position's last layer.",
+    "EAP": "edge attribution patching: each edge's score is (corrupt - clean activation of its sender) times the "
+    "gradient of the metric at its receiver's input on the clean run, a first-order estimate of patching the edge "
+    "(Syed et al. 2023).",
     "EAP-IG": "edge attribution patching with integrated gradients: each edge's score is (clean - corrupt "
     "activation of its sender) times the gradient of the metric at its receiver's input, averaged along the "
     "straight path from corrupt to clean inputs (Hanna et al. 2024).",

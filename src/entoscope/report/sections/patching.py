@@ -1,4 +1,8 @@
-"""The report's patching section: the IOI and greater-than circuits' patching maps (exact denoising)."""
+"""The report's patching section: the IOI and greater-than circuits' patching maps (exact denoising).
+
+On a large model (report/sizes.py) the maps are attribution patching's (one forward and backward a pair
+gives every cell: the first-order estimate of exact patching), on more pairs than exact patching's sweeps
+could afford in the report's time; the title and takeaway say so."""
 
 from __future__ import annotations
 
@@ -9,26 +13,28 @@ from ...registry import register
 from ...results.claims import TakeawayBuilder, most
 from ..preflight import runs_by
 from ..section import Section, examples_html
+from ..sizes import sizes
 
 
 COLUMNS = ["site", "value", "value_ci_low", "value_ci_high", "value_q", "significant", "value_fragile", "n_prompts"]
 
 
-def _examples(quick: bool) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
-    n = 8 if quick else 32
+def _examples(model: Any, quick: bool) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    size = sizes(model, "patching", quick)  # prompt pairs and method (report/sizes.py)
+    n, method = size["n"], size["method"]
     return [
         ("IOI: denoising the residual stream at each name and the last token (normalised logit difference)",
          {"sites": {"activation": "resid_pre", "over": ["layer", "position"],
                     "positions": ["IO", "S1", "S1+1", "S2", "S2+1", "END"]},
-          "metric": "logit_diff"},
+          "metric": "logit_diff", "method": method},
          {"task": "ioi", "n": n, "seed": 7}),
         ("IOI: denoising each head's output (normalised logit difference)",
-         {"sites": {"activation": "z", "over": ["layer", "head"]}, "metric": "logit_diff"},
+         {"sites": {"activation": "z", "over": ["layer", "head"]}, "metric": "logit_diff", "method": method},
          {"task": "ioi", "n": n, "seed": 7}),
         ("greater-than: denoising each MLP's output at the start year (XX, YY) and the last token "
          "(normalised probability difference)",
          {"sites": {"activation": "mlp_out", "over": ["layer", "position"], "positions": ["XX", "YY", "END"]},
-          "metric": "prob_diff"},
+          "metric": "prob_diff", "method": method},
          {"task": "greater_than", "n": n, "seed": 7}),
     ]
 
@@ -36,7 +42,7 @@ def _examples(quick: bool) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
 def patching_runs(model: Any, quick: bool) -> list[tuple[Any, Any]]:
     from ...patching import Patching
 
-    return [(Patching(**config), data) for _, config, data in _examples(quick)]
+    return [(Patching(**config), data) for _, config, data in _examples(model, quick)]
 
 
 @register("report_section", "patching")
@@ -45,9 +51,16 @@ def patching_section(model: Any, folder: Path, quick: bool) -> Section:
     """Exact denoising on IOI and greater-than; the first result is saved in `folder`, the others below it."""
     from ...patching import Patching
 
-    body, results = examples_html(Patching, model, _examples(quick), folder, max_rows=6, columns=COLUMNS)
+    examples = _examples(model, quick)
+    exact = examples[0][1]["method"] == "exact"
+    if not exact:  # the titles name the method
+        examples = [(title.replace("denoising", "attribution patching (denoising)", 1), config, data)
+                    for title, config, data in examples]
+    body, results = examples_html(Patching, model, examples, folder, max_rows=6, columns=COLUMNS)
     heads = results[1].table
     b = TakeawayBuilder(source=f"{folder.name}/example1/table.csv", key="site")
+    if not exact:
+        b.say("By attribution patching (the first-order estimate of exact patching): ")
     ranked = heads.reindex(heads["value"].abs().sort_values(ascending=False, kind="stable").index)
     best = ranked.iloc[0]
     if most(best["value"], best.get("value_ci_low")):
@@ -74,6 +87,7 @@ def patching_section(model: Any, folder: Path, quick: bool) -> Section:
     b.say(" intervals over ")
     b.constant(heads["n_prompts"].iloc[0], "n_prompts", unit="prompt pairs")
     b.say("). Each map below has its own takeaway.")
-    return Section("activation patching (exact, denoising)", b.build(), body,
-                   terms=("normalised effect", "logit difference", "probability difference", "95% interval",
-                          "significant", "q-value", "fragile", "degenerate pair", "names"), own_page=False)
+    terms = ("normalised effect", "logit difference", "probability difference", "95% interval", "significant",
+             "q-value", "fragile", "degenerate pair", "names")
+    return Section(f"activation patching ({'exact' if exact else 'attribution'}, denoising)", b.build(), body,
+                   terms=terms if exact else ("attribution patching",) + terms, own_page=False)

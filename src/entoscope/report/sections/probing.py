@@ -16,25 +16,30 @@ from ...registry import register
 from ...results.claims import TakeawayBuilder
 from ..preflight import runs_by
 from ..section import Section, examples_html
+from ..sizes import sizes
 
 
-def _examples(quick: bool) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+def _examples(model: Any, quick: bool) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    size = sizes(model, "probing", quick)  # prompts and layers (report/sizes.py)
+    at = "" if size["layers"] == "all" else f" (layers {', '.join(map(str, size['layers']))})"
     return [
-        ("greater-than: the start year's two digits (regression, held-out R^2) by layer and position",
-         {"sites": {"activation": "resid_pre", "over": ["layer", "position"], "positions": "-3:"},
+        ("greater-than: the start year's two digits (regression, held-out R^2) by layer and position" + at,
+         {"sites": {"activation": "resid_pre", "over": ["layer", "position"], "positions": "-3:",
+                    "layers": size["layers"]},
           "causal_check": {"metric": "prob_diff", "top": 1}},
-         {"task": "greater_than", "n": 96 if quick else 320, "seed": 11}),
-        ("IOI: which name comes first (ABBA / BABA) at the last token, 5-fold",
-         {"sites": {"activation": "resid_post", "over": ["layer"]}, "split": "kfold", "k": 5,
+         {"task": "greater_than", "n": size["greater_than_n"], "seed": 11}),
+        ("IOI: which name comes first (ABBA / BABA) at the last token, 5-fold" + at,
+         {"sites": {"activation": "resid_post", "over": ["layer"], "layers": size["layers"]}, "split": "kfold",
+          "k": 5,
           "causal_check": {"metric": "logit_diff", "top": 1}},
-         {"task": "ioi", "n": 160 if quick else 512, "seed": 11}),
+         {"task": "ioi", "n": size["ioi_n"], "seed": 11}),
     ]
 
 
 def probing_runs(model: Any, quick: bool) -> list[tuple[Any, Any]]:
     from ...probing import Probing
 
-    return [(Probing(**config), data) for _, config, data in _examples(quick)]
+    return [(Probing(**config), data) for _, config, data in _examples(model, quick)]
 
 
 @register("report_section", "probing")
@@ -43,7 +48,7 @@ def probing_section(model: Any, folder: Path, quick: bool) -> Section:
     """Probe the model for two task properties; the first Result is saved in `folder`, the other below it."""
     from ...probing import Probing
 
-    body, results = examples_html(Probing, model, _examples(quick), folder, max_rows=12)
+    body, results = examples_html(Probing, model, _examples(model, quick), folder, max_rows=12)
     b = TakeawayBuilder()
     for i, (name, r) in enumerate(zip(("Greater-than start year", "IOI name order"), results)):
         b.say((" " if i else "") + f"{name}: ")

@@ -16,25 +16,27 @@ from ...registry import register
 from ...results.page import table_html
 from ..preflight import runs_by
 from ..section import Section, lead_of, result_html, run_saved
+from ..sizes import sizes
 
 COLUMNS = ["direction", "coefficient", "effect", "effect_ci_low", "effect_ci_high", "minus_random",
            "minus_random_ci_low", "minus_random_ci_high", "beats_random", "kl", "kl_ci_low", "kl_ci_high",
            "loss_change", "loss_change_ci_low", "loss_change_ci_high", "n_prompts", "n_held_out"]
-COEFFICIENTS = [-1.0, -0.5, -0.25, -0.1, 0.1, 0.25, 0.5]
 
 
-def steering_config(quick: bool) -> dict[str, Any]:
+def steering_config(model: Any, quick: bool) -> dict[str, Any]:
+    size = sizes(model, "steering", quick)  # prompts (report/sizes.py)
     return {"direction": {"source": "mean_difference", "site": "resid_pre.2",
-                          "data": {"task": "greater_than", "n": 64 if quick else 256, "seed": 100}},
-            "coefficients": COEFFICIENTS, "metric": "prob_diff",
-            "side_effects": {"n": 16 if quick else 64, "seed": 1729},
-            "continuations": {"prompts": 3, "tokens": 8}}
+                          "data": {"task": "greater_than", "n": size["direction_n"], "seed": 100}},
+            "coefficients": list(size["coefficients"]), "metric": "prob_diff",
+            "side_effects": {"n": size["side_effects_n"], "seed": 1729},
+            "continuations": {"prompts": size["continuation_prompts"], "tokens": 8}}
 
 
 def steering_runs(model: Any, quick: bool) -> list[tuple[Any, Any]]:
     from ...steering import Steering
 
-    return [(Steering(**steering_config(quick)), {"task": "greater_than", "n": 32 if quick else 128, "seed": 7})]
+    size = sizes(model, "steering", quick)
+    return [(Steering(**steering_config(model, quick)), {"task": "greater_than", "n": size["n"], "seed": 7})]
 
 
 @register("report_section", "steering")
@@ -48,7 +50,7 @@ def steering_section(model: Any, folder: Path, quick: bool) -> Section:
             f"{result.extra['direction'].provenance.get('n_positive', '?')} pairs (CAA); added at every position of "
             "other greater-than prompts with coefficients of both signs. Below: the effect on the probability "
             "difference against the random direction of the same norm, and its side effects.</p>")
-    body = what + result_html(result, figures=2, lead=False, columns=COLUMNS, max_rows=len(COEFFICIENTS) * 2)
+    body = what + result_html(result, figures=2, lead=False, columns=COLUMNS, max_rows=len(op.coefficients) * 2)
     frame = result.extra.get("continuations")
     if frame is not None:
         body += ('<p class="figtitle">continuations (greedy, 8 tokens), unsteered and steered</p>'
