@@ -128,17 +128,20 @@ class JacobianLensFit(Sharded, Operation):
             batches.append(Batch(idx, tokens, lens))
         corpus = self.corpus or _corpus_name(data)
         suffix = self.skip_first > 0 and prefix_support(model) == "positions"
+        # per prompt: the graph's run, and with the frozen prefix a run without gradients before it; a bridge
+        # also walks the blocks once more to record their keys and values (record_past)
+        passes = 1 if not suffix else 3 if model.structure.backend == "bridge" else 2
         notes = [f"each backward carries {chunk} one-hot cotangents: {s.d_model} vector-Jacobian products per "
                  f"prompt ({n_chunks} backward calls per batch)",
                  f"positions {self.skip_first}.. and each prompt's last left out of the average",
                  f"the backward graph holds positions {self.skip_first}.. only (a frozen key/value prefix"
-                 " recorded by a forward without gradients and a walk of the blocks: 3 passes per prompt)"
+                 f" recorded without gradients: {passes} passes per prompt)"
                  if suffix else
                  "the backward graph holds every position (this model cannot start part-way at a position)"]
         if max_length < self.max_length:
             notes.append(f"max_length cut to the model's context, {max_length}")
         mats = 2 * len(layers) * s.d_model ** 2 * 8
-        plan = Plan(self.name, rows=len(layers), forward_passes=len(ids) * (3 if suffix else 1),
+        plan = Plan(self.name, rows=len(layers), forward_passes=len(ids) * passes,
                     backward_passes=len(ids) * n_chunks,
                     batch_sizes=[len(b) for b in batches], examples=len(ids), files=[],
                     peak_memory_bytes=model_bytes(model) + bs * (act + chunk * per_cot) + 2 * mats, notes=notes)
