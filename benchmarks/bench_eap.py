@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     from entoscope.metrics import at_positions, logit_diff
     from entoscope.models import adapt
     from entoscope.models.names import ActName
-    from entoscope.models.split_inputs import run_for_gradients
+    from entoscope.models.adapter import Intervention
 
     t0 = time.perf_counter()
     model = build_model()
@@ -114,9 +114,14 @@ def main(argv: list[str] | None = None) -> int:
 
     def baseline():
         for b in batches:
-            logits, kept = run_for_gradients(a, b.tokens, [ActName("resid_pre", 0)])
-            value = logit_diff(at_positions(logits, b.last), b.answers, b.wrong_answers).sum()
-            torch.autograd.grad(value, [kept[ActName("resid_pre", 0)]])
+            kept = {}
+
+            def leaf(h, kept=kept):
+                kept["x"] = h.detach().requires_grad_(True)
+                return kept["x"]
+            out = a.run(b.tokens, interventions=[Intervention(ActName("resid_pre", 0), leaf)], grad=True)
+            value = logit_diff(at_positions(out.logits, b.last), b.answers, b.wrong_answers).sum()
+            torch.autograd.grad(value, [kept["x"]])
 
     patcher = EdgePatcher(a, graph, batches, logit_diff)
     torch.manual_seed(0)

@@ -415,7 +415,9 @@ class PatchedRun:
         self.corrupt = corrupt
         self.patched = patched.to(corrupt.device, corrupt.dtype)
         self.touched = patched.ne(0).any(0).cpu()  # [n_receivers]
-        self.actual = torch.zeros_like(corrupt)
+        # corrupt_s - actual_s, kept as each sender's output in this run is seen (actual starts at 0): the
+        # offsets read it without forming the difference (a [B, T, n_senders, d] copy) at every receiver
+        self.delta = corrupt.clone()
         self.x: dict[str, Tensor] = {}
         self._attn_offsets: dict[int, Tensor] = {}
 
@@ -460,7 +462,7 @@ class PatchedRun:
             return logits_at(self.model, positions, tokens=tokens, interventions=self.interventions())
         layer = min(self.first_layer, self.s.n_layers - 1)
         below = self.layout.senders_before_attn(layer)
-        self.actual[:, :, :below] = clean.senders[:, :, :below]
+        self._set_actual(slice(0, below), clean.senders[:, :, :below])
         start = Start(layer, 0, clean.resid[layer])
         return logits_at(self.model, positions, start=start, interventions=self.interventions())
 
@@ -475,15 +477,23 @@ class PatchedRun:
         n_patched, n_kept = int(weights.ne(0).sum()), int(complement.ne(0).sum())
         use = complement if n_kept < n_patched else weights
         senders = use.ne(0).any(1).nonzero()[:, 0]
-        diff = self.corrupt[:, :, senders] - self.actual[:, :, senders]
-        part = torch.einsum("bpsd,sr->bprd", diff, use[senders])
+        if len(senders) and int(senders[-1]) - int(senders[0]) + 1 == len(senders):  # a run: a view, no copy
+            first = int(senders[0])
+            diff = self.delta[:, :, first:first + len(senders)]
+        else:
+            diff = self.delta[:, :, senders]
+        part = torch.matmul(use[senders].T, diff)  # [R, S] @ [B, T, S, d]: batched, no permuted copy of diff
         if use is weights:
             return part
-        total = (self.corrupt[:, :, :n_read] - self.actual[:, :, :n_read]).sum(2, keepdim=True)
+        total = self.delta[:, :, :n_read].sum(2, keepdim=True)
         return total - part
 
+    def _set_actual(self, senders: Any, value: Tensor) -> None:
+        """Sender(s) `senders` output `value` in this run: their corrupt - actual."""
+        self.delta[:, :, senders] = self.corrupt[:, :, senders] - value.to(self.delta.dtype)
+
     def _keep_input(self, x: Tensor) -> Tensor:
-        self.actual[:, :, 0] = x
+        self._set_actual(0, x)
         return x
 
     def _stash(self, key: str) -> Any:
@@ -502,14 +512,13 @@ class PatchedRun:
                 self.x[f"z{layer}"] = x
                 return x
             z, scale = (self.x.pop(f"z{layer}"), x) if post else (x, None)
-            self.actual[:, :, self.layout.head_senders(layer)] = head_outputs(self.model, layer, z, scale).to(
-                self.actual.dtype)
+            self._set_actual(self.layout.head_senders(layer), head_outputs(self.model, layer, z, scale))
             return None if scaled else x  # a scale read returns nothing: the bridge's norm keeps its own path
         return fn
 
     def _keep_mlp(self, layer: int) -> Any:
         def fn(out: Tensor) -> Tensor:
-            self.actual[:, :, self.layout.mlp_sender(layer)] = out
+            self._set_actual(self.layout.mlp_sender(layer), out)
             return out
         return fn
 
