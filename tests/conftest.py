@@ -174,3 +174,19 @@ def real_report(name: str, tmp_path_factory):
         build_report(model, folder, quick=True, sections=REAL_REPORT_SECTIONS[name], quiet=True)
         _REPORTS[name] = folder
     return _REPORTS[name]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A local two-CPU Ray cluster on 127.0.0.1 for one test module (the Ray tests import ray first, or skip)."""
+    import logging
+
+    import ray
+
+    import entoscope as es
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False,
+             _node_ip_address="127.0.0.1")
+    yield
+    es.executors.shutdown()
+    ray.shutdown()

@@ -5,7 +5,6 @@ ray is missing; CI sets ENTOSCOPE_REQUIRE_RAY=1 so that a missing ray fails inst
 
 from __future__ import annotations
 
-import logging
 import os
 
 import numpy as np
@@ -20,13 +19,6 @@ else:
     ray = pytest.importorskip("ray", reason="ray is an optional extra (pip install 'entoscope[ray]')")
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False,
-             _node_ip_address="127.0.0.1")
-    yield
-    es.executors.shutdown()
-    ray.shutdown()
 
 
 def test_interchange_grid_on_two_workers_equals_in_process(cluster):

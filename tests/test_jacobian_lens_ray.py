@@ -1,6 +1,5 @@
 """The Jacobian lens fit on two Ray workers equals the in-process fit (shards of prompts; docs/scale.md)."""
 
-import logging
 import os
 
 import pytest
@@ -16,13 +15,6 @@ else:
 import entoscope as es  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False,
-             _node_ip_address="127.0.0.1")
-    yield
-    es.executors.shutdown()
-    ray.shutdown()
 
 
 def test_the_fit_on_two_workers_equals_in_process(cluster):

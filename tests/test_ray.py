@@ -7,7 +7,6 @@ The reference is always the in-process run of the same operation: the same funct
 batches, so the tables are equal bit for bit (every row, site and prompt once, in the same order). Skipped where ray is missing; CI sets
 ENTOSCOPE_REQUIRE_RAY=1 so that a missing ray fails instead."""
 
-import logging
 import os
 import signal
 import threading
@@ -35,13 +34,6 @@ RAY2 = es.Ray(workers=2)
 SITES = es.Sites(activation="resid_pre", over=["layer", "position"])
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False,
-             _node_ip_address="127.0.0.1")
-    yield
-    es.executors.shutdown()
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

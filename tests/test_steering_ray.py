@@ -3,7 +3,6 @@ direction the run makes itself (its sharded phase, then the driver's mean differ
 effects; a run interrupted after some shards resumes from its folder. Skipped where ray is missing; CI sets
 ENTOSCOPE_REQUIRE_RAY=1 so that a missing ray fails instead (tests/test_ray.py's pattern)."""
 
-import logging
 import os
 
 import numpy as np
@@ -20,13 +19,6 @@ from tests.test_ray import _same  # noqa: E402
 RAY2 = es.Ray(workers=2)
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False,
-             _node_ip_address="127.0.0.1")
-    yield
-    es.executors.shutdown()
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
