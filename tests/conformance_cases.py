@@ -292,7 +292,7 @@ CASES: dict[str, dict[str, Case]] = {
                         ids=("component", "layer", "head", "kind"), random=("importance_mean_ci_low",)),
     },
     "circuits": {
-        "eap": Case(lambda s: es.Circuits(method="eap", n_edges=6, faithfulness=[0.5], stats=FAST, seed=s,
+        "eap": Case(lambda s: es.Circuits(method="eap", n_edges=6, faithfulness=[0.001, 0.5, 1.0], stats=FAST, seed=s,
                                           batch_size=4), pairs, ids=CIRCUIT_IDS, random=("score_ci_low",)),
         "eap_ig": Case(lambda s: es.Circuits(method="eap_ig", steps=2, n_edges=6, faithfulness=[], stability=4,
                                              stats=FAST, seed=s, batch_size=4), pairs, ids=CIRCUIT_IDS,

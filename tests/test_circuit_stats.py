@@ -82,6 +82,17 @@ def test_faithfulness_and_cpr_intervals_by_brute_force(run):
     assert s["cmd"] == pytest.approx(cmd(list(curve.fraction), list(curve.faithfulness)))
     assert s["cpr_ci_low"] <= s["cpr"] <= s["cpr_ci_high"] and s["cmd_ci_low"] <= s["cmd"] <= s["cmd_ci_high"]
     assert (curve.faithfulness_ci_low <= curve.faithfulness + 1e-9).all()
+    # the point keeping every edge is read from the clean run (nothing patched); a patched run of it agrees
+    from entoscope.circuits.edge_patching import EdgePatcher
+    from entoscope.circuits.graph import ComponentGraph as Graph
+    from entoscope.data.tokenized import make_batches, pad_id, tokenize_data
+
+    a = adapt(model)
+    graph = Graph.from_structure(a.structure)
+    patcher = EdgePatcher(a, graph, make_batches(tokenize_data(a, data, pairs=True, answers=True), 4, pad_id(a)),
+                          Metric(type="logit_diff").function())
+    np.testing.assert_allclose(patcher.per_prompt(graph.mask).numpy(), clean, atol=1e-4)
+    assert curve.faithfulness.iloc[-1] == 1.0
 
 
 def test_stability_inclusion_and_jaccard_by_brute_force(run):

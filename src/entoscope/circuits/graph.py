@@ -258,14 +258,28 @@ class ComponentGraph:
             m[r, owners] = True
         return m
 
-    def edges(self, scores: Tensor | None = None, kept: Tensor | None = None) -> list[Edge]:
-        out = []
-        for r, s in self.mask.T.nonzero().tolist():
-            target, qkv = self.receiver_parts(self.receivers[r])
-            out.append(Edge(self.edge_name(s, r), self.senders[s], self.receivers[r], target, qkv, (s, r),
-                            None if scores is None else float(scores[s, r]),
-                            None if kept is None else bool(kept[s, r])))
-        return out
+    @cached_property
+    def edge_pairs(self) -> Tensor:
+        """[n_edges, 2] (sender, receiver) of every edge, receiver-major (the order `edges()` lists them)."""
+        return self.mask.T.nonzero().flip(1).contiguous()
+
+    @cached_property
+    def _receiver_parts_all(self) -> list[tuple[str, str | None]]:
+        return [self.receiver_parts(r) for r in self.receivers]
+
+    def edges(self, scores: Tensor | None = None, kept: Tensor | None = None, only_kept: bool = False) -> list[Edge]:
+        """Every edge (receiver-major), with its score and whether it is kept where given; `only_kept`: the kept
+        ones only."""
+        idx = self.edge_pairs
+        if only_kept and kept is not None:
+            idx = idx[kept[idx[:, 0], idx[:, 1]]]
+        pairs = idx.tolist()
+        n = len(pairs)
+        score_list = [None] * n if scores is None else scores[idx[:, 0], idx[:, 1]].tolist()
+        kept_list = [None] * n if kept is None else kept[idx[:, 0], idx[:, 1]].bool().tolist()
+        senders, receivers, parts = self.senders, self.receivers, self._receiver_parts_all
+        return [Edge(f"{senders[s]}->{receivers[r]}", senders[s], receivers[r], *parts[r], (s, r), sc, k)
+                for (s, r), sc, k in zip(pairs, score_list, kept_list)]
 
 
 class Circuit:
@@ -293,8 +307,7 @@ class Circuit:
         return Circuit(self.graph, self.scores, kept)
 
     def edges(self, only_kept: bool = False) -> list[Edge]:
-        es = self.graph.edges(self.scores, self.kept)
-        return [e for e in es if e.in_circuit] if only_kept else es
+        return self.graph.edges(self.scores, self.kept, only_kept=only_kept)
 
     def __repr__(self) -> str:
         return f"<Circuit {self.n_kept} of {self.graph.n_edges} edges kept>"
@@ -338,11 +351,11 @@ class Circuit:
         """One row per edge, best |score| first; `extra` columns are given in `edges()` order."""
         import pandas as pd
 
-        rows = []
-        for e in self.edges():
-            rows.append({"edge": e.name, "sender": e.sender, "receiver": e.receiver, "qkv": e.qkv or "",
-                         "score": e.score if e.score is not None else float("nan"), "in_circuit": e.in_circuit})
-        frame = pd.DataFrame(rows)
+        edges = self.edges()
+        frame = pd.DataFrame({"edge": [e.name for e in edges], "sender": [e.sender for e in edges],
+                              "receiver": [e.receiver for e in edges], "qkv": [e.qkv or "" for e in edges],
+                              "score": [e.score if e.score is not None else float("nan") for e in edges],
+                              "in_circuit": [e.in_circuit for e in edges]})
         for name, values in (extra or {}).items():
             frame[name] = values
         if self.scores is not None:
@@ -429,5 +442,5 @@ class Circuit:
         import networkx as nx
 
         p = Path(path)
-        nx.write_graphml(self.to_networkx(only_kept=only_kept), str(p))
+        nx.write_graphml(self.to_networkx(only_kept=only_kept), str(p), prettyprint=False)
         return p

@@ -63,9 +63,12 @@ class CircuitChoice:
 
 @dataclass(frozen=True)
 class FaithfulnessContext:
-    """The faithfulness phase's context: every circuit measured, as kept-edge masks [circuits, senders, receivers]."""
+    """The faithfulness phase's context: every circuit measured, as kept-edge masks [circuits, senders, receivers];
+    `read`: per circuit, "full" or "empty" where it is a curve point keeping every edge or none (its metric is
+    the clean or the corrupt run's, read without a patched run), else None."""
 
     kept: Tensor
+    read: tuple[str | None, ...] = ()
 
 
 @dataclass
@@ -182,7 +185,8 @@ class Circuits(Sharded, Operation):
         EAP / EAP-IG: each prompt's clean and corrupt runs, then its n_points gradient runs (points stacked
         in one pass) and their backward. An edge patcher (exact, ACDC, faithfulness, stability) runs each
         prompt's corrupt and clean runs once per phase it serves, then one run per circuit evaluated: exact,
-        one per edge; faithfulness, the curve's circuits, the chosen one and the stable one. ACDC: at most
+        one per edge; faithfulness, the curve's circuits (but a point keeping every edge or none, which is the
+        clean or the corrupt run: curve_points_read), the chosen one and the stable one. ACDC: at most
         one run per edge tried (edges into a receiver that no longer matters are dropped without a run)."""
         fwd, bwd, notes = 0, 0, []
         if self.method in ("eap", "eap_ig"):
@@ -201,7 +205,8 @@ class Circuits(Sharded, Operation):
             notes.append(f"ACDC: at most {tried} edges tried, one forward pass per prompt each (the forward passes "
                          "are an upper bound: edges into a receiver that no longer matters are dropped without one)")
         elif self._needs_patcher():
-            fwd += E * (2 + len(self.faithfulness) + 1 + int(bool(self.stability)))
+            run = sum(0 < int(p * graph.n_edges) < graph.n_edges for p in self.faithfulness)  # curve_points_read
+            fwd += E * (2 + run + 1 + int(bool(self.stability)))
         if self.stability:
             notes.append(f"stability: {self.stability} bootstrap resamples of the per-prompt edge scores (no gradient "
                          f"recomputed), the circuit chosen again on each; the stable circuit keeps edges found in >= "
@@ -235,7 +240,8 @@ class Circuits(Sharded, Operation):
         if phase != "faithfulness":
             return None
         choice = self._choose(prepared, merged["scores"])
-        return FaithfulnessContext(torch.stack(choice.circuits))
+        return FaithfulnessContext(torch.stack(choice.circuits),
+                                   curve_points_read(prepared.state.graph, self.faithfulness, len(choice.circuits)))
 
     def execute_shard(self, prepared: Prepared[CircuitsState], phase: str, batches: list[int], *,
                       quiet: bool = False) -> PerPrompt:
@@ -253,8 +259,10 @@ class Circuits(Sharded, Operation):
         context: FaithfulnessContext = prepared.contexts[phase]
         kept = context.kept
         patcher = EdgePatcher(model, graph, mine, st.metric)
-        items = progress(list(kept), total=len(kept), desc="faithfulness", quiet=quiet)
-        values = torch.stack([patcher.per_prompt(k) for k in items], 1)  # [n, circuits]
+        read = list(context.read) + [None] * (len(kept) - len(context.read))
+        items = progress(list(zip(kept, read)), total=len(kept), desc="faithfulness", quiet=quiet)
+        values = torch.stack([patcher.full if r == "full" else patcher.empty if r == "empty" else patcher.per_prompt(k)
+                              for k, r in items], 1)  # [n, circuits]
         return PerPrompt(examples, {"full": patcher.full.numpy(), "empty": patcher.empty.numpy(),
                                     "circuits": values.numpy()})
 
@@ -398,6 +406,15 @@ class Circuits(Sharded, Operation):
         return top_n(graph, scores, n, self.absolute)
 
 
+def curve_points_read(graph: ComponentGraph, fractions: list[float], n_circuits: int) -> tuple[str | None, ...]:
+    """Per circuit of the faithfulness phase (the curve's first): "full" for a curve point keeping every edge (its
+    metric is the clean run's: nothing is patched), "empty" for one keeping none (every edge patched: the
+    corrupt run), else None (a patched run). The plan counts the same."""
+    E = graph.n_edges
+    curve = tuple("full" if int(p * E) == E else "empty" if int(p * E) == 0 else None for p in fractions)
+    return curve + (None,) * (n_circuits - len(curve))
+
+
 def _scores_reader(columns: PromptColumns) -> Any:
     """read(lo, hi) -> the per-prompt edge scores [rows, n_edges] of prompts lo..hi-1 (edges() order)."""
     return lambda lo, hi: columns.read(lo, hi, ["scores"])["scores"]
@@ -431,12 +448,22 @@ class CircuitResult(Result):
     def summary(self) -> dict[str, Any]:
         return self.extra["summary"]
 
+    def drawing(self) -> tuple[str, Any]:
+        """(title, the circuit's drawing), drawn once: the page, circuit.html and a report show the same one."""
+        if getattr(self, "_drawing", None) is None:
+            circuit, s = self.circuit, self.summary
+            title = f"circuit: {circuit.n_kept} of {circuit.graph.n_edges} edges"
+            if "faithfulness" in s:
+                title += f", faithfulness {s['faithfulness']:.3f}"
+            self._drawing = (title, circuit_figure(circuit, title=title, node_stats=self.extra.get("node_stats"),
+                                                   sign_labels=sign_labels(s["method"]), edge_rows=_edge_rows(self),
+                                                   level=float(s.get("ci_level", 0.95))))
+        return self._drawing
+
     def save_extra(self, folder: Path, files: list[str]) -> None:
         self.circuit.save_json(folder / "circuit.json")
         self.circuit.save_graphml(folder / "circuit.graphml")
-        drawing = circuit_figure(self.circuit, node_stats=self.extra.get("node_stats"),
-                                 sign_labels=sign_labels(self.summary["method"]), edge_rows=_edge_rows(self),
-                                 level=float(self.summary.get("ci_level", 0.95)))
+        drawing = self.drawing()[1]
         nodes = self.extra.get("node_stats")
         if nodes:  # the senders' summed scores the drawing's hover quotes
             pd.DataFrame([{"node": n, "summed_score": v, "summed_score_ci_low": lo, "summed_score_ci_high": hi,
@@ -456,20 +483,19 @@ class CircuitResult(Result):
 
 
 def _edge_rows(result: Result) -> dict[str, dict[str, Any]]:
+    """The kept edges' table rows (what the drawing's hover quotes)."""
     t = result.table
+    if "edge" not in t or "score" not in t:
+        return {}
     cols = [c for c in ("edge", "score", "score_ci_low", "score_ci_high", "ci_level") if c in t]
-    return {r["edge"]: r for r in t[cols].to_dict("records")} if "edge" in t and "score" in t else {}
+    kept = t[t["in_circuit"].astype(bool)] if "in_circuit" in t else t
+    return {r["edge"]: r for r in kept[cols].to_dict("records")}
 
 
 def _figures(result: Result) -> list[tuple[str, Any]]:
-    circuit: Circuit = result.extra["circuit"]
-    s = result.extra["summary"]
-    title = f"circuit: {circuit.n_kept} of {circuit.graph.n_edges} edges"
-    if "faithfulness" in s:
-        title += f", faithfulness {s['faithfulness']:.3f}"
-    figs = [(title, circuit_figure(circuit, title=title, node_stats=result.extra.get("node_stats"),
-                                   sign_labels=sign_labels(s["method"]), edge_rows=_edge_rows(result),
-                                   level=float(s.get("ci_level", 0.95))))]
+    assert isinstance(result, CircuitResult)
+    s = result.summary
+    figs = [result.drawing()]
     curve = result.extra.get("curve")
     if curve is not None and len(curve):
         figs.append((f"faithfulness curve (CPR {s['cpr']:.3f}, CMD {s['cmd']:.3f}; the star: the chosen circuit)",
