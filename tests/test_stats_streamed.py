@@ -70,7 +70,15 @@ def test_block_summary_of_a_mean_over_several_chunks_equals_the_whole_matrix_pat
     np.testing.assert_allclose(streamed.value, np.nanmean(x, 0), rtol=1e-12)
 
 
-def test_block_summary_of_a_wide_ratio_over_several_read_blocks_equals_the_whole_matrix_path():
+@pytest.mark.parametrize("cells_per_chunk", [None, 50 * 1000])
+def test_block_summary_of_a_wide_ratio_over_several_read_blocks_equals_the_whole_matrix_path(monkeypatch,
+                                                                                             cells_per_chunk):
+    """cells_per_chunk 50 x 1000: the resamples' sums are accumulated 1,000 columns at a time (as for the
+    70,651 edges of SmolLM2's graph at 1,000 resamples), the same numbers."""
+    import entoscope.stats.bootstrap as bootstrap
+
+    if cells_per_chunk is not None:
+        monkeypatch.setattr(bootstrap, "CELLS_PER_CHUNK", cells_per_chunk)
     rng = np.random.default_rng(1)
     n, U = 300, 20_000  # 20,000 cells: blocks of block_rows(...) < n prompts
     assert block_rows(2 * U) < n

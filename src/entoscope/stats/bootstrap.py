@@ -204,10 +204,13 @@ def _summarise_sums(stat: SumsStat, stats: Stats, seed: int, keep_boot: bool) ->
     resampler = Resampler(n, n_boot, seed) if n_boot else None
     total = np.zeros((1, stat.width))
     boot_sums = np.zeros((n_boot, stat.width))
+    step = max(1, CELLS_PER_CHUNK // max(1, n_boot))
     for lo, hi, X in stat.blocks():  # pass 1: the sums, and every resample's sums
         total += np.ones((1, hi - lo)) @ X
         if resampler is not None:
-            boot_sums += resampler.block(lo, hi) @ X
+            R = resampler.block(lo, hi)
+            for c0 in range(0, stat.width, step):  # a slice of columns at a time: no second [n_boot, width]
+                boot_sums[:, c0:c0 + step] += R @ X[:, c0:c0 + step]
     value = stat.g(total)[0] if n else np.full(U, np.nan)
     influence, influential = np.full(U, np.nan), np.full(U, -1)
     accel = None
