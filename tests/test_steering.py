@@ -74,7 +74,13 @@ def _compare_with_hooks(model, data, hook_name, v, coefficients, *, edit=None):
     return r
 
 
-def test_a_hand_written_hook_on_the_bridge_gives_the_per_prompt_metric_kl_and_loss(demo):
+@pytest.mark.parametrize("logit_values", [1 << 23, 1])
+def test_a_hand_written_hook_on_the_bridge_gives_the_per_prompt_metric_kl_and_loss(demo, monkeypatch, logit_values):
+    """logit_values 1: the loss and KL are made one steered row at a time (runs.LOGIT_VALUES), as on a model
+    with a large vocabulary; the numbers are the hand-written hooks' either way."""
+    import entoscope.steering.runs as runs
+
+    monkeypatch.setattr(runs, "LOGIT_VALUES", logit_values)
     data = es.tasks.ioi(n=5, seed=3)
     r = _compare_with_hooks(demo, data, "resid_pre.1", _vector(128), [-1.0, 0.5, 2.0])
     assert r.table["effect"].abs().max() > 0.05  # the hook really changed something

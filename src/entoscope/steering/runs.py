@@ -30,6 +30,8 @@ from ..models.adapter import Intervention, ModelAdapter
 from ..models.names import ActName
 from .interventions import PositionRule, is_identity, make_edit
 
+LOGIT_VALUES = 1 << 23  # vocabulary-sized values (rows x positions x vocabulary) the loss and KL make at once
+
 
 @dataclass
 class SteerSetup:
@@ -98,10 +100,11 @@ def steer_batch(setup: SteerSetup, batch: BatchRows, tick: Callable[[], None] = 
     out = {k: np.full((B, C), np.nan) for k in ("metric", "kl", "loss")}
     with torch.no_grad():
         clean = model.run(batch.tokens).logits
-        logp_u = _log_softmax(clean)
         last = batch.lengths - 1
         reference = at_positions(clean, last)
         metric_u = _score(batch, reference, reference, "the unsteered run")
+        logp_u = _log_softmax(clean)
+        del clean  # only the log-probabilities are kept for the KL
         loss_u = _loss(logp_u, batch.tokens, batch.lengths)
         for j in range(C):  # every condition starts as the unsteered run; steered ones are replaced below
             out["metric"][:, j], out["loss"][:, j], out["kl"][:, j] = metric_u, loss_u, 0.0
@@ -115,11 +118,11 @@ def steer_batch(setup: SteerSetup, batch: BatchRows, tick: Callable[[], None] = 
             cond = torch.tensor([j for _, j in rows])
             assert mask is not None
             logits = _run_rows(setup, batch.tokens[ex], mask[ex], cond)
-            logp = _log_softmax(logits)
             at = at_positions(logits, last[ex])
             out["metric"][ex.numpy(), cond.numpy()] = _score(batch, at, reference[ex], "steered rows", ex)
-            out["loss"][ex.numpy(), cond.numpy()] = _loss(logp, batch.tokens[ex], batch.lengths[ex])
-            out["kl"][ex.numpy(), cond.numpy()] = _kl(logp, logp_u[ex.to(logp_u.device)], batch.lengths[ex])
+            loss, kl = _loss_and_kl(logits, logp_u, ex, batch.tokens[ex], batch.lengths[ex])
+            del logits
+            out["loss"][ex.numpy(), cond.numpy()], out["kl"][ex.numpy(), cond.numpy()] = loss, kl
             tick()
     return out
 
@@ -143,6 +146,20 @@ def _run_rows(setup: SteerSetup, tokens: Tensor, mask: Tensor, cond: Tensor) -> 
                                remedy="choose other coefficients (smaller ones under add; under set, a target the "
                                "site can hold: a norm's scale of 0 divides by 0); a float16 model overflows sooner "
                                "than float32") from None
+
+
+def _loss_and_kl(logits: Tensor, logp_u: Tensor, ex: Tensor, tokens: Tensor, lengths: Tensor
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Each steered row's loss and KL to its prompt's unsteered run (row i: prompt ex[i]), a few rows at a time:
+    the log-softmax and the KL's terms are vocabulary-sized per position, made only for LOGIT_VALUES at once."""
+    step = max(1, LOGIT_VALUES // max(1, logits.shape[1] * logits.shape[2]))
+    loss, kl = [], []
+    for lo in range(0, len(logits), step):
+        rows = slice(lo, lo + step)
+        logp = _log_softmax(logits[rows])
+        loss.append(_loss(logp, tokens[rows], lengths[rows]))
+        kl.append(_kl(logp, logp_u[ex[rows].to(logp_u.device)], lengths[rows]))
+    return np.concatenate(loss), np.concatenate(kl)
 
 
 def _log_softmax(logits: Tensor) -> Tensor:
