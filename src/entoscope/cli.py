@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, EntoscopeError, EntoscopeWarning
+from .heap import give_back_memory
 from .registry import lookup, names
 
 CLI_NAMES = {"lens": "lens", "parameter-lens": "parameter_lens", "head-scores": "head_scores", "patch": "patching", "probe": "probing",
@@ -286,6 +287,7 @@ def _run_file(args: argparse.Namespace) -> int:
             text = err.one_line() if isinstance(err, EntoscopeError) else f"{type(err).__name__}: {err}"
             print(f"entoscope: error: entry {name}: {' '.join(text.split())[:400]}", file=sys.stderr)
             failed.append((name, code))
+        give_back_memory()  # the next entry's peak does not sit on this one's freed heap
     if failed:
         done = [name for name, *_ in built if name not in dict(failed)]
         raise EntoscopeError(f"{len(failed)} of {len(built)} entries failed: "

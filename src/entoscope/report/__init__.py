@@ -22,6 +22,7 @@ from typing import Any
 
 from ..errors import warn
 from ..evaluate import task_scores
+from ..heap import give_back_memory
 from ..models.adapter import adapt
 from ..registry import lookup, names
 from ..results.claims import write_takeaways
@@ -128,6 +129,7 @@ def _write_report(model: Any, a: Any, folder: Path, quick: bool, sections: list[
                         warn(not_run[name].line(), code="report_section_failed")
                 if name in not_run:
                     _write_not_run(folder / name, not_run[name])
+                give_back_memory()  # the next section's peak does not sit on this one's freed heap (heap.py)
         with progress.step("summary page"):
             _write_summary(a, folder, quick, chosen, scores, built, list(not_run.values()))
     finally:
