@@ -266,6 +266,37 @@ def test_k_fold_causal_check_scores_each_fold_after_removing_its_own_direction(d
     np.testing.assert_allclose(result.table.iloc[0]["probe_accuracy_ablated"], np.mean(expected), atol=1e-9)
 
 
+def test_each_folds_own_ablation_in_one_pass_equals_one_collection_per_fold():
+    """k-fold test rows are disjoint, so one collection ablates each prompt by the fold that tests it: its rows
+    equal those of fold f's own collection (the per-fold way), and the plan counts one pass, not k."""
+    from conftest import get_tiny
+
+    from entoscope.data.tokenized import make_batches, pad_id
+    from entoscope.probing.causal import fold_ablation, fold_testing_each
+
+    model = adapt(get_tiny("llama", "bridge", False))
+    data = _tiny_data()
+    cs = setup_collection(model, data, es.Sites(activation="resid_post", layers=[1]), "last", "concat")
+    unit, n = cs.units[0], len(cs.td)
+    g = torch.Generator().manual_seed(1)
+    dirs = torch.randn(3, 1, unit.size, generator=g, dtype=torch.float64)  # three folds' directions
+    tests = [torch.arange(f, n, 3) for f in range(3)]
+    fold_of = fold_testing_each(tests, n)
+    assert fold_of is not None and fold_testing_each([tests[0], tests[0][:1]], n) is None  # overlap: per fold
+    batches = make_batches(cs.td, 3, pad_id(model))
+    one = collect(model, batches, [unit], cs.pool, cs.at, cs.head_pooling, n,
+                  interventions=fold_ablation(unit.members[0], dirs, fold_of, cs.pool, cs.at, cs.head_pooling))
+    for f, rows in enumerate(tests):
+        own = collect(model, batches, [unit], cs.pool, cs.at, cs.head_pooling, n,
+                      interventions=ablation(unit.members[0], dirs[f], cs.pool, cs.at, cs.head_pooling))
+        torch.testing.assert_close(one.features(0)[rows], own.features(0)[rows], rtol=1e-6, atol=1e-6)
+    data_ioi = es.tasks.ioi(n=40, seed=3)
+    check = CausalCheck(sites=["resid_post.1"], metric="logit_diff", random_baseline=True)
+    plan = Probing(sites=es.Sites(activation="resid_post", layers=[1]), causal_check=check, split="kfold", k=5,
+                   C_grid=[0.01]).plan(es.load_model("demo"), data_ioi)
+    assert plan.forward_passes == 40 * (1 + 1 * (1 + 1 + 1))  # collection; ablated, random, every fold's own
+
+
 @pytest.mark.parametrize("head_pooling", ["concat", "mean", None])
 def test_ablation_leaves_no_projection_where_the_probe_reads(head_pooling):
     from conftest import get_tiny

@@ -212,16 +212,55 @@ def per_prompt_frame(label: str, base: Tensor, ablated: Tensor, random: Tensor |
     return frame
 
 
+def fold_testing_each(tests: list[Tensor], n: int) -> Tensor | None:
+    """[n]: the fold whose test rows hold each prompt (-1: none), or None where two folds' test rows overlap."""
+    fold_of = torch.full((n,), -1, dtype=torch.long)
+    for f, rows in enumerate(tests):
+        if (fold_of[rows] >= 0).any():
+            return None
+        fold_of[rows] = f
+    return fold_of
+
+
+def fold_ablation(m: MemberRead, fold_dirs: Tensor, fold_of: Tensor, pool: PoolFn, at: Tensor | None,
+                  head_pooling: str) -> Callable[[Batch], list[Intervention]]:
+    """Per batch: each prompt with its own fold's directions removed (fold_of[i]: the fold whose test rows
+    hold prompt i; -1: left as it is). A prompt's row is what fold f's own ablation makes of it: every
+    row of a forward is computed on its own."""
+    per_fold = [ablation(m, fold_dirs[f], pool, at, head_pooling) for f in range(fold_dirs.shape[0])]
+
+    def for_batch(b: Batch) -> list[Intervention]:
+        folds = fold_of[b.index]
+        edits = [(torch.nonzero(folds == f)[:, 0], per_fold[f](b)[0].fn) for f in range(len(per_fold))]
+
+        def fn(x: Tensor) -> Tensor:
+            out = x.clone()
+            for rows, edit in edits:
+                if rows.numel():
+                    r = rows.to(x.device)
+                    out[r] = edit(x)[r]
+            return out
+        return [Intervention(m.act, fn)]
+    return for_batch
+
+
 def _own_direction_scores(model: ModelAdapter, batches: list[Batch], unit: UnitRead, pool: PoolFn,
-                          at: Tensor | None, head_pooling: str, n: int, fold_dirs: Tensor, X_mean: Tensor,
-                          held_out: Callable[[Tensor], dict[str, Tensor]], primary: str, quiet: bool) -> float:
-    """Mean over folds of fold f's held-out score with fold f's own direction removed (one read-only
-    collection per fold; a single fold reuses the ablation already collected)."""
+                          at: Tensor | None, head_pooling: str, n: int, fold_dirs: Tensor, fold_of: Tensor | None,
+                          X_mean: Tensor, held_out: Callable[[Tensor], dict[str, Tensor]], primary: str,
+                          quiet: bool) -> float:
+    """Mean over folds of fold f's held-out score with fold f's own direction removed. A single fold reuses
+    the ablation already collected; folds whose test rows are disjoint (k-fold) share one collection, each
+    prompt ablated by the fold that tests it (fold_of); otherwise one collection per fold."""
     from .collect import collect
 
     if fold_dirs.shape[0] == 1:
         return float(held_out(X_mean)[primary][0].double())
     m = unit.members[0]
+    if fold_of is not None:
+        X = collect(model, batches, [unit], pool, at, head_pooling, n, metric=None, quiet=quiet,
+                    interventions=fold_ablation(m, fold_dirs, fold_of, pool, at, head_pooling),
+                    desc=f"ablate {unit.label} (each fold's own)").features(0)
+        return float(held_out(X)[primary].double().mean())
     scores = []
     for f in range(fold_dirs.shape[0]):
         Xf = collect(model, batches, [unit], pool, at, head_pooling, n, metric=None, quiet=quiet,
@@ -237,12 +276,14 @@ def run_causal_check(model: ModelAdapter, batches: list[Batch], units: list[Unit
                      held_out: Callable[[int, Tensor], dict[str, Tensor]],
                      refit: Callable[[int, Tensor], dict[str, Tensor]], primary: str, check: CausalCheck,
                      metric_fn: Callable[..., Tensor], metric_base: Tensor, seed: int,
-                     quiet: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
+                     fold_of: Tensor | None = None, quiet: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Ablate each chosen unit's directions (and a random baseline); returns (summary per site, per prompt).
 
     directions_of(u) -> [k, F] the unit's probe directions (the ablation of the metric check);
     fold_directions_of(u) -> [folds, k, F] each fold's own; held_out(u, X [N, F]) and refit(u, X) ->
-    metric -> [folds] scores of the fitted probes / of a new probe on re-collected activations.
+    metric -> [folds] scores of the fitted probes / of a new probe on re-collected activations; fold_of
+    (`fold_testing_each`): the fold testing each prompt, where the folds' test rows are disjoint (one collection
+    for every fold's own direction), else None (one collection per fold).
     """
     from .collect import collect
 
@@ -264,8 +305,8 @@ def run_causal_check(model: ModelAdapter, batches: list[Batch], units: list[Unit
                           int(torch.linalg.matrix_rank(dirs.double())))
         X = ablated.features(0)
         row[f"probe_{primary}_ablated"] = _own_direction_scores(
-            model, batches, unit, pool, at, head_pooling, n, fold_directions_of(u), X, lambda Xf: held_out(u, Xf),
-            primary, quiet)
+            model, batches, unit, pool, at, head_pooling, n, fold_directions_of(u), fold_of, X,
+            lambda Xf: held_out(u, Xf), primary, quiet)
         row[f"refit_{primary}_ablated"] = float(refit(u, X)[primary].double().mean())
         rows.append(row)
         frames.append(per_prompt_frame(unit.label, metric_base, ablated.metric, random_metric))

@@ -35,7 +35,7 @@ from ..models.adapter import ModelAdapter
 from ..operation import Operation, Plan, Prepared, model_bytes, register_operation
 from ..results.result import Result
 from ..sites import Sites
-from .causal import (CausalCheck, causal_intervals, check_units, chosen_sites, run_causal_check,
+from .causal import (CausalCheck, causal_intervals, check_units, chosen_sites, fold_testing_each, run_causal_check,
                      validate_site_labels)
 from .collect import CollectionSetup, bytes_per_example, collect, empty_collection, reads_of, setup_collection
 from .figures import probing_figures
@@ -144,9 +144,12 @@ class Probing(Sharded, Operation):
         batches = make_batches(cs.td, bs, pad_id(model))
         sizes = [u.size for u in cs.units]
         n_checked = check.n_sites(len(cs.units)) if check else 0
-        # per checked site: the ablated run, the random baseline's, and with several folds one read-only
-        # re-collection per fold with that fold's own direction removed (causal._own_direction_scores)
-        per_site = 1 + int(bool(check and check.random_baseline)) + (len(splits) if len(splits) > 1 else 0)
+        # per checked site: the ablated run, the random baseline's, and with several folds a read-only
+        # re-collection with each fold's own direction removed: one for every fold where their test rows are
+        # disjoint (k-fold), else one per fold (causal._own_direction_scores)
+        fold_of = fold_testing_each([sp.test for sp in splits], N) if len(splits) > 1 else None
+        refolds = 0 if len(splits) == 1 else 1 if fold_of is not None else len(splits)
+        per_site = 1 + int(bool(check and check.random_baseline)) + refolds
         forwards = N * (1 + n_checked * per_site)
         fit_bytes = min(MEMORY_BUDGET, 8 * len(sizes) * (4 * N * max(sizes) + 12 * N * (K or 1)))
         notes = list(cs.notes)
@@ -155,7 +158,9 @@ class Probing(Sharded, Operation):
                      f"({len(splits)} fold(s)); control {self.control}")
         if check:
             parts = ["ablated"] + (["random baseline"] if check.random_baseline else []) + \
-                ([f"{len(splits)} folds' own directions re-collected"] if len(splits) > 1 else [])
+                ([f"{len(splits)} folds' own directions re-collected"
+                  + (" in one pass, each prompt by the fold that tests it" if refolds == 1 else "")]
+                 if len(splits) > 1 else [])
             notes.append(f"causal check: {n_checked} site(s) ablated, metric {check.metric.type}; per site "
                          f"{per_site} pass(es) over the prompts ({', '.join(parts)})")
         plan = Plan(self.name, rows=len(cs.units), forward_passes=forwards, backward_passes=0,
@@ -352,9 +357,21 @@ class Probing(Sharded, Operation):
         summary, per_prompt = run_causal_check(
             model, st.batches, cs.units, chosen, cs.pool, cs.at, cs.head_pooling, len(cs.td),
             directions_of=directions_of, fold_directions_of=fold_directions_of, held_out=held_out, refit=refit, primary=primary, check=check,
-            metric_fn=st.metric_fn, metric_base=collected.metric, seed=self.seed, quiet=quiet)
+            metric_fn=st.metric_fn, metric_base=collected.metric, seed=self.seed, quiet=quiet,
+            fold_of=self._fold_of([fits[where[u][0]].splits for u in chosen], len(cs.td)))
         summary = summary.merge(causal_intervals(per_prompt, self.stats, self.seed), on="site", how="left")
         return table.merge(summary, on="site", how="left"), per_prompt
+
+
+    @staticmethod
+    def _fold_of(splits_of_units: list[list[Any]], n: int) -> torch.Tensor | None:
+        """The fold testing each prompt (causal.fold_testing_each) where every checked unit's fit has the same
+        disjoint test folds; else None."""
+        tests = [[sp.test for sp in splits] for splits in splits_of_units]
+        if not tests or any(len(t) != len(tests[0]) or any(not torch.equal(a, b) for a, b in zip(t, tests[0]))
+                            for t in tests):
+            return None
+        return fold_testing_each(tests[0], n) if len(tests[0]) > 1 else None
 
 
 class ProbingResult(Result):
