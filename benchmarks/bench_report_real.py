@@ -14,7 +14,8 @@ prompt's forward + backward (batches of --floor-batch IOI prompts), times each s
 and backward passes. It is what a section costs if it did nothing but the model passes its plan needs
 (an overestimate for exact patching, whose part-way runs count as whole forwards).
 
-Peak memory: the child's peak resident set size (its `ru_maxrss`: model, activations, everything), and
+Peak memory: the child's peak resident set size (its VmHWM, /proc/self/status: model, activations,
+everything; not `ru_maxrss`, which Linux carries over an exec from the parent, here the floor's runs), and
 after each step the peak so far (the step that raised it is the first whose column shows the new value).
 
 Sections: the report's own list, less those given by --skip (default none). The sizes each section uses
@@ -46,6 +47,9 @@ import entoscope as es
 from entoscope.operation import Operation
 from entoscope.report import build_report
 
+def peak_kib():  # this process's own high-water RSS (ru_maxrss would carry the parent's over the exec)
+    return int(next(line for line in open("/proc/self/status") if line.startswith("VmHWM")).split()[1])
+
 ops = []
 run = Operation.run
 def recorded(self, *args, **kwargs):
@@ -58,18 +62,18 @@ def recorded(self, *args, **kwargs):
 Operation.run = recorded
 t0 = time.perf_counter()
 model = es.load_model(sys.argv[1])
-print(f"BENCH load {time.perf_counter() - t0:.1f}", flush=True)
+print(f"BENCH load {time.perf_counter() - t0:.1f} {peak_kib() / 1024:.0f}", flush=True)
 sections = sys.argv[3].split(",")
 import entoscope.report as report
 marks = []
 step = report.Progress.step
 def step_marked(self, name):
-    marks.append((name, len(ops), time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))
+    marks.append((name, len(ops), time.process_time(), peak_kib()))
     return step(self, name)
 report.Progress.step = step_marked
 c0 = time.process_time()
 build_report(model, sys.argv[2], quick=sys.argv[5] == "1", sections=sections, overwrite=True)
-marks.append(("end", len(ops), time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))
+marks.append(("end", len(ops), time.process_time(), peak_kib()))
 out = []
 for (name, i, c, _), (_, j, c2, peak) in zip(marks, marks[1:]):
     out.append({"step": name, "cpu_s": c2 - c, "ops": ops[i:j], "peak_mib": peak / 1024})
@@ -144,10 +148,10 @@ def main() -> int:
         print("\n".join(lines[-20:]))
         return proc.returncode
     wall = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
-    load = next(float(line.split()[2]) for line in lines if line.startswith("BENCH load"))
+    load, load_peak = next(map(float, line.split()[2:4]) for line in lines if line.startswith("BENCH load"))
     steps = json.loads(next(line[6:] for line in lines if line.startswith("BENCH [")))
+    peak = max([load_peak] + [s["peak_mib"] for s in steps])
     head = (f"{'step':<28} {'CPU time':>9} {'forwards':>9} {'backwards':>9} {'floor':>8} {'x floor':>8} "
             f"{'peak RSS so far':>16}")
     print()
@@ -165,7 +169,7 @@ def main() -> int:
     print(f"{'report (every step)':<28} {total:>8.1f}s {'':>9} {'':>9} {total_floor:>7.1f}s "
           f"{total / max(total_floor, 1e-9):>7.1f}x")
     user = cpu.ru_utime + cpu.ru_stime
-    print(f"\nchild: model load {load:.0f} s (wall); whole child {user:.0f} s CPU, {wall:.0f} s wall; peak resident "
+    print(f"\nchild: model load {load:.0f} s (wall), {load_peak:.0f} MiB; whole child {user:.0f} s CPU, {wall:.0f} s wall; peak resident "
           f"memory {peak:.0f} MiB; report in {out}")
     return 0
 
