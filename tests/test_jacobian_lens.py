@@ -128,6 +128,8 @@ def test_the_side_by_side_comparison_counts_agreement_like_a_direct_readout(tmp_
     assert t.loc[("jacobian", 0), "agree"] == pytest.approx(hits / 12)
     assert t.loc[("jacobian", 0), "agree_ci_low"] <= hits / 12 <= t.loc[("jacobian", 0), "agree_ci_high"]
     assert "layer" in r.takeaway and "jacobian lens" in r.takeaway
+    assert set(r.table["lens"]) == {"logit", "jacobian"}  # no tuned lens given: the title names only these two
+    assert r.title.startswith("logit and Jacobian lenses side by side") and "tuned" not in r.title
 
 
 def test_decompose_recovers_a_planted_sparse_combination():

@@ -35,7 +35,14 @@ from ..stats.proportion import share_interval
 from .jacobian_source import JacobianSource, LensSource, prepare_source
 from .operation import Lens
 
-TITLE = "logit, tuned and Jacobian lenses side by side: agreement with the model's top token and KL"
+LENS_NAMES = {"logit": "logit", "tuned": "tuned", "jacobian": "Jacobian"}
+
+
+def title_of(methods: list[str]) -> str:
+    """The page's title, naming the lenses that were run: "logit and Jacobian lenses side by side: ..."."""
+    names = [LENS_NAMES.get(m, m) for m in methods]
+    listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    return f"{listed} lens{'es side by side' if len(names) > 1 else ''}: agreement with the model's top token and KL"
 
 
 @dataclass(frozen=True)
@@ -103,7 +110,8 @@ class LensComparison(JacobianSource, Operation):
             r = op.execute(run, quiet=quiet)
             frames.append(_lens_rows(method, r, self.stats))
         table = pd.concat(frames, ignore_index=True)
-        result = Result(self.name, table, takeaway=_takeaway, title=TITLE, figures=_figures,
+        result = Result(self.name, table, takeaway=_takeaway, title=title_of([m for m, _, _ in st.runs]),
+                        figures=_figures,
                         extra={"jacobian_note": st.source.note, "jacobian_fitted": fitted is not None,
                                "jacobian_lens": fitted or st.source.lens})
         if st.source.note:
