@@ -10,7 +10,6 @@ resident after the patching section against 1.10 GiB after `malloc_trim`; benchm
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import gc
 from functools import lru_cache
 from typing import Any
@@ -18,12 +17,12 @@ from typing import Any
 
 @lru_cache(maxsize=1)
 def _libc() -> Any:
-    name = ctypes.util.find_library("c")
+    """The C library this process runs on (its own symbols: no library search), where it has malloc_trim."""
     try:
-        lib = ctypes.CDLL(name) if name else None
+        lib = ctypes.CDLL(None)
     except OSError:
         return None
-    return lib if lib is not None and hasattr(lib, "malloc_trim") else None
+    return lib if hasattr(lib, "malloc_trim") else None
 
 
 def give_back_memory() -> None:
