@@ -63,12 +63,9 @@ class CircuitChoice:
 
 @dataclass(frozen=True)
 class FaithfulnessContext:
-    """The faithfulness phase's context: every circuit measured, as kept-edge masks [circuits, senders, receivers];
-    `read`: per circuit, "full" or "empty" where it is a curve point keeping every edge or none (its metric is
-    the clean or the corrupt run's, read without a patched run), else None."""
+    """The faithfulness phase's context: every circuit measured, as kept-edge masks [circuits, senders, receivers]."""
 
     kept: Tensor
-    read: tuple[str | None, ...] = ()
 
 
 @dataclass
@@ -240,8 +237,7 @@ class Circuits(Sharded, Operation):
         if phase != "faithfulness":
             return None
         choice = self._choose(prepared, merged["scores"])
-        return FaithfulnessContext(torch.stack(choice.circuits),
-                                   curve_points_read(prepared.state.graph, self.faithfulness, len(choice.circuits)))
+        return FaithfulnessContext(torch.stack(choice.circuits))
 
     def execute_shard(self, prepared: Prepared[CircuitsState], phase: str, batches: list[int], *,
                       quiet: bool = False) -> PerPrompt:
@@ -259,7 +255,7 @@ class Circuits(Sharded, Operation):
         context: FaithfulnessContext = prepared.contexts[phase]
         kept = context.kept
         patcher = EdgePatcher(model, graph, mine, st.metric)
-        read = list(context.read) + [None] * (len(kept) - len(context.read))
+        read = curve_points_read(graph, self.faithfulness, len(kept))
         items = progress(list(zip(kept, read)), total=len(kept), desc="faithfulness", quiet=quiet)
         values = torch.stack([patcher.full if r == "full" else patcher.empty if r == "empty" else patcher.per_prompt(k)
                               for k, r in items], 1)  # [n, circuits]
