@@ -17,7 +17,8 @@ Compared, in this one process, with the thread count set and printed (default 1)
       L, every (pair, site) row of that layer in one batch, started from the corrupt run's cached residual
       entering layer L (the layers before it skipped), layers L..29 called in order with the patch as a
       hook (heads: a pre-hook on o_proj writing the clean head's slice; resid: the clean residual written
-      at the patched position before layer L), final norm and lm_head at each prompt's last position;
+      at the patched position before layer L), final norm and lm_head at each prompt's last position
+      (--loop-logits all: at every position, as the model's own forward computes them, the last one read);
   (b) entoscope.patching.Patching(method="exact") on the TransformerBridge from `es.load_model` (rows start
       at their layer and at the first token where the pair's prompts differ, position 2 in these IOI pairs;
       a resid_pre row before it runs nowhere: docs/patching.md, "A pair's shared prefix").
@@ -76,8 +77,8 @@ def ioi_pairs(tokenizer, n: int):
 class PlainLoop:
     """(a): the straightforward loop on a plain transformers LlamaForCausalLM."""
 
-    def __init__(self, hf, clean, corrupt, lengths, answer, wrong):
-        self.hf, self.layers = hf, hf.model.layers
+    def __init__(self, hf, clean, corrupt, lengths, answer, wrong, every_position=False):
+        self.hf, self.layers, self.every_position = hf, hf.model.layers, every_position
         self.clean, self.corrupt, self.lengths, self.answer, self.wrong = clean, corrupt, lengths, answer, wrong
         cfg = hf.config
         self.n_heads, self.d_head = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
@@ -103,8 +104,10 @@ class PlainLoop:
         for layer in self.layers[L:]:
             out = layer(h, attention_mask=None, position_ids=self.positions, position_embeddings=emb)
             h = out[0] if isinstance(out, tuple) else out
-        last = h[torch.arange(len(rows)), self.lengths[rows] - 1]
-        logits = self.hf.lm_head(self.hf.model.norm(last))
+        if self.every_position:  # as the model's own forward does: every position's logits, then the last read
+            logits = self.hf.lm_head(self.hf.model.norm(h))[torch.arange(len(rows)), self.lengths[rows] - 1]
+        else:
+            logits = self.hf.lm_head(self.hf.model.norm(h[torch.arange(len(rows)), self.lengths[rows] - 1]))
         return logits[torch.arange(len(rows)), self.answer[rows]] - logits[torch.arange(len(rows)), self.wrong[rows]]
 
     def heads(self, n_layers: int) -> torch.Tensor:
@@ -180,6 +183,9 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--batch-size", type=int, default=None, help="entoscope's rows per patched forward (default: its own)")
     ap.add_argument("--quick", action="store_true", help="2 pairs, 6 layers: a smoke run")
+    ap.add_argument("--loop-logits", choices=["last", "all"], default="last",
+                    help="the loop's final norm and lm_head at the last position only (default) or at every "
+                    "position, as the model's own forward computes them")
     args = ap.parse_args()
     if args.quick:
         args.pairs, args.layers = 2, 6
@@ -202,7 +208,7 @@ def main() -> int:
           f"{hf.config._attn_implementation})")
     n_layers = args.layers or hf.config.num_hidden_layers
     data, clean, corrupt, lengths, answer, wrong = ioi_pairs(model.tokenizer, args.pairs)
-    loop = PlainLoop(hf, clean, corrupt, lengths, answer, wrong)
+    loop = PlainLoop(hf, clean, corrupt, lengths, answer, wrong, every_position=args.loop_logits == "all")
     print(f"{args.pairs} IOI pairs of {int(lengths.min())}-{int(lengths.max())} tokens; layers 0..{n_layers - 1}")
     head = (f"{'sweep':<34} {'loop (a)':>9} {'entoscope (b)':>13} {'(a)/(b)':>8} {'wall (a)':>9} {'wall (b)':>9} "
             f"{'max |diff|':>11}")
