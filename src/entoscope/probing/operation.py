@@ -354,24 +354,16 @@ class Probing(Sharded, Operation):
             fit = self._fit(X[None], st, [cs.units[u].label], control=None)
             return {m: v[:, 0] for m, v in fit.test.items()}
 
+        # every fit's splits are the same (_make_splits on the same labels and seed): the folds' test rows
+        tests = [sp.test for sp in next(iter(fits.values())).splits]
+        fold_of = fold_testing_each(tests, len(cs.td)) if len(tests) > 1 else None
         summary, per_prompt = run_causal_check(
             model, st.batches, cs.units, chosen, cs.pool, cs.at, cs.head_pooling, len(cs.td),
             directions_of=directions_of, fold_directions_of=fold_directions_of, held_out=held_out, refit=refit, primary=primary, check=check,
             metric_fn=st.metric_fn, metric_base=collected.metric, seed=self.seed, quiet=quiet,
-            fold_of=self._fold_of([fits[where[u][0]].splits for u in chosen], len(cs.td)))
+            fold_of=fold_of)
         summary = summary.merge(causal_intervals(per_prompt, self.stats, self.seed), on="site", how="left")
         return table.merge(summary, on="site", how="left"), per_prompt
-
-
-    @staticmethod
-    def _fold_of(splits_of_units: list[list[Any]], n: int) -> torch.Tensor | None:
-        """The fold testing each prompt (causal.fold_testing_each) where every checked unit's fit has the same
-        disjoint test folds; else None."""
-        tests = [[sp.test for sp in splits] for splits in splits_of_units]
-        if not tests or any(len(t) != len(tests[0]) or any(not torch.equal(a, b) for a, b in zip(t, tests[0]))
-                            for t in tests):
-            return None
-        return fold_testing_each(tests[0], n) if len(tests[0]) > 1 else None
 
 
 class ProbingResult(Result):
