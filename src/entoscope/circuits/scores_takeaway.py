@@ -58,7 +58,7 @@ def dla_takeaway(result: Any, top: int = 3) -> Takeaway | str:
     b.refer(word, refs)
     if len(refs) > 1:
         b.say("; ")
-        b.separation(refs[0], refs[1], above="the first stands out (its interval lies above the second's)",
+        b.separation(refs[0], refs[1], above="the first stands out (its interval lies further from 0 than the second's)",
                      overlap="the first two intervals overlap, so the data do not order them")
     b.say(".")
     share = top_share(result, top)

@@ -33,7 +33,7 @@ def circuit_takeaway(result: Any) -> Takeaway | str:
         b.refer(word, refs)
         if len(refs) > 1:
             b.say("; ")
-            b.separation(refs[0], refs[1], above="the first stands out (its interval lies above the second's)",
+            b.separation(refs[0], refs[1], above="the first stands out (its interval lies further from 0 than the second's)",
                          overlap="the first two intervals overlap")
         b.say(".")
     if s.get("cpr") is not None and s.get("cpr") == s.get("cpr"):

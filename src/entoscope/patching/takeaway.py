@@ -35,7 +35,7 @@ def patching_takeaway(result: Any) -> Takeaway | str:
     b.refer(word, top)
     if len(top) > 1:
         b.say("; ")
-        b.separation(top[0], top[1], above="the first stands out (its interval lies above the second's)",
+        b.separation(top[0], top[1], above="the first stands out (its interval lies further from 0 than the second's)",
                      overlap="the first two intervals overlap, so the data do not order them")
     b.say(".")
     if significant:
