@@ -15,13 +15,11 @@ torch.autograd.grad; the saved files are read back by pandas and json; tables ar
 from __future__ import annotations
 
 import json
-import os
 import re
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -35,6 +33,7 @@ from entoscope.errors import EntoscopeError
 from entoscope.models.adapter import adapt
 
 from conftest import has_hooked_transformer
+from extras import missing, required
 
 FAST = {"n_boot": 40}  # few resamples: the checks compare runs with each other, not intervals with truth
 
@@ -45,13 +44,9 @@ KINDS = tuple(k for b in BACKENDS for k in (b, f"{b}+cached"))
 
 def has_nnsight() -> bool:
     """nnsight where installed; CI sets ENTOSCOPE_REQUIRE_NNSIGHT=1 so that a missing nnsight fails instead."""
-    try:
-        import nnsight  # noqa: F401
-        return True
-    except ImportError:
-        if os.environ.get("ENTOSCOPE_REQUIRE_NNSIGHT") == "1":
-            raise
-        return False
+    if missing("nnsight") and required("nnsight"):
+        raise ImportError("ENTOSCOPE_REQUIRE_NNSIGHT=1 but " + missing("nnsight"))
+    return not missing("nnsight")
 
 
 def unavailable(kind: str) -> str:
@@ -60,7 +55,7 @@ def unavailable(kind: str) -> str:
     if backend == "hooked" and not has_hooked_transformer():
         return "transformer-lens 4.x has no HookedTransformer (the 3.x CI pass runs these)"
     if backend == "nnsight" and not has_nnsight():
-        return "nnsight is an optional extra (pip install 'entoscope[nnsight]')"
+        return missing("nnsight")
     return ""
 
 

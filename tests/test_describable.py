@@ -9,7 +9,6 @@ weights a version entoscope has not checked.
 
 from __future__ import annotations
 
-import importlib.util
 
 import pytest
 import torch
@@ -21,14 +20,15 @@ from entoscope.models.loading import from_hf
 from entoscope.models.tiny import tiny_hf_model, tiny_model, tiny_tokenizer
 
 from conftest import has_hooked_transformer
+from extras import require
 
 PROMPTS = ["one two three four five", "When Mary and John went to the store"]
-HAS_NNSIGHT = importlib.util.find_spec("nnsight") is not None  # installed in both CI passes
-KINDS = ["bridge"] + (["nnsight"] if HAS_NNSIGHT else []) + (["hooked"] if has_hooked_transformer() else [])
+KINDS = ["bridge", "nnsight"] + (["hooked"] if has_hooked_transformer() else [])
 
 
 def _model(kind: str):
     if kind == "nnsight":
+        require("nnsight")
         return from_hf(tiny_hf_model("gpt2"), tiny_tokenizer(), backend="nnsight", name="tiny-gpt2")
     return tiny_model("gpt2", backend=kind)
 
@@ -135,9 +135,12 @@ def test_a_capped_model_is_refused_at_load():
     with pytest.raises(UnsupportedModelError) as err:
         from_hf(hf, tiny_tokenizer(), name="tiny-gpt2")  # a bridge
     assert err.value.code == "not_a_decoder"
-    if HAS_NNSIGHT:
-        hf = tiny_hf_model("gpt2")
-        hf.transformer.ln_f.__class__ = _ScaledNorm
-        with pytest.raises(UnsupportedModelError) as err:
-            from_hf(hf, tiny_tokenizer(), backend="nnsight", name="tiny-gpt2")
-        assert err.value.code == "not_a_decoder"
+
+
+def test_a_scaled_final_norm_is_refused_at_load_on_nnsight():
+    require("nnsight")
+    hf = tiny_hf_model("gpt2")
+    hf.transformer.ln_f.__class__ = _ScaledNorm
+    with pytest.raises(UnsupportedModelError) as err:
+        from_hf(hf, tiny_tokenizer(), backend="nnsight", name="tiny-gpt2")
+    assert err.value.code == "not_a_decoder"

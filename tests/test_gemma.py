@@ -19,7 +19,6 @@ from entoscope.models.tiny import tiny_hf_model
 from conftest import get_tiny, random_pair_batch
 from test_dla import random_data
 
-pytest.importorskip("nnsight")
 
 VARIANTS = [(f, b, c) for f in ("gemma3", "gemma2") for b, c in (("bridge", False), ("bridge", True), ("nnsight", False))]
 IDS = [f"{f}-{b}{'-compat' if c else ''}" for f, b, c in VARIANTS]

@@ -10,12 +10,15 @@ from entoscope.circuits.dla import DirectLogitAttribution
 from entoscope.data import tasks
 from entoscope.models import adapt
 
+from extras import require
+
 pytestmark = pytest.mark.real
 
 
 @pytest.fixture(scope="module")
 def gemma3(gemma3_folder):
     """(an nnsight model around transformers' Gemma 3, the same transformers model)."""
+    require("nnsight")
     FOLDER = gemma3_folder
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -5,18 +5,15 @@ ray is missing; CI sets ENTOSCOPE_REQUIRE_RAY=1 so that a missing ray fails inst
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pandas as pd
-import pytest
+
+from extras import require
 
 import entoscope as es
 
-if os.environ.get("ENTOSCOPE_REQUIRE_RAY") == "1":
-    import ray
-else:
-    ray = pytest.importorskip("ray", reason="ray is an optional extra (pip install 'entoscope[ray]')")
+ray = require("ray")
 
 
 

@@ -125,6 +125,7 @@ def test_greater_than_on_a_digit_tokenizer_is_refused_before_any_run(smollm2_fol
     assert err.value.code == "multi_token_answer" and "year tokens" in err.value.message
 
 
+@pytest.mark.needs("nnsight")
 def test_greater_than_das_trains_the_same_from_full_forwards_and_part_way_runs():
     """DAS on nnsight (every run a full forward: runs.train_das) and on the bridge (runs that start at the cell's
     block and token: runs._train_group) from the same seed and batches: the first epoch's mean loss over the

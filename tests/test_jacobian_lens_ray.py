@@ -1,16 +1,14 @@
 """The Jacobian lens fit on two Ray workers equals the in-process fit (shards of prompts; docs/scale.md)."""
 
-import os
 
 import pytest
+
+from extras import require
 import torch
 
 pytestmark = pytest.mark.slow  # a local Ray cluster (CI runs them: -m slow)
 
-if os.environ.get("ENTOSCOPE_REQUIRE_RAY") == "1":
-    import ray
-else:
-    ray = pytest.importorskip("ray", reason="ray is an optional extra (pip install 'entoscope[ray]')")
+ray = require("ray")
 
 import entoscope as es  # noqa: E402
 

@@ -2,14 +2,13 @@
 against TransformerLens and nnsight written by hand)."""
 
 import linecache
-import os
 import re
 from pathlib import Path
 
-import pytest
 
-if os.environ.get("ENTOSCOPE_REQUIRE_NNSIGHT") != "1":
-    pytest.importorskip("nnsight", reason="nnsight is an optional extra (pip install 'entoscope[nnsight]')")
+from extras import require
+
+require("nnsight")
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "migration.md"
 

@@ -4,17 +4,15 @@ every operation's table, the demo model; and what only nnsight has (resid_mid wr
 refusals, CachedModel, loading). Skipped where nnsight is not installed; CI sets
 ENTOSCOPE_REQUIRE_NNSIGHT=1 so that a missing nnsight fails instead."""
 
-import os
 
 import numpy as np
 import pandas as pd
 import pytest
+
+from extras import require
 import torch
 
-if os.environ.get("ENTOSCOPE_REQUIRE_NNSIGHT") == "1":
-    import nnsight  # noqa: F401
-else:
-    pytest.importorskip("nnsight", reason="nnsight is an optional extra (pip install 'entoscope[nnsight]')")
+require("nnsight")
 
 import entoscope as es  # noqa: E402
 from entoscope.data import Dataset, Example  # noqa: E402

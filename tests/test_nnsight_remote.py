@@ -11,17 +11,15 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
 import socket
 import threading
 
 import pytest
+
+from extras import require
 import torch
 
-if os.environ.get("ENTOSCOPE_REQUIRE_NNSIGHT") == "1":
-    import nnsight  # noqa: F401
-else:
-    pytest.importorskip("nnsight", reason="nnsight is an optional extra (pip install 'entoscope[nnsight]')")
+require("nnsight")
 
 import entoscope as es  # noqa: E402
 from entoscope.errors import EntoscopeError  # noqa: E402

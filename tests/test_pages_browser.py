@@ -8,23 +8,19 @@ test-artifacts/pages/). Skipped, saying why, only where no Chromium or no Playwr
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+from extras import chromium, require
+
+CHROMIUM = chromium()
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
 WIDTH = 1280
 
-if os.environ.get("ENTOSCOPE_REQUIRE_BROWSER") == "1":  # CI: a missing browser fails instead of skipping
-    import playwright.sync_api as playwright
-    assert CHROMIUM is not None, "ENTOSCOPE_REQUIRE_BROWSER=1 but no Chromium is installed (apt-get install chromium)"
-else:
-    playwright = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (pip install playwright)")
-pytestmark = [pytest.mark.slow,  # a browser reading every page: minutes (CI runs them: -m slow)
-              pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on this machine (apt-get install chromium)")]
+pytestmark = pytest.mark.slow  # a browser reading every page: minutes (CI runs them: -m slow)
+playwright = require("browser")  # Playwright and a Chromium, or one skip line (a failure where CI requires them)
 
 RENDERED = "() => [...document.querySelectorAll('.plotly-graph-div')].every(f => f.querySelector('.main-svg'))"
 CHECKS = """() => {

@@ -10,18 +10,15 @@ no Playwright is installed (like tests/test_pages_browser.py)."""
 
 from __future__ import annotations
 
-import os
-import shutil
 
 import pytest
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+from extras import chromium, require
+
+CHROMIUM = chromium()
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run"]
-playwright = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (pip install playwright)")
-# where CI has installed a Chromium (ENTOSCOPE_REQUIRE_BROWSER=1) a missing one fails instead of skipping
-_SKIP = CHROMIUM is None and os.environ.get("ENTOSCOPE_REQUIRE_BROWSER") != "1"
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(_SKIP, reason="no Chromium on this machine (apt-get install chromium)")]
+pytestmark = pytest.mark.slow
+playwright = require("browser")  # Playwright and a Chromium, or one skip line (a failure where CI requires them)
 
 N_LAYERS, N_HEADS, T = 30, 9, 15
 

@@ -17,11 +17,9 @@ from entoscope.models.tiny import tiny_hf_model, tiny_tokenizer, tokenizer_dir
 from entoscope.patching import Patching
 
 from conftest import has_hooked_transformer
-from conformance_cases import has_nnsight
 
 KINDS = [("gpt2", "bridge"), ("gpt2", "compat"), ("gpt2", "cached"), ("llama", "bridge"), ("llama", "compat")] + \
-    ([("gpt2", "hooked"), ("llama", "hooked")] if has_hooked_transformer() else []) + \
-    ([("gpt2", "nnsight")] if has_nnsight() else [])
+    ([("gpt2", "hooked"), ("llama", "hooked")] if has_hooked_transformer() else []) + [("gpt2", "nnsight")]
 SEED = 3
 POSITIONS = [0, 2, 4, -2, -1]
 

@@ -15,14 +15,13 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
+
+from extras import require
 import torch
 
 pytestmark = pytest.mark.slow  # a local Ray cluster: a minute and more (CI runs them: -m slow)
 
-if os.environ.get("ENTOSCOPE_REQUIRE_RAY") == "1":
-    import ray
-else:
-    ray = pytest.importorskip("ray", reason="ray is an optional extra (pip install 'entoscope[ray]')")
+ray = require("ray")
 
 import entoscope as es  # noqa: E402
 from entoscope.cli import main  # noqa: E402

@@ -27,10 +27,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-if os.environ.get("ENTOSCOPE_REQUIRE_RAY") == "1":
-    import ray  # noqa: F401
-else:
-    pytest.importorskip("ray", reason="ray is an optional extra (pip install 'entoscope[ray]')")
+from extras import require
+
+require("ray")
 
 from entoscope.cli import main  # noqa: E402
 

@@ -19,6 +19,7 @@ import entoscope as es
 from entoscope.models import adapt, load_model
 
 from conftest import has_hooked_transformer
+from extras import require
 
 pytestmark = pytest.mark.real
 
@@ -236,6 +237,7 @@ def kind_model(folder, kind, tmp_path):
     if kind == "compat":
         return es_model(folder, "bridge", compat=True)
     if kind == "nnsight":
+        require("nnsight")
         return es_model(folder, "nnsight")
     if kind == "cached":
         return es.CachedModel(es_model(folder), cache_dir=tmp_path / "cache")

@@ -3,17 +3,15 @@ separate transformer-lens 3.9 environment with sae-lens added; the main CI envir
 
 Our encoder equals sae_lens's on the same inputs, for SAE objects and for folders in both directions."""
 
-import os
 
 import pytest
+
+from extras import require
 import torch
 
 pytestmark = pytest.mark.slow  # sae-lens, installed in its own CI pass (CI runs them: -m slow)
 
-if os.environ.get("ENTOSCOPE_REQUIRE_SAE_LENS") == "1":  # CI's sae-lens pass: a failed import fails
-    import sae_lens  # noqa: F401
-else:
-    sae_lens = pytest.importorskip("sae_lens")
+sae_lens = require("sae_lens")
 
 from entoscope.dictionaries import from_sae_lens, read_folder, register_dictionary, write_folder  # noqa: E402
 

@@ -5,7 +5,6 @@ attention (a kv head's group) and parallel blocks (no resid_mid in the residual 
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
@@ -15,6 +14,7 @@ import entoscope as es
 from entoscope.models import CachedModel
 from entoscope.models.adapter import adapt
 from tests.conftest import get_tiny, needs_hooked
+from extras import require
 
 TOL = 1e-4
 PROMPTS = [[0, 5, 6, 7, 8, 9, 10], [0, 30, 31, 32, 33], [0, 11, 12, 13, 14, 15, 16, 17, 18]]
@@ -87,8 +87,7 @@ def test_projecting_out_on_a_hooked_transformer_equals_orthogonalised_weights():
 
 
 def test_an_nnsight_assignment_that_adds_the_same_vector_gives_the_same_metric_and_kl():
-    if os.environ.get("ENTOSCOPE_REQUIRE_NNSIGHT") != "1":
-        pytest.importorskip("nnsight", reason="nnsight is an optional extra (pip install 'entoscope[nnsight]')")
+    require("nnsight")
     lm = es.load_model("demo", backend="nnsight")
     v = _vector(128, seed=5, norm=25.0)
     data = es.tasks.ioi(n=4, seed=6)

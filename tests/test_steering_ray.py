@@ -3,15 +3,13 @@ direction the run makes itself (its sharded phase, then the driver's mean differ
 effects; a run interrupted after some shards resumes from its folder. Skipped where ray is missing; CI sets
 ENTOSCOPE_REQUIRE_RAY=1 so that a missing ray fails instead (tests/test_ray.py's pattern)."""
 
-import os
 
 import numpy as np
 import pytest
 
-if os.environ.get("ENTOSCOPE_REQUIRE_RAY") == "1":
-    import ray
-else:
-    ray = pytest.importorskip("ray", reason="ray is an optional extra (pip install 'entoscope[ray]')")
+from extras import require
+
+ray = require("ray")
 
 import entoscope as es  # noqa: E402
 from tests.test_ray import _same  # noqa: E402
