@@ -55,6 +55,8 @@ _EXPORTS = {  # public name -> the module it lives in ("module:" is the module i
     "load_model": ".models.loading",
     "register": ".registry",
     "tasks": ".data.tasks:",
+    "trace": ".tracing",
+    "Trace": ".tracing",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

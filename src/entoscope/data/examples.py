@@ -26,10 +26,48 @@ def _text(value: Any, name: str) -> Text:
         return value
     ok = isinstance(value, (list, tuple)) or hasattr(value, "tolist") and getattr(value, "ndim", 1) == 1
     ids = list(value.tolist() if hasattr(value, "tolist") else value) if ok else []
+    if isinstance(value, Mapping):  # a record where a prompt was expected: keep its counterfactual and answers
+        raise DataError(f"a {name} must be text or a flat list of token ids, not a record {value!r:.80}",
+                        code="prompt_invalid", remedy="pass records (prompt, counterfactual, answers, ...) as "
+                        "es.Dataset.from_records([...]), or a list of them as the data; docs/data.md")
     if not ok or any(isinstance(t, bool) or not isinstance(t, numbers.Integral) for t in ids):
         raise DataError(f"a {name} must be text or a flat list of token ids, not {value!r:.80}",
                         code="prompt_invalid", remedy=f"give the {name} as a string, or as [id, id, ...]")
     return tuple(int(t) for t in ids)
+
+
+FIELDS = ("prompt", "counterfactual", "answers", "wrong_answers", "label", "meta")
+ALIASES = {"answer": "answers", "wrong_answer": "wrong_answers"}  # one answer, written in the singular
+ROLE_FIELDS = ("roles", "cf_roles")  # kept in meta, where Example reads them
+
+
+def record_fields(record: Any, where: str, code: str = "record_invalid") -> dict[str, Any]:
+    """The `Example` fields of one record (a dict as a user writes it, a JSONL line, a CSV row): `answer` /
+    `wrong_answer` are one-answer spellings of `answers` / `wrong_answers`, `roles` and `cf_roles` and every
+    field that is not an Example's go to `meta` (a record's own `meta` wins a clash). Refused (`code`, naming
+    `where`): a record that is not a mapping, one without a prompt, an answer given in both spellings."""
+    if not isinstance(record, Mapping):
+        raise DataError(f"{where} is a {type(record).__name__}, not a record", code=code,
+                        remedy='give a record as {"prompt": "...", "counterfactual": "...", "answers": [" Mary"]}')
+    r = dict(record)
+    if r.get("prompt") is None:
+        raise DataError(f"{where} has no prompt (fields: {', '.join(map(str, r)) or 'none'})", code=code,
+                        remedy="every record needs a 'prompt' field")
+    for single, plural in ALIASES.items():
+        if single in r:
+            if plural in r:
+                raise DataError(f"{where} gives both {single!r} and {plural!r}", code=code,
+                                remedy=f"give one: {plural}: [...] (several) or {single}: \"...\" (one)")
+            value = r.pop(single)
+            r[plural] = value if isinstance(value, (list, tuple)) else (value,)
+    own_meta = r.get("meta") or {}
+    if not isinstance(own_meta, Mapping):
+        raise DataError(f"{where}: meta must be a mapping, not {own_meta!r:.60}", code=code,
+                        remedy="write meta as {...}")
+    extra = {k: v for k, v in r.items() if k not in FIELDS}
+    fields = {k: v for k, v in r.items() if k in FIELDS}
+    fields["meta"] = {**extra, **dict(own_meta)}
+    return fields
 
 
 @dataclass(frozen=True)
@@ -112,9 +150,10 @@ class Example:
         }
 
     @classmethod
-    def from_record(cls, record: Mapping[str, Any]) -> Example:
-        known = {"prompt", "counterfactual", "answers", "wrong_answers", "label", "meta"}
-        return cls(**{k: v for k, v in record.items() if k in known})
+    def from_record(cls, record: Mapping[str, Any], where: str = "the record") -> Example:
+        """An example from a record: `to_record()` output, or a dict as a user writes it (`record_fields`:
+        `answer` for `answers`, other fields such as `roles` kept in meta)."""
+        return cls(**record_fields(record, where))
 
 
 @dataclass(frozen=True)
@@ -156,12 +195,37 @@ class Dataset(Sequence[Example]):
         return [e.to_record() for e in self.examples]
 
     @classmethod
-    def from_records(cls, name: str, records: Sequence[Mapping[str, Any]], **kwargs: Any) -> Dataset:
-        """A dataset from to_records() output; a bad record is refused with its index."""
+    def from_records(cls, name: str | Sequence[Mapping[str, Any]] = "records",
+                     records: Sequence[Mapping[str, Any]] | None = None, **kwargs: Any) -> Dataset:
+        """A dataset from records (docs/data.md): `Dataset.from_records(records)` or
+        `Dataset.from_records("name", records)`. A record is a dict with `prompt` and, where the task has them,
+        `counterfactual`, `answers` (or `answer`), `wrong_answers` (or `wrong_answer`), `label`, `roles`,
+        `cf_roles`; other fields land in `meta`; `to_records()` output reads back as it was. A bad record is
+        refused with its index (`example 3: ...`)."""
+        if records is None and not isinstance(name, str):
+            name, records = "records", name
+        if not isinstance(name, str) or records is None or isinstance(records, (str, Mapping)):
+            raise DataError(f"from_records takes a list of records, not {type(records).__name__}",
+                            code="record_invalid", remedy='es.Dataset.from_records([{"prompt": "...", ...}, ...])')
         examples = []
         for i, r in enumerate(records):
             try:
-                examples.append(Example.from_record(r))
+                examples.append(Example.from_record(r, f"record {i}"))
             except DataError as err:
-                raise DataError(f"example {i}: {err.message}", code=err.code, remedy=err.remedy) from None
+                message = err.message if err.message.startswith(f"record {i}") else f"example {i}: {err.message}"
+                raise DataError(message, code=err.code, remedy=err.remedy) from None
         return cls(name, tuple(examples), **kwargs)
+
+    @classmethod
+    def from_template(cls, template: str, fills: Sequence[Mapping[str, Any]], *, counterfactual: str | None = None,
+                      answers: str | Sequence[str] | None = None, wrong_answers: str | Sequence[str] | None = None,
+                      name: str = "template") -> Dataset:
+        """Prompts (and counterfactuals, answers, roles) from a template with `{ROLE}` slots, one example per
+        fill: `Dataset.from_template("When {IO} and {S} went to the store, {S} gave a drink to",
+        [{"IO": "Mary", "S": "John", "C": "Paul"}], counterfactual="When {IO} and {S} went to the store, {C} "
+        "gave a drink to", answers=" {IO}", wrong_answers=" {S}")`. Every slot's text becomes a role (a slot
+        used more than once: S1, S2, ...). See data/templates.py and docs/data.md."""
+        from .templates import from_template
+
+        return from_template(template, fills, counterfactual=counterfactual, answers=answers,
+                             wrong_answers=wrong_answers, name=name)

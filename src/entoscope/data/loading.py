@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +18,7 @@ from pydantic import Field, model_validator
 
 from ..config_model import ConfigModel
 from ..errors import DataError
-from .examples import Dataset, Example
-
-_FIELDS = {"prompt", "counterfactual", "answers", "wrong_answers", "label", "meta"}
+from .examples import Dataset, Example, record_fields
 
 
 class DataSpec(ConfigModel):
@@ -77,14 +76,16 @@ class DataSpec(ConfigModel):
         return self
 
 
-def load_data(spec: DataSpec | Dataset | dict | str | list[str], tokenizer: Any = None) -> Dataset:
-    """A `Dataset` from a spec, a dict, a prompt, a list of prompts, or a Dataset (returned as is)."""
+def load_data(spec: DataSpec | Dataset | dict | str | list[Any], tokenizer: Any = None) -> Dataset:
+    """A `Dataset` from a spec, a dict, a prompt, a list of prompts (texts, token-id lists, Examples or records:
+    dicts with a `prompt`, read as `Dataset.from_records` reads them), or a Dataset (returned as is)."""
     if isinstance(spec, Dataset):
         return spec
     if isinstance(spec, str):
         return Dataset("prompt", (Example(spec),))
     if isinstance(spec, list):
-        return Dataset("prompts", tuple(_inline(p, i) for i, p in enumerate(spec)))
+        name = "records" if any(isinstance(p, Mapping) for p in spec) else "prompts"
+        return Dataset(name, tuple(_inline(p, i) for i, p in enumerate(spec)))
     if spec is None or not isinstance(spec, (DataSpec, dict)):
         raise DataError(f"data must be a task, a file, prompts or a Dataset, not {type(spec).__name__}",
                         code="data_invalid", remedy="pass {task: ioi, n: 16}, {path: file.jsonl}, a prompt string, "
@@ -141,44 +142,54 @@ def read_records(path: str | Path) -> Dataset:
 
 
 def _inline(prompt: Any, index: int) -> Example:
+    """One element of a list given as data: a prompt (text or token ids), an Example, or a record (a dict with a
+    prompt: read as `Dataset.from_records` reads it, so its counterfactual and answers are kept)."""
     if isinstance(prompt, Example):
         return prompt
+    if isinstance(prompt, Mapping) and "prompt" not in prompt:
+        raise DataError(f"prompt {index} is a dict without a 'prompt' field (fields: {', '.join(map(str, prompt))})",
+                        code="record_invalid", remedy="give each record its prompt: es.Dataset.from_records([{"
+                        "\"prompt\": ..., \"counterfactual\": ..., \"answer\": ..., \"wrong_answer\": ...}]) "
+                        "keeps the counterfactual and answers; docs/data.md")
     try:
+        if isinstance(prompt, Mapping):
+            return Example.from_record(prompt, f"record {index}")
         return Example(prompt)
     except DataError as err:
-        raise DataError(f"prompt {index}: {err.message}", code=err.code, remedy=err.remedy) from None
+        message = err.message if err.message.startswith("record ") else f"prompt {index}: {err.message}"
+        raise DataError(message, code=err.code, remedy=err.remedy) from None
 
 
 def _example(record: Any, where: str) -> Example:
+    """One file record (a JSONL object, a CSV row): a CSV's empty cells are absent fields, a cell holding a JSON
+    list (answers) or object (roles) is read as JSON, a numeric label as a number; then as in-memory records."""
     if not isinstance(record, dict):
         raise DataError(f"{where} is a JSON {type(record).__name__}, not an object", code="data_file_invalid",
                         remedy='write one object per line: {"prompt": "...", "answers": [" Mary"], ...}')
     r = dict(record)
-    if "prompt" not in r or r["prompt"] in (None, ""):
+    if r.get("prompt") in (None, ""):
         raise DataError(f"{where} has no prompt", code="data_file_invalid",
                         remedy="every record needs a 'prompt' field")
-    for single, plural in (("answer", "answers"), ("wrong_answer", "wrong_answers")):
-        if single in r:
-            r[plural] = (r.pop(single),)
-    for key in ("answers", "wrong_answers"):
-        if isinstance(r.get(key), str) and r[key].startswith("["):
-            r[key] = json.loads(r[key])  # a CSV cell holding a JSON list
-        if r.get(key) in ("", None):
-            r.pop(key, None)
+    for key in ("answers", "wrong_answers", "answer", "wrong_answer", "roles", "cf_roles"):
+        value = r.get(key)
+        if isinstance(value, str) and value.strip()[:1] in ("[", "{") and key not in ("answer", "wrong_answer"):
+            try:
+                r[key] = json.loads(value)  # a CSV cell holding a JSON list or object
+            except json.JSONDecodeError as err:
+                raise DataError(f"{where}: {key} {value[:40]!r} is not valid JSON ({err.msg})",
+                                code="data_file_invalid", remedy='write a JSON list (["a", "b"]) or object') from None
+        if r.get(key) in ("", None) and key in r:
+            r.pop(key)
     if r.get("counterfactual") == "":
         r["counterfactual"] = None
     label = r.get("label")
     if isinstance(label, str):
         r["label"] = None if label == "" else _number(label)
-    meta = {k: v for k, v in r.items() if k not in _FIELDS}
-    fields = {k: v for k, v in r.items() if k in _FIELDS}
-    if not isinstance(fields.get("meta") or {}, dict):
-        raise DataError(f"{where}: meta must be an object", code="data_file_invalid", remedy="write meta as {...}")
-    fields["meta"] = {**meta, **dict(fields.get("meta") or {})}
     try:
-        return Example(**fields)
+        return Example(**record_fields(r, where, code="data_file_invalid"))
     except DataError as err:
-        raise DataError(f"{where}: {err.message}", code=err.code, remedy=err.remedy) from None
+        message = err.message if err.message.startswith(where) else f"{where}: {err.message}"
+        raise DataError(message, code=err.code, remedy=err.remedy) from None
 
 
 def _number(text: str) -> int | float | str:

@@ -14,7 +14,7 @@ Adding a kind of model is one file: a `Backend` subclass, listed in `backend_cla
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from torch import Tensor
@@ -102,6 +102,15 @@ class Backend:
     def attention_scale(self, structure: Structure) -> float:
         """The divisor of q.k in the attention scores."""
         return structure.d_head ** 0.5
+
+    def activation_cache(self, acts: Mapping[ActName, Tensor]) -> Any:
+        """A TransformerLens ActivationCache of canonical activations under this model's hook names (tracing.py's
+        `Trace.to_activation_cache`); refused where the model has no TransformerLens hook names."""
+        raise UnsupportedModelError(
+            f"a {self.name} model has no TransformerLens hook names to key an ActivationCache by",
+            code="activation_cache_unavailable",
+            remedy="read the trace by entoscope's names (trace['resid_post.3']; docs/migration.md maps them to module "
+            "paths), or load the model as a TransformerBridge (es.load_model(name)) for TransformerLens's names")
 
     # --- runs that start part-way (partial.py)
     def prefix_support(self, structure: Structure) -> str:

@@ -10,14 +10,14 @@ a bridge's blocks called one by one (bridge_start.py).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from ..errors import UnsupportedModelError
+from ..errors import SiteError, UnsupportedModelError
 from . import bridge_start
 from .backend import Backend, BaseIntervention
 from .hf_families import FAMILIES, PLAIN, Family, config_traits, traits_of
@@ -153,6 +153,19 @@ class TLBackend(Backend):
         return _HOOKS[act.kind].format(L=act.layer)
 
     key = hook
+
+    def activation_cache(self, acts: Mapping[ActName, Tensor]) -> Any:
+        """TransformerLens's own ActivationCache of canonical activations, keyed by this model's hook names (a
+        head's result, computed by entoscope, under TransformerLens's name for it: blocks.L.attn.hook_result)."""
+        from transformer_lens import ActivationCache
+
+        unhooked = [str(a) for a in acts if a.kind in ("logits", "features")]
+        if unhooked:
+            raise SiteError(f"{', '.join(unhooked)} has no TransformerLens hook to be keyed by", code="no_hook_name",
+                            remedy="convert the other sites (to_activation_cache(names=[...])) and read these from "
+                            "the trace itself")
+        keys = {f"blocks.{a.layer}.attn.hook_result" if a.kind == "result" else self.hook(a): t for a, t in acts.items()}
+        return ActivationCache(keys, self.tl)
 
     def check_sites(self, structure: Structure) -> None:
         names = set(self.tl.hook_dict.keys())
