@@ -125,6 +125,16 @@ def test_a_damaged_model_folder_is_refused_naming_the_file(tmp_path, capsys):
     assert main(["lens", "--model", str(folder), "--data", "{task: ioi, n: 2}", "--plan"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "[weights_damaged]" in lines[0] and "model.safetensors" in lines[0], lines
+    # the older format: a truncated pytorch_model.bin (torch's zip reader fails while transformers loads it)
+    from safetensors.torch import load_file
+
+    weights.unlink()
+    torch.save(load_file(DEMO / "model.safetensors"), folder / "pytorch_model.bin")
+    data = (folder / "pytorch_model.bin").read_bytes()
+    (folder / "pytorch_model.bin").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelLoadError) as err:
+        load_model(str(folder))
+    assert err.value.code == "weights_damaged" and "pytorch_model.bin" in str(err.value)
 
 
 def test_a_gguf_missing_its_block_tensors_is_refused_and_nothing_is_cached(cache, tmp_path):

@@ -165,7 +165,7 @@ def dequantized_folder(path: str | Path, folder: str | Path | None = None) -> Pa
         if not problem:
             _enter(digest, candidate)
             return candidate
-        if read_record(candidate) is not None:  # ours, for this or another file, and unusable
+        if (read_record(candidate) or {}).get("sha256") == digest:  # made from this file, and unusable now
             damaged.append(f"{candidate} ({problem})")
     if damaged:
         warn(f"the dequantized folder of {path.name} is damaged: {'; '.join(damaged)}; converting the file again",

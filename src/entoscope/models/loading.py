@@ -292,10 +292,13 @@ def _load_folder(folder: Path, *, backend: Backend, compat: bool, device: str | 
         raise ModelLoadError(f"transformers could not load {folder}: {str(err).splitlines()[0][:200]}",
                              remedy="check that the weight files are complete (a partial download?)") from None
     except Exception as err:  # noqa: BLE001 - a weight file that passed the header check but cannot be read
-        if type(err).__name__ not in ("SafetensorError", "UnpicklingError", "EOFError", "RuntimeError"):
+        unreadable = type(err).__name__ in ("SafetensorError", "UnpicklingError", "EOFError") or (
+            type(err) is RuntimeError and "PytorchStreamReader" in str(err))  # a truncated pytorch_model.bin
+        if not unreadable:
             raise
         first = (str(err).splitlines() or [""])[0][:200]
-        raise ModelLoadError(f"the weights in {folder} cannot be read ({type(err).__name__}: {first})",
+        files = ", ".join(sorted({f.name for pattern in _WEIGHT_FILES[:2] for f in folder.glob(pattern)}))
+        raise ModelLoadError(f"the weights in {folder} ({files}) cannot be read ({type(err).__name__}: {first})",
                              code="weights_damaged",
                              remedy="copy or download the weights again (a partial download or copy?)") from None
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
