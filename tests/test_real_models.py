@@ -110,6 +110,22 @@ def test_load_model_reads_a_gguf_file_and_records_its_quantization(smollm2_folde
     manifest = json.loads((saved / "manifest.json").read_text())
     assert manifest["model"]["structure"]["quantization"] == "GGUF Q4_1"
     assert manifest["model"]["source"]["name"] == str(gguf)
+    assert a.name == manifest["model"]["name"] == "Smollm2 135M 8k Lc100K Mix1 Ep2"  # general.name, not the cache path
+
+
+def test_a_gguf_file_reuses_the_folder_the_fetch_script_made(smollm2_folder, tmp_path, monkeypatch):
+    """dequantized_folder(file, folder) (what scripts/fetch_real_models.py calls) enters the folder in the GGUF cache's
+    index; a later dequantized_folder(file) (load_model("file.gguf"), the report) finds it there instead of
+    converting the file again into a second 538 MB copy."""
+    from entoscope.models import gguf
+
+    record = json.loads((smollm2_folder / "entoscope_gguf.json").read_text())
+    file = smollm2_folder.parent / "gguf" / record["gguf"]
+    monkeypatch.setenv("ENTOSCOPE_GGUF_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(gguf, "_read", lambda p: (_ for _ in ()).throw(AssertionError("converted again")))
+    assert gguf.dequantized_folder(file, smollm2_folder) == smollm2_folder  # intact: kept, and entered in the index
+    assert gguf.dequantized_folder(file) == smollm2_folder.resolve()
+    assert [f.name for f in (tmp_path / "cache").iterdir()] == ["by-sha256"]
 
 
 # ------------------------------------------------------------------- numbers against plain transformers

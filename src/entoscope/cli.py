@@ -350,7 +350,7 @@ def _train_lens(args: argparse.Namespace) -> int:
         from .lens import JacobianLens
 
         jl = JacobianLens.fit(model, data, skip_first=args.skip_first, max_length=args.max_length,
-                              quiet=args.quiet, executor=_executor(args))
+                              corpus=args.corpus, quiet=args.quiet, executor=_executor(args))
         with writing_run(args.out, overwrite=args.overwrite, output=output) as partial:
             jl.save(partial)
         SAVED.append(args.out)
@@ -418,6 +418,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--skip-first", type=int, default=16, metavar="N",
                    help="jacobian: leading positions left out of the average")
     q.add_argument("--max-length", type=int, default=128, metavar="N", help="jacobian: prompts cut to N tokens")
+    q.add_argument("--corpus", default=None, metavar="NAME",
+                   help="jacobian: the corpus name the lens records (lenses fitted on parts of one corpus merge only "
+                   "when their names agree); default the data's name")
     q.add_argument("--data", required=True, metavar="DATA", help="a task name, a file, or YAML")
     q.add_argument("--steps", type=int, default=300, metavar="N", help="optimiser steps (>= 1)")
     q.add_argument("--lr", type=float, default=1e-3, metavar="FLOAT", help="Adam learning rate")

@@ -97,6 +97,19 @@ def _read_safetensors(p: Path, refuse: Refuse) -> tuple[dict[str, torch.Tensor],
     return tensors, metadata
 
 
+def safetensors_problem(path: str | Path) -> str:
+    """'' when the safetensors file's header parses and the data it promises is all there (checked without
+    reading the tensors: a model folder's weights, before a load); else what is wrong, in a few words."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt"):
+            pass
+    except Exception as err:  # noqa: BLE001 - SafetensorError, OSError, ... all mean: not a usable file
+        return f"truncated or damaged ({_why(err)})"
+    return ""
+
+
 def _read_npy(p: Path, refuse: Refuse) -> torch.Tensor:
     try:
         arr = np.load(p, allow_pickle=False)

@@ -47,7 +47,7 @@ from ..models.names import ActName
 from ..models.partial import prefix_reads, prefix_support, record_past, slice_start
 from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
 from ..results.result import Result
-from .jacobian import ESTIMATOR, JacobianLens
+from .jacobian import ESTIMATOR, JacobianLens, _revision, prompt_hash
 from .pointwise import folded_activations
 
 
@@ -63,6 +63,7 @@ class FitState:
     dim_chunk: int
     max_length: int
     corpus: str
+    prompt_hashes: tuple[int, ...] = ()  # each kept prompt's (lens/jacobian.py: merges refuse shared prompts)
 
 
 @register_operation
@@ -93,8 +94,12 @@ class JacobianLensFit(Sharded, Operation):
         if s.n_layers < 2:
             raise ConfigError("a one-layer model has no layer before its last to transport", code="jacobian_layers",
                               remedy="use the logit lens on this model")
-        layers = sorted({L + s.n_layers if L < 0 else L for L in (self.layers or range(s.n_layers - 1))})
-        if not layers or layers[0] < 0 or layers[-1] >= s.n_layers - 1:
+        chosen = range(s.n_layers - 1) if self.layers is None else self.layers  # [] is refused, not "every layer"
+        layers = sorted({L + s.n_layers if L < 0 else L for L in chosen})
+        if not layers:
+            raise ConfigError("layers is empty: there is no source layer to fit", code="jacobian_layers",
+                              remedy=f"name source layers in 0..{s.n_layers - 2}, or leave layers out for every one")
+        if layers[0] < 0 or layers[-1] >= s.n_layers - 1:
             raise ConfigError(f"layers {self.layers} must lie in 0..{s.n_layers - 2} (the last block is the target)",
                               code="jacobian_layers", remedy=f"pick source layers in 0..{s.n_layers - 2}")
         max_length = min(self.max_length, s.n_ctx)
@@ -145,7 +150,8 @@ class JacobianLensFit(Sharded, Operation):
                     backward_passes=len(ids) * n_chunks,
                     batch_sizes=[len(b) for b in batches], examples=len(ids), files=[],
                     peak_memory_bytes=model_bytes(model) + bs * (act + chunk * per_cot) + 2 * mats, notes=notes)
-        return Prepared(model, kept_data, plan, FitState(batches, layers, chunk, max_length, corpus))
+        return Prepared(model, kept_data, plan, FitState(batches, layers, chunk, max_length, corpus,
+                                                         tuple(prompt_hash(t) for t in ids)))
 
     def execute_shard(self, prepared: Prepared[FitState], phase: str, batches: list[int], *,
                       quiet: bool = False) -> PerPrompt:
@@ -184,7 +190,7 @@ class JacobianLensFit(Sharded, Operation):
                          "split_half_change": change})
         lens = JacobianLens({L: mean[i].float() for i, L in enumerate(st.layers)}, n_prompts=n,
                             d_model=model.structure.d_model, metadata=fit_metadata(model, self, st, n),
-                            settledness=settled)
+                            settledness=settled, prompt_hashes=torch.tensor(st.prompt_hashes, dtype=torch.int64))
         table = pd.DataFrame(rows)
         if self.save:
             lens.save(self.save)
@@ -272,20 +278,19 @@ def frozen(module: Any) -> Iterator[None]:
 
 def fit_metadata(model: ModelAdapter, op: JacobianLensFit, st: FitState, n: int) -> dict[str, Any]:
     """Provenance in TransformerLens's keys (so its `validate_model` accepts a lens fitted on a plain bridge),
-    plus entoscope's: the model mode and version."""
+    plus entoscope's: the model mode, the version and the weights' fingerprint (models/fingerprint.py)."""
     from .. import __version__
+    from ..models.fingerprint import weights_fingerprint
 
     module = model.module
     cfg = getattr(module, "cfg", None)
-    hf = getattr(getattr(module, "original_model", None), "config", None) or getattr(module, "config", None)
-    revision = getattr(hf, "_commit_hash", None)
-    return {"model_name": getattr(cfg, "model_name", None) or model.name,
-            "model_revision": revision if isinstance(revision, str) and revision else None,
+    return {"model_name": getattr(cfg, "model_name", None) or model.name, "model_revision": _revision(model),
             "estimator": ESTIMATOR, "hook_convention": "blocks.{layer}.hook_out", "corpus": st.corpus,
             "n_prompts": n, "fit_dtype": str(next(module.parameters()).dtype).removeprefix("torch."),
             "target_layer": model.structure.n_layers - 1, "max_seq_len": st.max_length,
             "skip_first_positions": op.skip_first, "prepend_bos": op.prepend_bos,
-            "entoscope_mode": model.structure.mode, "entoscope_version": __version__}
+            "entoscope_mode": model.structure.mode, "entoscope_version": __version__,
+            "entoscope_weights": weights_fingerprint(model)}
 
 
 def _corpus_name(data: Dataset) -> str:

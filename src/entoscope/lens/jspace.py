@@ -8,7 +8,10 @@ coefficient after each selection; it stops early when no unselected atom is posi
 the residual (under nonnegativity such an atom cannot reduce it), so k is an upper bound. Both supports
 are returned: `selected` (every chosen atom) and `support` (those with a nonzero coefficient), with the
 reconstruction and its relative error ||x - reconstruction|| / ||x||. The rule is TransformerLens 4.3's
-`get_sparse_decomposition` default (nonnegative orthogonal matching pursuit); a test compares the two.
+`get_sparse_decomposition` default (nonnegative orthogonal matching pursuit), computed in float64 (the NNLS:
+nnls.py, Lawson-Hanson); TransformerLens computes in float32, so where two atoms' correlations with the residual
+tie to float32 rounding the two may select different atoms (and go on differently from there); away from such
+near-ties they select the same atoms (a test compares the two on lens vectors).
 `decompose_many` decomposes many activations against one dictionary (`Atoms`: made float64 once), one matrix
 product per greedy step for all of them (coordinate patching's prompts).
 """
@@ -22,6 +25,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError
+from .nnls import nnls
 
 TOL = 1e-6  # relative to ||x||: a correlation or an atom's contribution below it counts as zero
 
@@ -63,8 +67,6 @@ def decompose(x: Tensor, dictionary: Tensor | Atoms, k: int = 25) -> Decompositi
 
 def decompose_many(X: Tensor, dictionary: Tensor | Atoms, k: int = 25) -> list[Decomposition]:
     """Each row of X [n, d_model] decomposed as `decompose` does, one matrix product per greedy step for all rows."""
-    from scipy.optimize import nnls
-
     atoms = Atoms.of(dictionary)
     if X.ndim != 2 or X.shape[1] != atoms.rows.shape[1]:
         raise ConfigError(f"decompose takes x [n, d] and a dictionary [atoms, d]; got {tuple(X.shape)} and "

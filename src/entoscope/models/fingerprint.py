@@ -333,3 +333,52 @@ def inspect_model(model: Any, *, full: bool = False) -> ModelState:
     return ModelState(fingerprint=fp, devices=tuple(sorted(devices)), active_hooks=tuple(hooks),
                       stochastic=stochastic, requires_grad=requires_grad, unhashable=tuple(unhashable),
                       rehashed=len(todo))
+
+
+
+_WEIGHTS_MEMO: weakref.WeakKeyDictionary[Any, tuple[tuple, str | None]] = weakref.WeakKeyDictionary()
+_PER_LAYER = ("W_Q", "b_Q", "W_K_kv", "W_V_kv", "b_K", "b_V", "W_O", "b_O", "W_in", "b_in", "W_gate", "W_out", "b_out")
+
+
+def weights_fingerprint(model: Any) -> str | None:
+    """Hex SHA-256 of a model's weights alone, read through entoscope's canonical view (models/weights.py):
+    W_E, W_pos (learned positions), W_U, b_U and each layer's W_Q, W_K, W_V (per key/value head), W_O, W_in,
+    W_gate, W_out and their biases, each tensor's name, dtype, shape and bytes. Unlike `model_fingerprint` it
+    leaves out the class and the config, so one checkpoint read the same way gives one value as a plain bridge
+    or through nnsight (their canonical weights are the same bytes), on any device; another dtype, or other
+    processing (a compat bridge, a HookedTransformer: centred and folded weights), gives another. The norms'
+    gains are left out (the backends present them differently). None when a weight cannot be read (on the
+    meta device). Memoised per weights version (`weights_stamp`). The Jacobian lens records it and refuses
+    a model whose weights differ from those it was fitted on (lens/jacobian.py)."""
+    from .adapter import adapt
+
+    a = adapt(model)
+    module = a.module
+    stamp = weights_stamp(module)
+    hit = _WEIGHTS_MEMO.get(module)
+    if hit is not None and hit[0] == stamp:
+        return hit[1]
+    w, s = a.weights, a.structure
+    named: list[tuple[str, Any]] = [("W_E", w.W_E), ("W_U", w.W_U), ("b_U", w.b_U)]
+    if s.positional == "learned":
+        named.append(("W_pos", w.W_pos))
+    h = hashlib.sha256(f"entoscope-weights-v{FINGERPRINT_VERSION}\n".encode())
+    digest: str | None = None
+    with torch.no_grad():
+        for layer in range(s.n_layers):
+            named += [(f"{n}.{layer}", getattr(w, n)(layer)) for n in _PER_LAYER]
+            for name, t in named:
+                if t is None:
+                    continue
+                if t.device.type == "meta":
+                    break
+                h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+                h.update(memoryview(tensor_bytes(t)))
+            else:
+                named = []
+                continue
+            break
+        else:
+            digest = h.hexdigest()
+    _WEIGHTS_MEMO[module] = (stamp, digest)
+    return digest

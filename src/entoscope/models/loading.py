@@ -16,6 +16,7 @@ from typing import Any, Literal
 import torch
 
 from ..errors import ConfigError, ModelLoadError, UnsupportedModelError
+from ..files import safetensors_problem
 from .gguf import dequantized_folder, is_gguf, read_record
 
 Backend = Literal["bridge", "hooked", "nnsight"]
@@ -72,9 +73,16 @@ def load_model(name: str = "demo", *, backend: Backend = "bridge", compat: bool 
         raise ModelLoadError("the bundled demo model is missing from this installation",
                              remedy="reinstall entoscope, or train it: python scripts/train_demo.py "
                              "--out src/entoscope/demo", code="demo_missing")
-    model = _load(name, folder, backend=backend, compat=compat, device=device, dtype=torch_dtype,
-                  revision=revision, device_map=device_map)
-    checked(model)
+    try:
+        model = _load(name, folder, backend=backend, compat=compat, device=device, dtype=torch_dtype,
+                      revision=revision, device_map=device_map)
+        checked(model)
+    except UnsupportedModelError as err:
+        if not is_gguf(name):
+            raise
+        arch = (read_record(folder) or {}).get("architecture") or _config_of(folder).get("model_type")
+        raise UnsupportedModelError(f"{Path(name).name} (GGUF architecture {arch!r}): {err.message}", code=err.code,
+                                    remedy=err.remedy) from None
     # how to load it again: the manifest keeps this, so `entoscope run manifest.json` re-runs (and Ray
     # workers load their replicas from it: entoscope.executors.spec)
     from .adapter import module_of
@@ -172,11 +180,17 @@ def _load(name: str, folder: Path, *, backend: Backend, compat: bool, device: st
     torch_dtype = dtype
     if folder.is_dir():
         if not (folder / "config.json").exists():
+            ggufs = sorted(f.name for f in folder.glob("*.gguf"))
+            if ggufs:
+                shown = ", ".join(ggufs[:4]) + (f" (and {len(ggufs) - 4} more)" if len(ggufs) > 4 else "")
+                raise ModelLoadError(f"{folder} has no config.json, but holds GGUF file(s): {shown}",
+                                     remedy=f"pass the file itself: --model {folder / ggufs[0]}",
+                                     code="not_a_model_folder")
             raise ModelLoadError(f"{folder} has no config.json: not a HuggingFace model folder",
                                  remedy="point --model at a folder written by save_pretrained "
                                  "(config.json, weights, tokenizer files)", code="not_a_model_folder")
         return _load_folder(folder, backend=backend, compat=compat, device=device, dtype=torch_dtype,
-                            name="demo" if name == "demo" else str(folder), device_map=device_map)
+                            name="demo" if name == "demo" else None, device_map=device_map)
     if name.startswith((".", "/", "~")) or os.sep in name and not _looks_like_hub_id(name):
         raise ModelLoadError(f"no model folder at {name}", remedy="check the path", code="folder_missing")
     return _load_hub(name, backend=backend, compat=compat, device=device, dtype=torch_dtype,
@@ -210,6 +224,11 @@ def check_folder(folder: Path) -> dict[str, Any]:
         raise ModelLoadError(f"{folder} has a config.json but no weights (no *.safetensors or pytorch_model.bin)",
                              code="weights_missing",
                              remedy="save the weights there too (model.save_pretrained(folder)), or copy them in")
+    for weights in sorted(folder.glob("*.safetensors")):  # the headers only: no tensor is read
+        problem = safetensors_problem(weights)
+        if problem:
+            raise ModelLoadError(f"{weights} is {problem}", code="weights_damaged",
+                                 remedy="copy or download the weights again (a partial download or copy?)")
     if not any((folder / f).exists() for f in _TOKENIZER_FILES):
         raise ModelLoadError(f"{folder} has no tokenizer files (none of {', '.join(_TOKENIZER_FILES)}); every "
                              "prompt would tokenise to nothing", code="tokenizer_missing",
@@ -217,12 +236,45 @@ def check_folder(folder: Path) -> dict[str, Any]:
     return config
 
 
+def _config_of(folder: Path) -> dict[str, Any]:
+    import json
+
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def model_name_of(folder: Path, config: dict[str, Any]) -> str:
+    """The name a folder's model goes by (tables, the report's title, manifests, a Jacobian lens's provenance):
+    for a folder dequantized from a .gguf, the file's `general.name` (else the file's name); else the name its
+    config records (`_name_or_path`; `_model_name_or_path`, where transformers puts a GGUF's name) unless that
+    is a local path; else the folder's path."""
+    record = read_record(folder) or {}
+    if isinstance(record.get("name"), str) and record["name"].strip():
+        return record["name"].strip()
+    for key in ("_name_or_path", "_model_name_or_path"):
+        value = config.get(key)
+        if isinstance(value, str) and value.strip() and not _local_path(value.strip()):
+            return value.strip()
+    return Path(str(record["gguf"])).stem if record.get("gguf") else str(folder)
+
+
+def _local_path(text: str) -> bool:
+    """Whether a recorded name is a path on some machine (absolute, home- or dot-relative, or deeper than a hub
+    repository's owner/name), which names nothing once the folder has moved."""
+    return text.startswith((".", "/", "~", "\\")) or (len(text) > 1 and text[1] == ":") or text.count("/") > 1 \
+        or "\\" in text
+
+
 def _load_folder(folder: Path, *, backend: Backend, compat: bool, device: str | None,
-                 dtype: torch.dtype, name: str, device_map: str | dict[str, Any] | None = None) -> Any:
+                 dtype: torch.dtype, name: str | None, device_map: str | dict[str, Any] | None = None) -> Any:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    check_folder(folder)
+    config = check_folder(folder)
+    name = name or model_name_of(folder, config)
     hf_logging.disable_progress_bar()  # a 3 MB model needs no "Loading weights" bar
     try:
         placed = {"device_map": device_map} if device_map is not None else {}
@@ -239,6 +291,16 @@ def _load_folder(folder: Path, *, backend: Backend, compat: bool, device: str | 
     except OSError as err:
         raise ModelLoadError(f"transformers could not load {folder}: {str(err).splitlines()[0][:200]}",
                              remedy="check that the weight files are complete (a partial download?)") from None
+    except Exception as err:  # noqa: BLE001 - a weight file that passed the header check but cannot be read
+        unreadable = type(err).__name__ in ("SafetensorError", "UnpicklingError", "EOFError") or (
+            type(err) is RuntimeError and "PytorchStreamReader" in str(err))  # a truncated pytorch_model.bin
+        if not unreadable:
+            raise
+        first = (str(err).splitlines() or [""])[0][:200]
+        files = ", ".join(sorted({f.name for pattern in _WEIGHT_FILES[:2] for f in folder.glob(pattern)}))
+        raise ModelLoadError(f"the weights in {folder} ({files}) cannot be read ({type(err).__name__}: {first})",
+                             code="weights_damaged",
+                             remedy="copy or download the weights again (a partial download or copy?)") from None
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     if len(tokenizer) < 2 or not tokenizer("a b", add_special_tokens=False)["input_ids"]:
         raise ModelLoadError(f"the tokenizer in {folder} has {len(tokenizer)} token(s): its vocabulary files are "

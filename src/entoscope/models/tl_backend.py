@@ -100,18 +100,19 @@ class TLBackend(Backend):
                 remedy="entoscope supports decoder-only transformers with attention and MLP blocks "
                 "(GPT-2, GPT-NeoX/Pythia, Llama, Qwen2, Mistral and what TransformerBridge maps alike)",
             )
+        arch = getattr(cfg, "architecture", None) or getattr(cfg, "original_architecture", None) or "unknown"
         norm_type = str(getattr(cfg, "normalization_type", None))
         if norm_type not in ("LN", "LNPre", "RMS", "RMSPre"):
             raise UnsupportedModelError(
-                f"cannot describe this model's normalisation {norm_type!r}",
+                f"cannot describe {arch}: its normalisation {norm_type!r} is not one entoscope knows",
                 remedy="entoscope knows LayerNorm and RMSNorm models (pre-norm)")
         pos = str(getattr(cfg, "positional_embedding_type", "standard"))
         if pos not in ("standard", "rotary"):
-            raise UnsupportedModelError(f"cannot describe positional embedding type {pos!r}",
-                                        remedy="entoscope knows learned ('standard') and rotary positions")
+            raise UnsupportedModelError(f"cannot describe {arch}: its positional embedding type is {pos!r}",
+                                        remedy="entoscope studies attention decoders with learned ('standard') or "
+                                        "rotary positions (GPT-2, GPT-NeoX, Llama, Qwen2, Mistral, Gemma, ...)")
         n_heads = int(cfg.n_heads)
         n_kv = getattr(cfg, "n_key_value_heads", None) or n_heads
-        arch = getattr(cfg, "architecture", None) or getattr(cfg, "original_architecture", None) or "unknown"
         fam = self.family(str(arch))
         mode, folded = self.mode(norm_type, fam.norm_offset)
         hf_cfg = getattr(getattr(self.tl, "original_model", None), "config", None) or SimpleNamespace()
