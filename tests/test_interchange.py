@@ -12,6 +12,7 @@ import torch
 
 import entoscope as es
 from entoscope.data import Dataset, Example
+from entoscope.errors import ConfigError
 from entoscope.interchange import bases as B
 
 D = 64
@@ -145,6 +146,28 @@ def test_unknown_basis_and_unlabelled_pairs_are_refused():
     with pytest.raises(es.EntoscopeError) as err:
         es.Interchange(bases=["mean_difference"], positions=["END"]).plan(model, unlabelled)
     assert err.value.code == "interchange_labels"
+
+
+def test_a_rank_above_the_sites_width_is_refused_before_any_forward(monkeypatch):
+    """The demo's residual stream is 128 wide (its config's n_embd) and a head's z 32 (128 / 4 heads): a
+    subspace has at most that many dimensions, so rank 129 (or 200) is refused by plan() and by run() before
+    the model runs once, naming the width; rank 128 (the whole vector) is planned."""
+    from entoscope.models.adapter import ModelAdapter
+
+    model = es.load_model("demo")
+    data = es.tasks.ioi(n=8, seed=0)
+    es.Interchange(rank=128, layers=[0], bases=["das", "pca"]).plan(model, data)  # the whole vector: allowed
+    runs = []
+    monkeypatch.setattr(ModelAdapter, "run", lambda *a, **k: runs.append(1) or pytest.fail("a forward ran"))
+    for rank in (129, 200):
+        with pytest.raises(ConfigError) as err:
+            es.Interchange(rank=rank, layers=[0], bases=["das", "pca"]).run(model, data, quiet=True)
+        assert err.value.code == "interchange_rank" and "(128)" in str(err.value) and "1..128" in err.value.remedy
+    with pytest.raises(ConfigError) as err:
+        es.Interchange(activation="z", head=1, rank=33, layers=[0], bases=["random"]).plan(model, data)
+    assert err.value.code == "interchange_rank" and "(32)" in str(err.value)
+    es.Interchange(rank=200, layers=[0], bases=["boundless_das"]).plan(model, data)  # learns its own size
+    assert not runs
 
 
 def _demo_ioi_run(n: int = 24, **kw):

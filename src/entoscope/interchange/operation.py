@@ -135,6 +135,7 @@ class Interchange(Sharded, Operation):
                             code="multi_token_answer", remedy="on a tokenizer that writes years digit by digit, "
                             "give your own pairs (docs/interchange.md)") from e
         cells, width = self._cells(model, td)
+        self._check_rank(cells, width)
         if "sae" in self.bases:
             self._check_sae(model, cells, width)
         held = split(pairs, self.test_share, self.seed)
@@ -159,6 +160,17 @@ class Interchange(Sharded, Operation):
         if unknown or not self.bases or len(set(self.bases)) != len(self.bases):
             raise ConfigError(f"bases {self.bases} {'name unknown ' + str(unknown) if unknown else 'repeat or are empty'}",
                               code="interchange_bases", remedy=f"choose each once among {', '.join(B.KNOWN)}")
+
+    def _check_rank(self, cells: list[Cell], width: int) -> None:
+        """A subspace of a `width`-wide vector has at most `width` dimensions: a larger rank is refused (the bases
+        that take it would be cut to the width, or fail, and their rows would report a rank that is not there)."""
+        takes = [b for b in self.bases if b not in B.OWN_RANK]
+        if takes and self.rank > width:
+            site = cells[0].label.rsplit("@", 1)[0] if cells else self.activation
+            raise ConfigError(f"rank {self.rank} is above the width of the site {site} ({width}): a subspace of a "
+                              f"{width}-wide vector has at most {width} dimensions (bases {takes} take the rank)",
+                              code="interchange_rank", remedy=f"use rank 1..{width} (rank {width} is the whole "
+                              "vector, the `full` row)")
 
     def _check_sae(self, model: ModelAdapter, cells: list[Cell], width: int) -> None:
         from ..models.dictionaries.catalog import get_dictionary
