@@ -97,6 +97,45 @@ def test_das_recovers_the_planted_direction_and_the_placebo_does_not():
     assert t.loc["none", "iia_changed"] == 0.0  # no intervention never gives the source's value
 
 
+def test_the_run_folder_holds_every_basis_and_the_split_and_the_saved_das_basis_gives_the_tables_iia(tmp_path):
+    """bases.safetensors and split.json (a CLI user's only way to them), read with safetensors and json, not
+    with entoscope: the held-out pairs' IIA recomputed by hand from the saved DAS basis on the planted model
+    (every residual is the token's embedding there, and the output is the sign along u of
+    h' = h + (h_src - h) B B^T at the last token) equals the table's, and the split is a partition of the pairs."""
+    import json
+
+    from safetensors import safe_open
+
+    from entoscope.models.adapter import adapt
+
+    model, u = planted()
+    data = planted_pairs(64)
+    result = es.Interchange(activation="resid_post", layers=[0], positions=["END"], rank=1, epochs=10, lr=0.05,
+                            das_batch_size=8, bases=["das", "pca"], placebo=False, seed=0).run(model, data, quiet=True)
+    result.save(tmp_path / "run")
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert {"bases.safetensors", "split.json"} <= set(manifest["files"])
+    with safe_open(str(tmp_path / "run" / "bases.safetensors"), "np") as f:
+        keys = set(f.keys())
+        das = f.get_tensor("resid_post.0@END/das")
+        assert json.loads(f.metadata()["cells"]) == ["resid_post.0@END"]
+    assert keys == {"resid_post.0@END/das", "resid_post.0@END/pca"} and das.shape == (D, 1) and das.dtype == np.float64
+    split = json.loads((tmp_path / "run" / "split.json").read_text())
+    held, train = split["held_out"], split["train"]
+    assert sorted(held + train) == list(range(len(data))) and not set(held) & set(train)
+    assert split["base_prompt"] == list(range(len(data))) and split["seed"] == 0
+    W = adapt(model).weights.W_E.detach().double().numpy()
+    hits = 0
+    for k in held:  # pair k is record k of the user's pairs
+        e = data[k]
+        h, src = W[e.prompt[-1]], W[e.counterfactual[-1]]
+        moved = h + (src - h) @ das @ das.T
+        hits += int(np.sign(moved @ u) == (1 if e.meta["source_label"] else -1))
+    t = result.table.set_index("basis")
+    assert t.loc["das", "n_pairs"] == len(held)
+    assert t.loc["das", "iia"] == pytest.approx(hits / len(held), abs=1e-12)
+
+
 def test_interchange_algebra_by_hand():
     g = torch.Generator().manual_seed(0)
     h, src = torch.randn(5, 7, generator=g, dtype=torch.float64), torch.randn(5, 7, generator=g, dtype=torch.float64)

@@ -41,6 +41,7 @@ from . import bases as B
 from .causal import Pairs, build_pairs, split
 from .runs import (BASIS, FULL, PLACEBO, Cell, DasSettings, by_set, correct, edit, grid_logits, select,
                    train_das_grid)
+from .saved import BASES_FILE, SPLIT_FILE, InterchangeResult, split_record
 from .summary import interchange_figures, interchange_table, interchange_takeaway
 
 FLOAT = 4
@@ -247,7 +248,7 @@ class Interchange(Sharded, Operation):
         return Plan(self.name, rows=n_cells * (1 + len(st.conditions)), forward_passes=forward,
                     backward_passes=backward, batch_sizes=[len(b) for b in st.batches], peak_memory_bytes=int(peak),
                     notes=notes, examples=len(st.td), files=["table.csv", "table.parquet", "index.html",
-                                                            "manifest.json"])
+                                                            BASES_FILE, SPLIT_FILE, "manifest.json"])
 
     # ------------------------------------------------------------------ sharded phases
     def shard_batches(self, prepared: Prepared[InterchangeState]) -> list[list[int]]:
@@ -423,8 +424,11 @@ class Interchange(Sharded, Operation):
         ctx: InterchangeContext = prepared.contexts["eval"]
         table = interchange_table(st, read, right, ctx, self.stats.ci_level, self.strength)
         title = f"interchange interventions: variable {st.pairs.variable} at {self.activation}"
-        return Result(self.name, table, figures=interchange_figures, title=title, takeaway=interchange_takeaway,
-                      extra={"variable": st.pairs.variable, "losses": ctx.losses, "bases": ctx.bases})
+        split = split_record(st.pairs.base, st.pairs.source, st.held, self.seed, self.test_share)
+        return InterchangeResult(self.name, table, figures=interchange_figures, title=title,
+                                 takeaway=interchange_takeaway,
+                                 extra={"variable": st.pairs.variable, "losses": ctx.losses, "bases": ctx.bases,
+                                        "cells": [c.label for c in st.cells], "split": split})
 
 
 def _cache(model: ModelAdapter, st: InterchangeState, tokens: torch.Tensor) -> dict[ActName, torch.Tensor]:
