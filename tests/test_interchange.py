@@ -219,11 +219,13 @@ def test_the_ioi_variable_is_located_on_the_demo_model():
     carried (S2 before the last layer, END at the last). DAS's subspace there beats its placebo, and where the
     whole vector does nothing (S2 at the last layer, END before it) no subspace does either."""
     # 64 prompts: the variable is which of 40 names, and DAS generalises to held-out names only with enough of them
-    _, result = _demo_ioi_run(64, layers=[0, 2], positions=["S2", "END"], bases=["das", "random"])
+    _, result = _demo_ioi_run(64, layers=[0, 2], positions=["S2", "END"], bases=["das", "pca", "random"])
     t = result.table.set_index(["site", "basis"])
     for site in ("resid_post.0@S2", "resid_post.2@END"):
         assert t.loc[(site, "full"), "iia"] == 1.0
         assert t.loc[(site, "das"), "iia_ci_low"] > t.loc[(site, "das placebo"), "iia_ci_high"]
+        # docs/interchange.md says it: PCA of the training differences does better than DAS on held-out pairs here
+        assert t.loc[(site, "pca"), "iia"] > t.loc[(site, "das"), "iia"]
     for site in ("resid_post.2@S2", "resid_post.0@END"):
         assert t.loc[(site, "full"), "iia"] == 0.0 and t.loc[(site, "das"), "iia"] == 0.0
     assert result.takeaway.startswith("Variable io, das subspace (rank 8): the highest IIA")

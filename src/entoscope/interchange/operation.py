@@ -29,6 +29,7 @@ from ..data.tokenized import TokenizedData, length_batches, pad, pad_id, tokeniz
 from ..errors import ConfigError, DataError, SiteError
 from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
+from ..metrics import readable
 from ..models import features
 from ..models.adapter import Intervention, ModelAdapter
 from ..models.names import ActName
@@ -275,7 +276,7 @@ class Interchange(Sharded, Operation):
         n, C, K = len(examples), st.n_sets, len(st.cells)
         P = len(st.pairs)
         if phase == "read":
-            acts = np.full((n, K, st.width), np.nan, np.float32)
+            acts: np.ndarray | None = None  # float32, float64 on a float64 model (its precision kept)
             clean = np.full((n, C), np.nan)
             row = 0
             for bi in progress(batches, desc="interchange: read", quiet=quiet):
@@ -284,14 +285,18 @@ class Interchange(Sharded, Operation):
                 with torch.no_grad():
                     out = model.run(tokens, sorted({c.act for c in st.cells}), logits_at=lengths - 1)
                 for k, cell in enumerate(st.cells):
-                    acts[row:row + len(idx), k] = select(out[cell.act], cell, self._pos(cell, lengths, roles)) \
-                        .float().cpu().numpy()
+                    v = readable(select(out[cell.act], cell, self._pos(cell, lengths, roles))).cpu().numpy()
+                    if acts is None:
+                        acts = np.full((n, K, st.width), np.nan, np.float64 if v.dtype == np.float64 else np.float32)
+                    acts[row:row + len(idx), k] = v
                 for r, i in enumerate(idx):
                     if i < P:
                         picked = out.logits[r, st.classes[i].to(out.logits.device)][None]
                         clean[row + r] = by_set(picked, None if st.sets is None else st.sets[i][None])[0] \
                             .double().cpu().numpy()
                 row += len(idx)
+            if acts is None:
+                acts = np.full((n, K, st.width), np.nan, np.float32)
             return PerPrompt(examples, {"act": acts, "clean": clean})
         ctx: InterchangeContext = prepared.contexts["eval"]
         out_c = np.full((n, K, len(st.conditions)), np.nan)
