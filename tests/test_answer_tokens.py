@@ -15,7 +15,7 @@ import entoscope as es
 from entoscope.data import tasks
 from entoscope.data.examples import Dataset, Example
 from entoscope.data.tokenized import tokenize_data
-from entoscope.errors import DataError
+from entoscope.errors import DataError, EntoscopeWarning
 from entoscope.models.adapter import adapt
 
 from wilson_by_hand import wilson_by_hand
@@ -188,3 +188,47 @@ def test_the_deciding_prefixes_of_two_digit_years_by_hand():
     assert sorted(later) == [(d,) for d in range(4, 10)] and sorted(earlier) == [(d,) for d in range(4)]
     with pytest.raises(ValueError):
         deciding_prefixes([(3,)], [(3, 2)])  # "3" is an answer and how a wrong one starts
+
+
+def test_answers_cut_to_their_first_token_are_counted_in_the_plan_a_warning_and_the_manifest(tmp_path):
+    """Answers of several tokens read by their first token (the default) are said, with their count: the count
+    is made here with the tokenizer itself (transformers' encode), not by entoscope."""
+    model = es.load_model("demo")
+    tok = adapt(model).tokenizer
+    clean = "When Mary and John went to the store, John gave a drink to"
+    answers = [(" Mary is nice",), (" Mary",), (" Mary and",), (" Mary",)]
+    data = Dataset("x", tuple(Example(clean, counterfactual=clean.replace("John gave", "Mary gave"), answers=a,
+                                      wrong_answers=(" John",)) for a in answers))
+    long = sum(len(tok.encode(a[0], add_special_tokens=False)) > 1 for a in answers)
+    assert long == 2
+    with pytest.warns(EntoscopeWarning, match=r"2 of 8 answers \(in 2 of 4 examples\)"):
+        plan = es.Patching().plan(model, data)
+    assert any(n.startswith("warning [answer_first_token]: 2 of 8 answers") for n in plan.notes)
+    result = es.Patching().run(model, data, quiet=True)
+    result.save(tmp_path / "run")
+    import json
+
+    saved = json.loads((tmp_path / "run" / "manifest.json").read_text())["warnings"]
+    cut = [w for w in saved if w["code"] == "answer_first_token"]
+    assert len(cut) == 1 and cut[0]["message"].startswith("2 of 8 answers")
+    assert "read as ' Mary'" in cut[0]["message"]
+    same = Dataset("x", tuple(Example(clean, counterfactual=clean.replace("John gave", "Mary gave"),
+                                      answers=(" Mary",), wrong_answers=(" John",)) for _ in range(4)))
+    assert not [n for n in es.Patching().plan(model, same).notes if "answer_first_token" in n]
+
+
+def test_an_answer_written_as_a_special_token_the_tokenizer_lacks_is_refused(demo):
+    """'<|unknown|>' is not a token of the demo's tokenizer, which splits it ('<' first): refused, not read as '<'.
+    '<|endoftext|>', which it has (its special tokens), is one token and read as itself."""
+    tok = demo.tokenizer
+    assert len(tok.encode("<|unknown|>", add_special_tokens=False)) > 1
+    assert "<|endoftext|>" in tok.all_special_tokens
+    bad = Dataset("x", (Example("The capital of France is", answers=("<|unknown|>",), wrong_answers=(" Rome",)),))
+    with pytest.raises(DataError) as err:
+        tokenize_data(demo, bad, answers=True)
+    assert err.value.code == "special_token_answer" and "'<'" in str(err.value) and "<|endoftext|>" in err.value.remedy
+    good = Dataset("x", (Example("The capital of France is", answers=("<|endoftext|>",), wrong_answers=(" Rome",)),))
+    td = tokenize_data(demo, good, answers=True)
+    assert td.answers == [[tok.convert_tokens_to_ids("<|endoftext|>")]]
+    plain = Dataset("x", (Example("The capital of France is", answers=(" <div>",), wrong_answers=(" Rome",)),))
+    tokenize_data(demo, plain, answers=True)  # markup that is no special token's spelling is text

@@ -12,6 +12,7 @@ import torch
 
 import entoscope as es
 from entoscope.data import Dataset, Example
+from entoscope.errors import ConfigError
 from entoscope.interchange import bases as B
 
 D = 64
@@ -96,6 +97,45 @@ def test_das_recovers_the_planted_direction_and_the_placebo_does_not():
     assert t.loc["none", "iia_changed"] == 0.0  # no intervention never gives the source's value
 
 
+def test_the_run_folder_holds_every_basis_and_the_split_and_the_saved_das_basis_gives_the_tables_iia(tmp_path):
+    """bases.safetensors and split.json (a CLI user's only way to them), read with safetensors and json, not
+    with entoscope: the held-out pairs' IIA recomputed by hand from the saved DAS basis on the planted model
+    (every residual is the token's embedding there, and the output is the sign along u of
+    h' = h + (h_src - h) B B^T at the last token) equals the table's, and the split is a partition of the pairs."""
+    import json
+
+    from safetensors import safe_open
+
+    from entoscope.models.adapter import adapt
+
+    model, u = planted()
+    data = planted_pairs(64)
+    result = es.Interchange(activation="resid_post", layers=[0], positions=["END"], rank=1, epochs=10, lr=0.05,
+                            das_batch_size=8, bases=["das", "pca"], placebo=False, seed=0).run(model, data, quiet=True)
+    result.save(tmp_path / "run")
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert {"bases.safetensors", "split.json"} <= set(manifest["files"])
+    with safe_open(str(tmp_path / "run" / "bases.safetensors"), "np") as f:
+        keys = set(f.keys())
+        das = f.get_tensor("resid_post.0@END/das")
+        assert json.loads(f.metadata()["cells"]) == ["resid_post.0@END"]
+    assert keys == {"resid_post.0@END/das", "resid_post.0@END/pca"} and das.shape == (D, 1) and das.dtype == np.float64
+    split = json.loads((tmp_path / "run" / "split.json").read_text())
+    held, train = split["held_out"], split["train"]
+    assert sorted(held + train) == list(range(len(data))) and not set(held) & set(train)
+    assert split["base_prompt"] == list(range(len(data))) and split["seed"] == 0
+    W = adapt(model).weights.W_E.detach().double().numpy()
+    hits = 0
+    for k in held:  # pair k is record k of the user's pairs
+        e = data[k]
+        h, src = W[e.prompt[-1]], W[e.counterfactual[-1]]
+        moved = h + (src - h) @ das @ das.T
+        hits += int(np.sign(moved @ u) == (1 if e.meta["source_label"] else -1))
+    t = result.table.set_index("basis")
+    assert t.loc["das", "n_pairs"] == len(held)
+    assert t.loc["das", "iia"] == pytest.approx(hits / len(held), abs=1e-12)
+
+
 def test_interchange_algebra_by_hand():
     g = torch.Generator().manual_seed(0)
     h, src = torch.randn(5, 7, generator=g, dtype=torch.float64), torch.randn(5, 7, generator=g, dtype=torch.float64)
@@ -147,6 +187,28 @@ def test_unknown_basis_and_unlabelled_pairs_are_refused():
     assert err.value.code == "interchange_labels"
 
 
+def test_a_rank_above_the_sites_width_is_refused_before_any_forward(monkeypatch):
+    """The demo's residual stream is 128 wide (its config's n_embd) and a head's z 32 (128 / 4 heads): a
+    subspace has at most that many dimensions, so rank 129 (or 200) is refused by plan() and by run() before
+    the model runs once, naming the width; rank 128 (the whole vector) is planned."""
+    from entoscope.models.adapter import ModelAdapter
+
+    model = es.load_model("demo")
+    data = es.tasks.ioi(n=8, seed=0)
+    es.Interchange(rank=128, layers=[0], bases=["das", "pca"]).plan(model, data)  # the whole vector: allowed
+    runs = []
+    monkeypatch.setattr(ModelAdapter, "run", lambda *a, **k: runs.append(1) or pytest.fail("a forward ran"))
+    for rank in (129, 200):
+        with pytest.raises(ConfigError) as err:
+            es.Interchange(rank=rank, layers=[0], bases=["das", "pca"]).run(model, data, quiet=True)
+        assert err.value.code == "interchange_rank" and "(128)" in str(err.value) and "1..128" in err.value.remedy
+    with pytest.raises(ConfigError) as err:
+        es.Interchange(activation="z", head=1, rank=33, layers=[0], bases=["random"]).plan(model, data)
+    assert err.value.code == "interchange_rank" and "(32)" in str(err.value)
+    es.Interchange(rank=200, layers=[0], bases=["boundless_das"]).plan(model, data)  # learns its own size
+    assert not runs
+
+
 def _demo_ioi_run(n: int = 24, **kw):
     op = es.Interchange(activation="resid_post", rank=8, epochs=10, lr=0.05, das_batch_size=16, seed=0, **kw)
     return op, op.run(es.load_model("demo"), es.tasks.ioi(n=n, seed=0), quiet=True)
@@ -157,11 +219,13 @@ def test_the_ioi_variable_is_located_on_the_demo_model():
     carried (S2 before the last layer, END at the last). DAS's subspace there beats its placebo, and where the
     whole vector does nothing (S2 at the last layer, END before it) no subspace does either."""
     # 64 prompts: the variable is which of 40 names, and DAS generalises to held-out names only with enough of them
-    _, result = _demo_ioi_run(64, layers=[0, 2], positions=["S2", "END"], bases=["das", "random"])
+    _, result = _demo_ioi_run(64, layers=[0, 2], positions=["S2", "END"], bases=["das", "pca", "random"])
     t = result.table.set_index(["site", "basis"])
     for site in ("resid_post.0@S2", "resid_post.2@END"):
         assert t.loc[(site, "full"), "iia"] == 1.0
         assert t.loc[(site, "das"), "iia_ci_low"] > t.loc[(site, "das placebo"), "iia_ci_high"]
+        # docs/interchange.md says it: PCA of the training differences does better than DAS on held-out pairs here
+        assert t.loc[(site, "pca"), "iia"] > t.loc[(site, "das"), "iia"]
     for site in ("resid_post.2@S2", "resid_post.0@END"):
         assert t.loc[(site, "full"), "iia"] == 0.0 and t.loc[(site, "das"), "iia"] == 0.0
     assert result.takeaway.startswith("Variable io, das subspace (rank 8): the highest IIA")

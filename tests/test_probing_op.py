@@ -84,13 +84,15 @@ def test_marked_positions_found_by_token_string_and_index(tiny):
 
 
 # ---------------------------------------------------------------------- collection = one prompt at a time
-POOLED = {"mean": lambda x, at: x.mean(0), "max": lambda x, at: x.max(0).values, "first": lambda x, at: x[0],
+POOLED = {"mean": lambda x, at: x[1:].mean(0),  # the prompts start with the prepended BOS: left out of the mean
+          "mean_bos": lambda x, at: x.mean(0), "max": lambda x, at: x.max(0).values, "first": lambda x, at: x[0],
           "last": lambda x, at: x[-1], "marked": lambda x, at: x[at]}
 
 
 def test_batched_collection_equals_one_forward_per_prompt(tiny):
     """Every pooling, over prompts of different lengths in padded batches of 4, against a
-    TransformerLens run of each prompt alone (pooled here by hand)."""
+    TransformerLens run of each prompt alone (pooled here by hand; mean leaves the prepended BOS out, and
+    counts it with bos_in_mean)."""
     data = _tiny_data()
     a = adapt(tiny)
     L, H = a.structure.n_layers, a.structure.n_heads
@@ -102,7 +104,8 @@ def test_batched_collection_equals_one_forward_per_prompt(tiny):
         _, cache = tiny.run_with_cache(tiny.to_tokens(e.prompt, prepend_bos=True))
         caches.append(cache)
     for pooling, by_hand in POOLED.items():
-        cfg = marked if pooling == "marked" else pooling
+        cfg = marked if pooling == "marked" else Pooling(type="mean", bos_in_mean=True) if pooling == "mean_bos" \
+            else pooling
         resid = collect_activations(tiny, data, {"activation": "resid_post"}, cfg, batch_size=4)
         heads = collect_activations(tiny, data, {"activation": "z", "over": ["layer", "head"], "layers": [L - 1]},
                                     cfg, batch_size=4)
@@ -118,6 +121,30 @@ def test_batched_collection_equals_one_forward_per_prompt(tiny):
             z0 = by_hand(cache["blocks.0.attn.hook_z"][0], at[i])
             torch.testing.assert_close(concat.features(0)[i], z0.reshape(-1), rtol=1e-4, atol=1e-4)
             torch.testing.assert_close(mean.features(0)[i], z0.mean(0), rtol=1e-4, atol=1e-4)
+
+
+def test_mean_pooling_leaves_a_leading_bos_out_only_where_position_0_is_the_bos(demo):
+    """The rule of steering's read_at mean (docs/probing.md): position 0 left out where it holds the model's
+    BOS token; prompts given as token ids that do not start with it keep every token. Checked against the
+    demo's own forward (TransformerBridge.run_with_cache) averaged by hand; a prompt that is its BOS alone is
+    refused, and bos_in_mean on another pooling too."""
+    a = adapt(demo)
+    bos = a.bos_token_id
+    ids = a.tokenize(" the capital of France is", prepend_bos=False)
+    assert bos is not None and ids[0] != bos
+    data = Dataset("x", (Example("The capital of Spain is"), Example(tuple(ids))))
+    got = collect_activations(demo, data, {"activation": "resid_post", "layers": [1]}, "mean", batch_size=2)
+    _, cache = demo.run_with_cache(torch.tensor([a.tokenize("The capital of Spain is")]))
+    x = cache["blocks.1.hook_resid_post"][0]
+    torch.testing.assert_close(got.features(0)[0], x[1:].mean(0), rtol=1e-5, atol=1e-5)
+    _, cache = demo.run_with_cache(torch.tensor([ids]))
+    torch.testing.assert_close(got.features(0)[1], cache["blocks.1.hook_resid_post"][0].mean(0), rtol=1e-5, atol=1e-5)
+    with pytest.raises(es.EntoscopeError) as err:
+        collect_activations(demo, Dataset("x", (Example(""),)), {"activation": "resid_post", "layers": [1]}, "mean")
+    assert err.value.code == "pooling_mean_empty"
+    with pytest.raises(es.EntoscopeError) as err:
+        Pooling(type="last", bos_in_mean=True)
+    assert err.value.code == "config_invalid" and "bos_in_mean is an option of pooling mean" in str(err.value)
 
 
 def test_position_axis_reads_each_prompts_own_positions(tiny):

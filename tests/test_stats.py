@@ -109,3 +109,28 @@ def test_wilson_interval_is_the_set_of_proportions_the_score_test_keeps(n):
         kept = np.abs(kk / n - grid) <= z * np.sqrt(grid * (1 - grid) / n)
         assert grid[kept].min() == pytest.approx(lo, abs=1e-4) and grid[kept].max() == pytest.approx(hi, abs=1e-4)
     assert low[-1] == pytest.approx(n / (n + z * z)) and high[-1] == 1.0 and low[0] == 0.0
+
+
+@pytest.mark.parametrize("level", [0.9, 0.95, 0.99])
+def test_wilson_ends_are_exact_at_0_and_n_successes_and_the_interval_is_symmetric(level):
+    """At 0 successes no proportion below 0 exists, so the lower end is exactly 0 (the written formula left
+    2.8e-17 at some n), at n of n the upper end exactly 1; and the interval of k failures is the mirror of
+    k successes', high(k) = 1 - low(n - k), exactly (Wilson 1927: the score test is symmetric in p, 1 - p).
+    Elsewhere it is the formula written out by hand (wilson_by_hand.py)."""
+    from entoscope.stats import share_interval, wilson_interval
+    from wilson_by_hand import wilson_by_hand
+
+    n = np.arange(1, 300)
+    low0, high0 = wilson_interval(np.zeros_like(n), n, level)
+    lown, highn = wilson_interval(n, n, level)
+    assert (low0 == 0.0).all() and (highn == 1.0).all()
+    np.testing.assert_array_equal(high0, 1.0 - lown)
+    s_low, s_high = share_interval(np.zeros(len(n)), n, level)  # every caller goes through wilson_interval
+    assert (s_low == 0.0).all() and (share_interval(np.ones(len(n)), n, level)[1] == 1.0).all()
+    for nn in (1, 7, 40, 299):
+        k = np.arange(nn + 1)
+        lo, hi = wilson_interval(k, nn, level)
+        np.testing.assert_array_equal(hi, 1.0 - lo[::-1])
+        by_hand = np.array([wilson_by_hand(int(kk), nn, level) for kk in k])
+        np.testing.assert_allclose(lo, by_hand[:, 0], atol=1e-12)
+        np.testing.assert_allclose(hi, by_hand[:, 1], atol=1e-12)

@@ -57,7 +57,7 @@ def task_scores(model: Any, n: int = 64, seed: int = 1234, batch_size: int = 32)
     for name, metric in TASK_METRICS.items():
         try:
             data = tasks.get(name, n=n, seed=seed, tokenizer=a.tokenizer)
-            td = tokenize_data(a, data, answers=True)
+            td = tokenize_data(a, data, answers=True, answer_scoring="sequence")  # read both ways below
         except ValueError as err:  # the tokenizer lacks the task's words (or first tokens that tell them apart)
             out[name] = {"skipped": 1.0, "reason": str(err)}
             continue

@@ -199,3 +199,10 @@ class CheckedMetric:
 def at_positions(logits: Tensor, positions: Tensor) -> Tensor:
     """logits[b, positions[b]] for every row: [B, V]."""
     return logits[torch.arange(logits.shape[0], device=logits.device), positions.to(logits.device)]
+
+
+def readable(x: Tensor) -> Tensor:
+    """`x` in a dtype numpy holds, at the model's own precision where it can: float16 and bfloat16 widened to
+    float32 (exactly: every half-precision number is a float32), float32 and float64 kept as they are (a
+    float64 model's metrics are not rounded to float32), anything else unchanged."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x

@@ -71,9 +71,12 @@ class Operation(ConfigModel):
         executor = as_executor(executor)
         with recording_warnings() as warned:
             check_executor(self.name, self.not_sharded_reason(), model, executor, connect=False)
+            fresh = self._confirm_data(data)
             prepared = self.prepare_for(model, data)
             prepared.model.check_unembedding()  # what run checks on its first forward (a no-op once made)
             plan = prepared.plan
+            if fresh is not None:
+                self._plan_confirmation(plan, prepared, fresh)
             sharding = self.sharding()
             if sharding is not None:
                 plan.global_step = sharding.global_step(prepared)
@@ -122,6 +125,7 @@ class Operation(ConfigModel):
             t0 = time.perf_counter()
             spec = check_executor(self.name, self.not_sharded_reason(), model, executor)
             prepared = self.prepare_for(model, data)
+            chosen = None if fresh is None else self._fresh_prompts(prepared, fresh)  # before the screen runs
             t1 = time.perf_counter()
             with prepared.model.evaluating():
                 if sharding is not None:
@@ -139,40 +143,73 @@ class Operation(ConfigModel):
             result.manifest["executor"] = info
             result.shards_dir = None if shards_dir is None else Path(shards_dir)
         if fresh is not None:
-            self._confirm(result, model, fresh, executor, quiet)
+            assert chosen is not None
+            self._confirm(result, model, fresh, chosen, executor, quiet)
         return result
 
     def _confirm_data(self, data: Any) -> dict[str, Any] | None:
         """The confirmation's fresh data (confirm.py), or None without `confirm`; refused before any work."""
-        from .confirm import fresh_data
+        from .confirm import check_testable, fresh_data
 
         if self.confirm is None:
             return None
         if not self.tests_cells:
             raise ConfigError(f"{self.name} tests nothing against 0, so it has no cells to confirm",
                               code="confirm_unsupported", remedy="leave confirm out")
+        check_testable(self.stats, self.name)
         return fresh_data(data, self.confirm, self.name)
 
-    def _confirm(self, result: Any, model: Any, fresh: dict[str, Any], executor: Any, quiet: bool) -> None:
+    def _fresh_prompts(self, prepared: Prepared[Any], fresh: dict[str, Any]) -> tuple[Dataset, dict[str, Any]]:
+        """The confirmation's prompts: none of the screen's, none twice (confirm.fresh_prompts)."""
+        from .confirm import fresh_prompts
+
+        return fresh_prompts(fresh, prepared.data, prepared.model.tokenizer, self.name)
+
+    def _plan_confirmation(self, plan: Plan, prepared: Prepared[Any], fresh: dict[str, Any]) -> None:
+        """Count the confirmation run into the plan: the operation it will run (`confirm_plan_rows` stand for the
+        k cells the screen will choose) prepared on the fresh prompts, its passes added to the screen's."""
+        assert self.confirm is not None
+        data, record = self._fresh_prompts(prepared, fresh)
+        rows = self.confirm_plan_rows(prepared)
+        op = self.confirm_subset(rows)
+        op._screen_cells = self.confirm.k
+        again = op.prepare_for(prepared.model, data).plan
+        plan.forward_passes += again.forward_passes
+        plan.backward_passes += again.backward_passes
+        plan.notes.append(f"confirm: the screen's top {self.confirm.k} cells again on {record['prompts']} fresh prompts "
+                          f"(none of the screen's, none repeated): {again.forward_passes} forward and "
+                          f"{again.backward_passes} backward passes, counted in the totals above"
+                          + (f" (for the first {self.confirm.k} cells of the grid: the screen chooses which)"
+                             if rows is not None else ""))
+
+    def _confirm(self, result: Any, model: Any, fresh: dict[str, Any], chosen: tuple[Dataset, dict[str, Any]],
+                 executor: Any, quiet: bool) -> None:
         """The screen's top k cells run again on fresh prompts (through the same executor); both stages in
         `result.confirmation` (confirmation.csv and a section of the page)."""
         from .confirm import confirmation_note, confirmation_table, top_rows
 
         assert self.confirm is not None
+        data, record = chosen
         top = top_rows(result.table, self.confirm.k)
         op = self.confirm_subset(top)
         op._screen_cells = len(top)  # its plan's screen: the k cells the confirmation tests, not the grid it runs
-        again = op.run(model, fresh, executor=executor, quiet=quiet)
+        again = op.run(model, data, executor=executor, quiet=quiet)
         result.confirmation = confirmation_table(result.table, again.table, self.confirm.k, self.stats.fdr,
                                                  result.plan.examples, again.plan.examples)
         result.notes.append(("confirmation on fresh prompts", confirmation_note(result.confirmation, self.stats.fdr)))
-        result.manifest["confirmation"] = {"data": fresh, "k": self.confirm.k, "warnings": again.warnings,
-                                           "timings": again.manifest.get("timings")}
+        result.manifest["confirmation"] = {"data": fresh, "k": self.confirm.k, "fresh_prompts": record,
+                                           "records": (again.manifest.get("data") or {}).get("records"),
+                                           "warnings": again.warnings, "timings": again.manifest.get("timings")}
 
     def confirm_subset(self, rows: Any) -> Operation:
         """This operation for the confirmation run: by default the same grid (its top rows are read); an
         operation whose cost grows with its cells returns one restricted to `rows` (patching)."""
         return self.model_copy(update={"confirm": None})
+
+    def confirm_plan_rows(self, prepared: Prepared[Any]) -> Any:
+        """Rows standing, in the plan, for the k cells the screen will choose (what `confirm_subset` restricts
+        to); None where the confirmation runs the whole grid whatever it chooses (the default)."""
+        return None
 
     def prepare_for(self, model: Any, data: Any) -> Prepared[Any]:
         """`prepare` on what the user passed: the model adapted (`adapt`) and the data loaded (`load_data`).

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from ..data.tokenized import Batch
-from ..metrics import at_positions
+from ..metrics import at_positions, readable
 from ..models.adapter import ModelAdapter
 from ..models.split_inputs import CleanRun, PatchedRun, sender_outputs, sender_reads
 from .graph import ComponentGraph
@@ -70,14 +70,14 @@ class EdgePatcher:
             C, corrupt_logits = corrupt_senders(model, b)
             clean = model.run(b.tokens, CleanRun.reads(model.structure))
             self.forward_passes += 2
-            ref = at_positions(clean.logits, b.last).float()  # metrics in float32 on a float16 / bfloat16 model
+            ref = readable(at_positions(clean.logits, b.last))  # float32 on a half-precision model; float64 kept
             answers, wrong = b.answers.to(ref.device), b.wrong_answers.to(ref.device)
             self._corrupt.append(C)
             self._clean.append(CleanRun.of(model, clean.acts))
             self._reference.append(ref)
             self._answers.append((answers, wrong))
             full.append(metric(ref, answers, wrong, ref).cpu())
-            empty.append(metric(at_positions(corrupt_logits, b.last).float(), answers, wrong, ref).cpu())
+            empty.append(metric(readable(at_positions(corrupt_logits, b.last)), answers, wrong, ref).cpu())
         self.order = torch.tensor([i for b in self.batches for i in b.index])
         self.full = self._in_order(torch.cat(full))
         self.empty = self._in_order(torch.cat(empty))
@@ -93,7 +93,7 @@ class EdgePatcher:
         for b, C, clean, ref, (answers, wrong) in zip(self.batches, self._corrupt, self._clean, self._reference,
                                                       self._answers):
             with torch.no_grad():
-                logits = PatchedRun(self.model, C, patched.to(C.dtype)).logits_at(b.last, b.tokens, clean).float()
+                logits = readable(PatchedRun(self.model, C, patched.to(C.dtype)).logits_at(b.last, b.tokens, clean))
             self.forward_passes += 1
             values.append(self.metric(logits, answers, wrong, ref).cpu())
         return self._in_order(torch.cat(values))

@@ -35,6 +35,7 @@ from torch import Tensor
 
 from .. import naming
 from ..errors import ConfigError, UnknownNameError
+from ..metrics import readable
 from ..models.split_inputs import Layout
 from ..models.structure import Structure
 
@@ -292,7 +293,7 @@ class Circuit:
             if t is not None and tuple(t.shape) != shape:
                 raise ConfigError(f"{name} has shape {tuple(t.shape)}, the graph needs {shape}",
                                   code="bad_graph_shape", remedy="build scores from the same graph")
-        self.scores = None if scores is None else scores.detach().float().cpu().masked_fill(~graph.mask, 0.0)
+        self.scores = None if scores is None else readable(scores.detach()).cpu().masked_fill(~graph.mask, 0.0)
         self.kept = (graph.mask.clone() if kept is None else kept.detach().bool().cpu() & graph.mask)
 
     @property

@@ -55,6 +55,7 @@ from ..data.tokenized import Batch, make_batches, pad_id, tokenize_data
 from ..errors import ConfigError, DataError, warn
 from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
+from ..metrics import readable
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
 from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
@@ -210,7 +211,7 @@ class HeadScores(Sharded, Operation):
                                            self.exclude_bos, self.exclude_current)  # [B, 1]
                 per_prompt[kind][2, idx] = chance.double().cpu()[:, :, None]
                 for L in range(s.n_layers):
-                    sc, tl = score_patterns(out[reads[L]].float(), det, b.lengths, self.exclude_bos,
+                    sc, tl = score_patterns(readable(out[reads[L]]), det, b.lengths, self.exclude_bos,
                                             self.exclude_current)
                     per_prompt[kind][0, idx, L] = sc.double().cpu()
                     per_prompt[kind][1, idx, L] = tl.double().cpu()

@@ -60,6 +60,7 @@ from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
 from ..results.lazy import LazyTable
 from ..stats import Stats, interval_columns, share_interval, streamed_mean, summarise
+from ..metrics import readable
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
 from ..models.post_norms import post_scale_reads, through_post_norm
@@ -486,9 +487,8 @@ class RoutesResult(Result):
 
 
 def _to_cpu(imp: FlowImportances) -> FlowImportances:
-    fields = ("attn", "attn_residual", "attn_bias", "mlp", "mlp_residual")
-    return replace(imp, **{f: None if getattr(imp, f) is None else getattr(imp, f).detach().float().cpu()
-                           for f in fields})
+    return replace(imp, **{f: None if getattr(imp, f) is None else readable(getattr(imp, f).detach()).cpu()
+                           for f in ("attn", "attn_residual", "attn_bias", "mlp", "mlp_residual")})
 
 
 def _routes_to_cpu(routes: Routes) -> Routes:

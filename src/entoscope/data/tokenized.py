@@ -8,13 +8,14 @@ run (tests check it). Prompts are grouped by length to waste little compute on p
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from torch import Tensor
 
-from ..errors import DataError
+from ..errors import DataError, warn
 from ..models.adapter import ModelAdapter
 from .examples import Dataset
 from .roles import END, RoleTable, role_table
@@ -52,7 +53,9 @@ def tokenize_data(model: ModelAdapter, data: Dataset, *, prepend_bos: bool = Tru
 
     pairs:   counterfactuals are needed; each must have its prompt's token length (or align="end").
     answers: answer tokens are needed, read by `answer_scoring`:
-             first_token  an answer's first token stands for it (one token: itself). A first token that
+             first_token  an answer's first token stands for it (one token: itself); answers of several
+                          tokens are counted and said in one warning (answer_first_token: the plan's notes,
+                          result.warnings, the manifest, the page). A first token that
                           starts both a correct and a wrong answer of an example (greater-than on a digit
                           tokenizer: "33" and "32" both start with "3") decides nothing and is read for
                           neither; an example left with no correct or no wrong token is refused
@@ -60,6 +63,8 @@ def tokenize_data(model: ModelAdapter, data: Dataset, *, prepend_bos: bool = Tru
              single       each answer must be ONE token (multi_token_answer otherwise).
              sequence     as first_token here; `answer_seqs` / `wrong_seqs` (always filled) hold every
                           token of each answer for a teacher-forced reading (evaluate.py).
+    An answer written as a special token (`<|name|>`, `</s>`, `[SEP]`) that the tokenizer lacks, and so splits,
+    is refused (special_token_answer) rather than read by its first piece (`<`).
     """
     if len(data) == 0:
         raise DataError(f"dataset {data.name!r} is empty", code="data_empty", remedy="give at least one example")
@@ -98,6 +103,8 @@ def tokenize_data(model: ModelAdapter, data: Dataset, *, prepend_bos: bool = Tru
                             code="data_no_answers", remedy="give each example an 'answers' field")
         ans_seqs = [_answer_seqs(model, e.answers, i, answer_scoring) for i, e in enumerate(data)]
         wrong_seqs = [_answer_seqs(model, e.wrong_answers, i, answer_scoring) for i, e in enumerate(data)]
+        if answer_scoring == "first_token":
+            warn_cut_answers(model, data, ans_seqs, wrong_seqs)
         if answer_scoring == "single":
             ans, wrong = [[q[0] for q in a] for a in ans_seqs], [[q[0] for q in w] for w in wrong_seqs]
         else:
@@ -144,7 +151,8 @@ def check_ids(model: ModelAdapter, ids: list[int], given: object, what: str, pre
 
 
 def _answer_seqs(model: ModelAdapter, tokens: tuple, index: int, scoring: AnswerScoring) -> list[tuple[int, ...]]:
-    """Every answer's token ids (one id given as an int is itself); "single" refuses several tokens."""
+    """Every answer's token ids (one id given as an int is itself); "single" refuses several tokens; an answer
+    written as a special token the tokenizer lacks is refused (special_token_answer)."""
     out = []
     for t in tokens:
         if isinstance(t, str) and scoring != "single":
@@ -152,6 +160,8 @@ def _answer_seqs(model: ModelAdapter, tokens: tuple, index: int, scoring: Answer
             if not ids:
                 raise DataError(f"example {index}: the answer {t!r} is empty", code="empty_answer",
                                 remedy="give a non-empty answer")
+            if len(ids) > 1 and looks_special(t):
+                _refuse_special(model, t, ids, index)
             out.append(tuple(ids))
             continue
         try:
@@ -159,6 +169,45 @@ def _answer_seqs(model: ModelAdapter, tokens: tuple, index: int, scoring: Answer
         except DataError as err:
             raise DataError(f"example {index}: {err.message}", code=err.code, remedy=err.remedy) from None
     return out
+
+
+# written like a special token: <|name|> (GPT-2, Llama 3, Qwen), <s> </s> <eos> <pad> <start_of_turn> ... (SentencePiece,
+# Gemma), [CLS] [SEP] [MASK] (BERT). Checked only on answers the tokenizer splits: one it has is one token.
+_SPECIAL = re.compile(r"^\s*(<\|[^<>|\s]+\|>|</?(s|pad|unk|eos|bos|mask|sep|cls|eot|(start|end)_of_\w+)>"
+                      r"|\[(CLS|SEP|PAD|UNK|MASK|BOS|EOS)\])\s*$", re.IGNORECASE)
+
+
+def looks_special(text: str) -> bool:
+    """Whether `text` is written like a special token (<|endoftext|>, </s>, <start_of_turn>, [SEP])."""
+    return bool(_SPECIAL.match(text))
+
+
+def _refuse_special(model: ModelAdapter, text: str, ids: list[int], index: int) -> None:
+    pieces = [model.tokenizer.decode([i]) for i in ids]
+    have = [t for t in (getattr(model.tokenizer, "all_special_tokens", None) or []) if isinstance(t, str)][:8]
+    raise DataError(f"example {index}: the answer {text!r} is written as a special token, but this tokenizer has no "
+                    f"such token: it splits it into {len(ids)} pieces {pieces}, and the first, {pieces[0]!r}, would "
+                    "be read in its place", code="special_token_answer",
+                    remedy="use a special token this tokenizer has" + (f" ({', '.join(have)})" if have else "")
+                    + ", or the answer's plain text")
+
+
+def warn_cut_answers(model: ModelAdapter, data: Dataset, answers: list[list[tuple[int, ...]]],
+                     wrong: list[list[tuple[int, ...]]]) -> int:
+    """Warn (answer_first_token) when answers of several tokens are read by their first token (the default
+    reading), saying how many; returns that count (0: no warning)."""
+    cut = [(i, q) for i, rows in enumerate(zip(answers, wrong)) for side in rows for q in side if len(q) > 1]
+    if not cut:
+        return 0
+    total = sum(len(a) + len(w) for a, w in zip(answers, wrong))
+    examples = len({i for i, _ in cut})
+    i, q = cut[0]
+    whole, first = model.tokenizer.decode(list(q)), model.tokenizer.decode([q[0]])
+    warn(f"{len(cut)} of {total} answers (in {examples} of {len(data)} examples) are several tokens under this "
+         f"tokenizer and are read by their first token (answer_scoring first_token, the default): e.g. {whole!r} "
+         f"({len(q)} tokens, example {i}) is read as {first!r}; answer_scoring: single refuses them, sequence "
+         "(where offered) reads every token", code="answer_first_token")
+    return len(cut)
 
 
 def _first_tokens(answers: list[tuple[int, ...]], wrong: list[tuple[int, ...]], index: int,

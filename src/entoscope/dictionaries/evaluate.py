@@ -21,7 +21,7 @@ from torch import Tensor
 
 from ..data.examples import Dataset
 from ..data.tokenized import make_batches, pad, pad_id, tokenize_data
-from ..metrics import at_positions
+from ..metrics import at_positions, readable
 from ..models.adapter import Intervention, adapt
 from ..models.dictionaries.dictionary import Dictionary
 
@@ -47,7 +47,7 @@ def next_token_loss(model: Any, prompts: list[list[int]], interventions: Sequenc
     for start in range(0, len(prompts), batch):
         tokens, lengths = pad(prompts[start:start + batch], pad_id(m))
         with torch.no_grad():
-            logits = m.run(tokens, interventions=interventions).logits.float().cpu()
+            logits = readable(m.run(tokens, interventions=interventions).logits).cpu()
         logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, tokens[:, 1:, None])[..., 0]
         real = torch.arange(1, tokens.shape[1])[None, :] < lengths[:, None]
         total += float(-(logp * real).sum())
@@ -64,7 +64,7 @@ def answer_loss(model: Any, datasets: list[Dataset], interventions: Sequence[Int
         td = tokenize_data(m, data, answers=True)
         for b in make_batches(td, batch, pad_id(m)):
             with torch.no_grad():
-                logits = at_positions(m.run(b.tokens, interventions=interventions).logits, b.last).float().cpu()
+                logits = readable(at_positions(m.run(b.tokens, interventions=interventions).logits, b.last)).cpu()
             assert b.answers is not None
             logp = torch.log_softmax(logits, dim=-1).gather(1, b.answers.clamp(min=0))
             logp = logp.masked_fill(b.answers < 0, -torch.inf)

@@ -34,6 +34,7 @@ FIXED = ("mean_difference", "probe", "pca", "neurons", "random", "sae")
 LABELLED = ("mean_difference", "probe", "neurons")  # need each prompt's value of the variable
 LEARNED = ("das", "boundless_das")  # trained (runs.Learned)
 KNOWN = LEARNED + FIXED
+OWN_RANK = ("boundless_das", "sae")  # their rank is their own (learned; the features chosen), not `rank`
 
 
 def orthonormal(vectors: Tensor, rank: int) -> Tensor:

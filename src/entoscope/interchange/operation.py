@@ -29,6 +29,7 @@ from ..data.tokenized import TokenizedData, length_batches, pad, pad_id, tokeniz
 from ..errors import ConfigError, DataError, SiteError
 from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
+from ..metrics import readable
 from ..models import features
 from ..models.adapter import Intervention, ModelAdapter
 from ..models.names import ActName
@@ -41,6 +42,7 @@ from . import bases as B
 from .causal import Pairs, build_pairs, split
 from .runs import (BASIS, FULL, PLACEBO, Cell, DasSettings, by_set, correct, edit, grid_logits, select,
                    train_das_grid)
+from .saved import BASES_FILE, SPLIT_FILE, InterchangeResult, split_record
 from .summary import interchange_figures, interchange_table, interchange_takeaway
 
 FLOAT = 4
@@ -135,6 +137,7 @@ class Interchange(Sharded, Operation):
                             code="multi_token_answer", remedy="on a tokenizer that writes years digit by digit, "
                             "give your own pairs (docs/interchange.md)") from e
         cells, width = self._cells(model, td)
+        self._check_rank(cells, width)
         if "sae" in self.bases:
             self._check_sae(model, cells, width)
         held = split(pairs, self.test_share, self.seed)
@@ -159,6 +162,17 @@ class Interchange(Sharded, Operation):
         if unknown or not self.bases or len(set(self.bases)) != len(self.bases):
             raise ConfigError(f"bases {self.bases} {'name unknown ' + str(unknown) if unknown else 'repeat or are empty'}",
                               code="interchange_bases", remedy=f"choose each once among {', '.join(B.KNOWN)}")
+
+    def _check_rank(self, cells: list[Cell], width: int) -> None:
+        """A subspace of a `width`-wide vector has at most `width` dimensions: a larger rank is refused (the bases
+        that take it would be cut to the width, or fail, and their rows would report a rank that is not there)."""
+        takes = [b for b in self.bases if b not in B.OWN_RANK]
+        if takes and self.rank > width:
+            site = cells[0].label.rsplit("@", 1)[0] if cells else self.activation
+            raise ConfigError(f"rank {self.rank} is above the width of the site {site} ({width}): a subspace of a "
+                              f"{width}-wide vector has at most {width} dimensions (bases {takes} take the rank)",
+                              code="interchange_rank", remedy=f"use rank 1..{width} (rank {width} is the whole "
+                              "vector, the `full` row)")
 
     def _check_sae(self, model: ModelAdapter, cells: list[Cell], width: int) -> None:
         from ..models.dictionaries.catalog import get_dictionary
@@ -235,7 +249,7 @@ class Interchange(Sharded, Operation):
         return Plan(self.name, rows=n_cells * (1 + len(st.conditions)), forward_passes=forward,
                     backward_passes=backward, batch_sizes=[len(b) for b in st.batches], peak_memory_bytes=int(peak),
                     notes=notes, examples=len(st.td), files=["table.csv", "table.parquet", "index.html",
-                                                            "manifest.json"])
+                                                            BASES_FILE, SPLIT_FILE, "manifest.json"])
 
     # ------------------------------------------------------------------ sharded phases
     def shard_batches(self, prepared: Prepared[InterchangeState]) -> list[list[int]]:
@@ -262,7 +276,7 @@ class Interchange(Sharded, Operation):
         n, C, K = len(examples), st.n_sets, len(st.cells)
         P = len(st.pairs)
         if phase == "read":
-            acts = np.full((n, K, st.width), np.nan, np.float32)
+            acts: np.ndarray | None = None  # float32, float64 on a float64 model (its precision kept)
             clean = np.full((n, C), np.nan)
             row = 0
             for bi in progress(batches, desc="interchange: read", quiet=quiet):
@@ -271,14 +285,18 @@ class Interchange(Sharded, Operation):
                 with torch.no_grad():
                     out = model.run(tokens, sorted({c.act for c in st.cells}), logits_at=lengths - 1)
                 for k, cell in enumerate(st.cells):
-                    acts[row:row + len(idx), k] = select(out[cell.act], cell, self._pos(cell, lengths, roles)) \
-                        .float().cpu().numpy()
+                    v = readable(select(out[cell.act], cell, self._pos(cell, lengths, roles))).cpu().numpy()
+                    if acts is None:
+                        acts = np.full((n, K, st.width), np.nan, np.float64 if v.dtype == np.float64 else np.float32)
+                    acts[row:row + len(idx), k] = v
                 for r, i in enumerate(idx):
                     if i < P:
                         picked = out.logits[r, st.classes[i].to(out.logits.device)][None]
                         clean[row + r] = by_set(picked, None if st.sets is None else st.sets[i][None])[0] \
                             .double().cpu().numpy()
                 row += len(idx)
+            if acts is None:
+                acts = np.full((n, K, st.width), np.nan, np.float32)
             return PerPrompt(examples, {"act": acts, "clean": clean})
         ctx: InterchangeContext = prepared.contexts["eval"]
         out_c = np.full((n, K, len(st.conditions)), np.nan)
@@ -411,8 +429,11 @@ class Interchange(Sharded, Operation):
         ctx: InterchangeContext = prepared.contexts["eval"]
         table = interchange_table(st, read, right, ctx, self.stats.ci_level, self.strength)
         title = f"interchange interventions: variable {st.pairs.variable} at {self.activation}"
-        return Result(self.name, table, figures=interchange_figures, title=title, takeaway=interchange_takeaway,
-                      extra={"variable": st.pairs.variable, "losses": ctx.losses, "bases": ctx.bases})
+        split = split_record(st.pairs.base, st.pairs.source, st.held, self.seed, self.test_share)
+        return InterchangeResult(self.name, table, figures=interchange_figures, title=title,
+                                 takeaway=interchange_takeaway,
+                                 extra={"variable": st.pairs.variable, "losses": ctx.losses, "bases": ctx.bases,
+                                        "cells": [c.label for c in st.cells], "split": split})
 
 
 def _cache(model: ModelAdapter, st: InterchangeState, tokens: torch.Tensor) -> dict[ActName, torch.Tensor]:

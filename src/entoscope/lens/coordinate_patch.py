@@ -43,7 +43,7 @@ from ..data.tokenized import Batch, TokenizedData, make_batches, pad_id, tokeniz
 from ..errors import ConfigError, DataError
 from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
-from ..metrics import Metric, check_metric_runs, metric_where
+from ..metrics import Metric, check_metric_runs, metric_where, readable
 from ..models.adapter import Intervention, ModelAdapter
 from ..models.names import ActName
 from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
@@ -163,7 +163,7 @@ class CoordinatePatching(JacobianSource, Sharded, Operation):
         with torch.no_grad():
             for b in mine:  # the unedited runs: the metric, the logits (kl's reference), each site's activation
                 out = model.run(b.tokens, reads, logits_at=b.last)
-                logits = out.logits.float()
+                logits = readable(out.logits)
                 refs.append(logits)
                 wrong_b = b.wrong_answers if b.wrong_answers is not None else torch.full((len(b), 1), -1)
                 base.append(metric(logits, b.answers, wrong_b, logits).double().cpu())
@@ -288,4 +288,4 @@ def run_edited(model: ModelAdapter, batch: Batch, act: ActName, pos: Tensor, del
         x[rows, at] = x[rows, at] + delta.to(x.device, x.dtype)
         return x
     with torch.no_grad():
-        return model.run(batch.tokens, interventions=[Intervention(act, fn)], logits_at=batch.last).logits.float()
+        return readable(model.run(batch.tokens, interventions=[Intervention(act, fn)], logits_at=batch.last).logits)

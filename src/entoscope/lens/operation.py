@@ -24,6 +24,7 @@ from ..data.tokenized import Batch, TokenizedData, make_batches, pad_id, tokeniz
 from ..errors import ConfigError, SiteError
 from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
+from ..metrics import readable
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
 from ..models.vocabulary import Vocabulary
@@ -162,7 +163,7 @@ class Lens(Sharded, Operation):
         out = model.run(batch.tokens, st.reads)
         vectors, scales, positions = _gather(model, out.acts, rows, kind, batch.lengths, self.component_scale,
                                             batch.roles)
-        final_logp = out.logits.float().log_softmax(-1)
+        final_logp = readable(out.logits).log_softmax(-1)
         final_p = final_logp.exp()
         b_idx = torch.arange(len(batch))
         parts: dict[str, list[Tensor]] = {}
@@ -176,7 +177,7 @@ class Lens(Sharded, Operation):
                 logits = decode_states(model, vec)
             else:
                 logits = decode_components(model, vec, None if scales is None else scales[sl])
-            logits = logits.float()
+            logits = readable(logits)
             logp = logits.log_softmax(-1)  # [U, B, V]
             p = logp.exp()
             pos = positions[sl]  # [U, B]

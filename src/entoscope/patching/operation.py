@@ -310,6 +310,11 @@ class Patching(Sharded, Operation):
         coords = [{ax: int(row[ax]) for ax in sites.over} for _, row in rows.iterrows()]
         return base.model_copy(update={"sites": sites.model_copy(update={"coords": coords})})
 
+    def confirm_plan_rows(self, prepared: Prepared[PatchingState]) -> Any:
+        """The plan's stand-in for the k sites the screen will choose: the grid's first k."""
+        assert self.confirm is not None
+        return prepared.state.siteset.frame().head(self.confirm.k)
+
     def _plan(self, model: ModelAdapter, td: Any, siteset: Any, setup: Setup, chunks: list[list[int]],
               schedules: list, rows: int, per_example: int, T: int) -> Plan:
         E, U = len(td), len(siteset)

@@ -232,10 +232,12 @@ def setup_collection(model: ModelAdapter, data: Dataset, sites: Sites, pooling: 
                           remedy="drop `pooling`, or drop position from sites.over (then positions are pooled)")
     pool_cfg = Pooling.model_validate(pooling if pooling is not None else "last")
     pool = pool_cfg.function()
-    at = pool_cfg.positions(td.prompts, [e.meta for e in data], model.vocab_strings()) \
+    at = pool_cfg.positions(td.prompts, [e.meta for e in data], model.vocab_strings(), model.bos_token_id) \
         if not has_pos_axis else None
     if not has_pos_axis:
-        notes.append(f"positions pooled: {pool_cfg.type}" + (f" (meta.{pool_cfg.key})" if pool_cfg.key else ""))
+        notes.append(f"positions pooled: {pool_cfg.type}" + (f" (meta.{pool_cfg.key})" if pool_cfg.key else "")
+                     + (" (a leading BOS left out)" if pool_cfg.leaves_bos_out() else "")
+                     + (" (a leading BOS counted)" if pool_cfg.bos_in_mean else ""))
     if any(m.has_heads and m.head is None for u in units for m in u.members):
         notes.append(f"heads pooled: {head_pooling}")
     return CollectionSetup(td, siteset, units, pool_cfg, pool, at, head_pooling, notes)

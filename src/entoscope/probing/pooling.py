@@ -2,7 +2,11 @@
 
 Over positions (registry kind "pooling"): `fn(x [B, T, ...], lengths [B], at [B] | None) -> [B, ...]`,
 on a right-padded batch (positions >= lengths[b] are padding and must not be read):
-  mean    mean over each prompt's real tokens
+  mean    mean over each prompt's real tokens, a leading BOS left out (the rule of steering's read_at mean):
+          position 0 holding the model's BOS token is the same in every prompt (it sees only itself) and
+          often of outsized norm (an attention sink), so counted in it pulls every prompt's mean toward one
+          vector by 1/length, a length effect. `bos_in_mean: true` counts it. `at` is then each prompt's
+          first position counted (1 after a leading BOS, else 0; None: 0)
   max     elementwise maximum over each prompt's real tokens
   first   position 0 (with a prepended BOS this is the BOS token, the same for every prompt)
   last    each prompt's last token
@@ -29,7 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from pydantic import model_validator
+from pydantic import Field, model_validator
 from torch import Tensor
 
 from ..config_model import ConfigModel
@@ -62,8 +66,15 @@ def reads_one_position(positions: PositionsFn) -> Callable[[PoolFn], PoolFn]:
 
 @register("pooling", "mean")
 def mean_pool(x: Tensor, lengths: Tensor, at: Tensor | None = None) -> Tensor:
+    """The mean over positions at..lengths - 1 of each prompt (at None: from 0)."""
     mask = _real(x, lengths)
-    return (x * mask).sum(1) / lengths.to(x.device, x.dtype).reshape(-1, *([1] * (x.ndim - 2)))
+    count = lengths.to(x.device, x.dtype)
+    if at is not None:
+        first = at.to(x.device)
+        t = torch.arange(x.shape[1], device=x.device)[None, :] >= first[:, None]
+        mask = mask & t.reshape(*t.shape, *([1] * (x.ndim - 2)))
+        count = count - first.to(x.dtype)
+    return (x * mask).sum(1) / count.reshape(-1, *([1] * (x.ndim - 2)))
 
 
 @register("pooling", "max")
@@ -128,17 +139,29 @@ class Pooling(ConfigModel):
     key:        the `meta` key holding each prompt's position (marked: a token string or an index;
                 index: an index); negative indices count from the prompt's end.
     occurrence: marked with a token string: which match (0 = first, -1 = last, ...).
+    bos_in_mean: mean: count a leading BOS in the mean (default: left out, as steering's read_at mean).
     """
-
 
     type: str = "last"
     key: str | None = None
     occurrence: int = 0
+    bos_in_mean: bool = Field(default=False, description="mean: count a leading BOS (position 0 holding the BOS "
+                              "token) in the mean (default: left out, as steering's read_at mean)")
 
     @model_validator(mode="before")
     @classmethod
     def _from_string(cls, value: Any) -> Any:
         return {"type": value} if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _bos_for_mean(self) -> Pooling:
+        if self.bos_in_mean and self.type != "mean":
+            raise ValueError(f"bos_in_mean is an option of pooling mean, not of {self.type!r}")
+        return self
+
+    def leaves_bos_out(self) -> bool:
+        """Whether this pooling leaves a leading BOS out (mean, unless bos_in_mean)."""
+        return self.type == "mean" and not self.bos_in_mean
 
     def function(self) -> PoolFn:
         fn = lookup("pooling", self.type)
@@ -149,8 +172,20 @@ class Pooling(ConfigModel):
                               "mention of the subject)")
         return fn
 
-    def positions(self, prompts: Sequence[Sequence[int]], metas: Sequence[Any], vocab: list[str]) -> Tensor | None:
-        """[N] absolute position of each prompt (from `key`), or None when no key is given."""
+    def positions(self, prompts: Sequence[Sequence[int]], metas: Sequence[Any], vocab: list[str],
+                  bos_id: int | None = None) -> Tensor | None:
+        """[N] absolute position of each prompt (from `key`), or None when no key is given. Pooling mean without
+        bos_in_mean: each prompt's first position counted (1 where position 0 holds `bos_id`, else 0)."""
+        if self.leaves_bos_out():
+            if bos_id is None:
+                return None
+            starts = [int(len(ids) > 0 and int(ids[0]) == bos_id) for ids in prompts]
+            alone = [i for i, (ids, s) in enumerate(zip(prompts, starts)) if s and len(ids) == 1]
+            if alone:
+                raise DataError(f"prompt {alone[0]} is its BOS token alone: pooling mean leaves the BOS out, so "
+                                "nothing is left to average", code="pooling_mean_empty",
+                                remedy="give every prompt some text, or pooling: {type: mean, bos_in_mean: true}")
+            return torch.tensor(starts, dtype=torch.long)
         if self.key is None:
             return None
         out = []

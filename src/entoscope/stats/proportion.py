@@ -20,17 +20,27 @@ def wilson_interval(successes: np.ndarray, n: np.ndarray | int, level: float) ->
     count or an array of counts, broadcast).
 
     low, high = (p + z^2/2n -+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n), p = successes / n; the
-    set of proportions pi whose score test |p - pi| / sqrt(pi(1-pi)/n) <= z. NaN where n is 0."""
+    set of proportions pi whose score test |p - pi| / sqrt(pi(1-pi)/n) <= z. NaN where n is 0.
+
+    Its ends are exact where the algebra says so: the lower end at 0 successes is 0 (the written formula,
+    centre - half, cancels two equal numbers and leaves a rounding error such as 3.5e-18) and the upper end
+    at n of n is 1; the upper end is computed as 1 - the lower end of the failures, so that
+    high(k, n) = 1 - low(n - k, n) holds exactly, as it does for the interval itself."""
     k = np.asarray(successes, dtype=np.float64)
     n_arr = np.broadcast_to(np.asarray(n, dtype=np.float64), k.shape)
     z = float(ndtri(np.array(0.5 + level / 2)))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        p = k / n_arr
-        centre = (p + z * z / (2 * n_arr)) / (1 + z * z / n_arr)
-        half = z / (1 + z * z / n_arr) * np.sqrt(np.clip(p * (1 - p), 0, None) / n_arr + z * z / (4 * n_arr * n_arr))
-    low, high = np.clip(centre - half, 0.0, 1.0), np.clip(centre + half, 0.0, 1.0)
+    low, high = _wilson_low(k, n_arr, z), 1.0 - _wilson_low(n_arr - k, n_arr, z)
     empty = ~(n_arr > 0)
     return np.where(empty, np.nan, low), np.where(empty, np.nan, high)
+
+
+def _wilson_low(k: np.ndarray, n: np.ndarray, z: float) -> np.ndarray:
+    """The Wilson interval's lower end at k successes of n, exactly 0 at k <= 0 (and clipped to [0, 1])."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = k / n
+        centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+        half = z / (1 + z * z / n) * np.sqrt(np.clip(p * (1 - p), 0, None) / n + z * z / (4 * n * n))
+    return np.where(k <= 0, 0.0, np.clip(centre - half, 0.0, 1.0))
 
 
 def share_interval(share: np.ndarray, n: np.ndarray | int, level: float) -> tuple[np.ndarray, np.ndarray]:
