@@ -25,6 +25,7 @@ import pandas as pd
 import pytest
 
 MOST = 0.5  # docs/pages.md: "most" = value >= 0.5 and the interval's lower end > 0.5
+CONTROL_MARGIN = 0.1  # docs/pages.md: a head passes its shuffled control when score - control's lower end > 0.1
 QUALIFIER_WORDS = re.compile(r"\b(most|strongest|strongly|largest|highest|carr(?:y|ies)|restores?|significant(?:ly)?|"
                              r"stands? out|above 0|below 0|includes 0|exceeds?|no single|survives?|as much)\b", re.I)
 
@@ -136,10 +137,17 @@ def test_every_number_of_every_takeaway_is_its_table_cell(report):
             elif c["type"] == "count":
                 frame = tables(base / c["source"])
                 col = frame.get(c["column"])
-                if c["condition"] == "excludes_zero":  # rows whose interval of the column excludes 0
+                condition, _, among = c["condition"].partition("&")  # "true&kind=induction": among those rows
+                if among:
+                    column, value = among.split("=", 1)
+                    frame = frame[frame[column].astype(str) == value]
+                    col = frame[c["column"]]
+                if condition == "excludes_zero":  # rows whose interval of the column excludes 0
                     hits = int(((frame[f"{c['column']}_ci_low"] > 0) | (frame[f"{c['column']}_ci_high"] < 0)).sum())
-                else:
-                    hits = col.astype(str).str.lower().eq("true").sum() if c["condition"] == "true" else None
+                elif condition == "true":
+                    hits = col.astype(str).str.lower().eq("true").sum()
+                else:  # a comparison with a number: ">=1", "<0.5"
+                    hits = int(_compare(col.astype(float), condition).sum())
                 assert hits == c["value"] and len(frame) == c["total"], where
                 assert f"{c['value']:,} of {c['total']:,}" in c["text"], where
             elif c["type"] == "constant":
@@ -187,6 +195,14 @@ def _separated(a, b) -> bool:
     return _magnitude(a)[0] > _magnitude(b)[1]
 
 
+def _compare(values, condition: str):
+    """The rows of `values` meeting a comparison written as ">=1", "<=0.5", ">0", "<2"."""
+    m = re.fullmatch(r"(>=|<=|>|<)(.+)", condition)
+    assert m, condition
+    op, x = m.group(1), float(m.group(2))
+    return {">=": values >= x, "<=": values <= x, ">": values > x, "<": values < x}[op]
+
+
 def _top(tables, base, refs, by_abs: bool, condition) -> bool:
     """Each source's quoted rows are its rows of largest (|)value(|), as many as are quoted."""
     by_source: dict[str, list] = {}
@@ -194,7 +210,10 @@ def _top(tables, base, refs, by_abs: bool, condition) -> bool:
         by_source.setdefault(c["source"], []).append(c)
     for source, quotes in by_source.items():
         frame = tables(base / source)
-        if condition and "=" in condition:
+        compared = re.fullmatch(r"(\w+)(>=|<=|>|<)(.+)", condition or "")
+        if compared:
+            frame = frame[_compare(frame[compared.group(1)].astype(float), condition[len(compared.group(1)):])]
+        elif condition and "=" in condition:
             column, value = condition.split("=", 1)
             frame = frame[frame[column].astype(str) == value]
         elif condition:
@@ -228,6 +247,22 @@ def test_every_qualifier_follows_its_rule(report):
                 frame = tables(base / refs[0]["source"])
                 col = refs[0]["column"]
                 ok = not ((frame[col] >= MOST) & (frame[f"{col}_ci_low"] > MOST)).any()
+            elif rule == "clears":  # a head over its shuffled control: the interval's lower end above a tenth
+                ok = all(r["low"] is not None and r["low"] > CONTROL_MARGIN for r in refs)
+            elif rule == "none_clears":  # no row of the kind clears it (the quoted highest is only an example)
+                frame = tables(base / refs[0]["source"])
+                column, value = c["condition"].split("=", 1)
+                rows = frame[frame[column].astype(str) == value]
+                ok = not (rows["over_control_ci_low"] > CONTROL_MARGIN).any()
+            elif rule == "reaches_target":  # the circuit's faithfulness (point estimate) reaches the target
+                ok = refs[0]["column"] == "faithfulness" and refs[0]["value"] >= refs[1]["value"]
+            elif rule == "none_reaches":  # the best point read of at most the budget is below the target
+                f, target, budget = refs
+                curve = pd.concat([tables(base / f["source"].replace("summary.json", name))
+                                   for name in ("faithfulness.csv", "search.csv")
+                                   if (base / f["source"].replace("summary.json", name)).exists()])
+                within = curve[(curve["n_edges"] >= 1) & (curve["n_edges"] <= budget["value"])]
+                ok = f["value"] < target["value"] and math.isclose(f["value"], within["faithfulness"].max())
             elif rule in ("top_by_abs", "top_by_value"):
                 ok = _top(tables, base, refs, rule == "top_by_abs", c["condition"])
             elif rule == "separated":
@@ -277,8 +312,8 @@ def test_every_qualifier_follows_its_rule(report):
     if report.name != "demo":  # the real reports' few sections need not use every rule
         assert sum(seen.values()) >= 4, seen
         return
-    for rule in ("most", "not_most", "top_by_abs", "overlaps", "none_significant", "random_as_large",
-                 "includes_zero", "above_zero"):
+    for rule in ("most", "clears", "none_clears", "reaches_target", "top_by_abs", "overlaps", "none_significant",
+                 "random_as_large", "includes_zero", "above_zero"):
         assert seen.get(rule), f"the demo report exercises no {rule!r} qualifier"
 
 

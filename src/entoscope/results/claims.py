@@ -42,6 +42,15 @@ def most(value: float, low: float | None = None) -> bool:
     return finite(low) and value >= MOST and low > MOST
 
 
+CONTROL_MARGIN = 0.1  # a head "passes its control": score - control (per prompt) has its interval's lower end above this
+
+
+def clears(low: float | None, margin: float = CONTROL_MARGIN) -> bool:
+    """An effect whose interval lies wholly above `margin` (a head's score over its control: at least that share
+    of its attention moves onto its targets because the tokens repeat, and the data carry it)."""
+    return finite(low) and float(low) > margin  # type: ignore[arg-type]
+
+
 def excludes_zero(low: float | None, high: float | None) -> bool:
     return finite(low, high) and (low > 0 or high < 0)  # type: ignore[operator]
 
