@@ -95,7 +95,8 @@ class Claim:
 
     type:    quote (a cell: value, low, high, q), count (rows of `column` meeting `condition`: value of
              total; condition 'true' for a boolean column, 'excludes_zero' for rows whose `column` interval
-             excludes 0), limit (the fewest prompts a cell among `total` needs to be a discovery on its own
+             excludes 0, a comparison such as '>=1'; '...&kind=induction': among the rows of that kind only,
+             which are then the total), limit (the fewest prompts a cell among `total` needs to be a discovery on its own
              at the run's stats.fdr: value), constant (a column equal on every row: value), setting (a config value of the run,
              `column` a dotted path in manifest.json's config), qualifier (`word`, by `rule`, judging the
              claims at `refs`; `holds` is what the rule gave).
@@ -227,7 +228,7 @@ class TakeawayBuilder:
     def count(self, k: int, total: int, column: str, condition: str = "true", *, unit: str = "",
               source: str | None = None) -> int:
         """'<k> of <total> <unit>': the rows of `column` meeting `condition` ('true' for a boolean column,
-        '<=X' or '>X' for a number)."""
+        '<=X' or '>X' for a number; '&COLUMN=VALUE' after it: among those rows only, the total their number)."""
         text = f"{k:,} of {total:,}" + (f" {unit}" if unit else "")
         return self._emit(text, Claim("count", text, source=source or self.source, column=column, value=int(k),
                                       total=int(total), condition=condition, fmt="d"))
