@@ -13,7 +13,7 @@ import pandas as pd
 from ..results.page import figure_div, write_page
 from ..results.result import Result
 from .figures import circuit_figure, faithfulness_figure
-from .graph import Circuit
+from .graph import Circuit, Node
 from .takeaway import sign_labels
 
 
@@ -50,9 +50,9 @@ class CircuitResult(Result):
         drawing = self.drawing()[1]
         nodes = self.extra.get("node_stats")
         if nodes:  # the senders' summed scores the drawing's hover quotes
-            pd.DataFrame([{"node": n, "summed_score": v, "summed_score_ci_low": lo, "summed_score_ci_high": hi,
-                           "ci_level": self.summary.get("ci_level", 0.95)} for n, (v, lo, hi) in nodes.items()]
-                         ).to_csv(folder / "nodes.csv", index=False)
+            pd.DataFrame([{"node": n, "kind": Node.parse(n).kind, "summed_score": v, "summed_score_ci_low": lo,
+                           "summed_score_ci_high": hi, "ci_level": self.summary.get("ci_level", 0.95)}
+                          for n, (v, lo, hi) in nodes.items()]).to_csv(folder / "nodes.csv", index=False)
             files.append("nodes.csv")
         write_page(folder / "circuit.html", self.title, [("circuit", figure_div(drawing))],
                    js_relpath=self.js_relpath, back=self.back_relpath)

@@ -38,6 +38,7 @@ from ..sizes import COARSE_FRACTIONS, sizes
 TARGET = 0.8  # the faithfulness a circuit must reach (its point estimate), as MIB's and EAP-IG's papers read "faithful"
 KINDS = ("previous_token", "duplicate_token", "induction")  # the screened heads' kinds
 HEADS = "heads.csv"  # per run folder: the screened heads, and whether the circuit holds each
+NAMED = 3  # a circuit's heads of largest summed edge score named in the lead
 
 
 def circuits_runs(model: Any, quick: bool) -> list[tuple[Any, Any]]:
@@ -121,15 +122,17 @@ def circuits_section(model: Any, folder: Path, quick: bool) -> Section:
     for i, (task, summary, held, where) in enumerate((("Induction", s, heads, folder.name),
                                                       ("IOI", t, ioi_heads, f"{folder.name}/ioi"))):
         lead.say(" " if i else "")
-        circuit_lead(lead, task, summary, held, where)
+        circuit_lead(lead, task, summary, held, where, folder.parent)
     return Section(f"induction and IOI circuits ({name}), found by their faithfulness", lead.build(), body,
                    terms=(name, "faithfulness", "circuit search", "head tests", "CPR", "CMD", "stable circuit",
                           "95% interval", "q-value", "names"))
 
 
-def circuit_lead(b: TakeawayBuilder, task: str, s: dict[str, Any], heads: pd.DataFrame, where: str) -> None:
-    """One task's sentences of the lead: the circuit found (its size, faithfulness with its interval, the screened
-    heads it holds) or that none of at most the budget's edges was, with the best faithfulness read."""
+def circuit_lead(b: TakeawayBuilder, task: str, s: dict[str, Any], heads: pd.DataFrame, where: str,
+                 root: Path) -> None:
+    """One task's sentences of the lead: the circuit found (its size, faithfulness with its interval, its heads of
+    largest summed edge score, the screened heads it holds) or that none of at most the budget's edges was, with the
+    best faithfulness read. `where`: the run's folder under the report's `root`."""
     summary, held_file = f"{where}/summary.json", f"{where}/{HEADS}"
     b.say(f"{task}: ")
     if s["found"]:
@@ -155,6 +158,19 @@ def circuit_lead(b: TakeawayBuilder, task: str, s: dict[str, Any], heads: pd.Dat
         f = b.quote(s, "faithfulness", name=False, key=(), source=summary)
         b.refer(word, [f, target, budget])
         b.say(" of the logit difference (the curve is drawn instead of a circuit)")
+    nodes = pd.read_csv(Path(root) / where / "nodes.csv") if (Path(root) / where / "nodes.csv").exists() else None
+    if s["found"] and nodes is not None:  # the heads that carry most of its edge scores
+        top = nodes[(nodes["kind"] == "head") & (nodes["summed_score"] != 0)]
+        top = top.reindex(top["summed_score"].abs().sort_values(ascending=False, kind="stable").index).head(NAMED)
+        if len(top):
+            b.say("; its heads of ")
+            word = b.qualify("largest", "top_by_abs", condition="kind=head")
+            b.say(" summed |edge score|: ")
+            refs = []
+            for j, (_, row) in enumerate(top.iterrows()):
+                b.say(", " if j else "")
+                refs.append(b.quote(row, "summed_score", fmt="+.2g", key="node", source=f"{where}/nodes.csv"))
+            b.refer(word, refs)
     held = heads[heads["in_circuit"].astype(bool)]
     if s["found"] and len(heads):
         b.say("; it holds ")
