@@ -119,7 +119,7 @@ def test_no_circuit_within_the_budget_is_said_and_not_drawn(demo, tmp_path):
     assert not s["found"] and s["search_points"] == 3
     assert s["n_top"] == max(read, key=lambda n: (read[n], -n))
     assert s["faithfulness"] == pytest.approx(read[s["n_top"]], abs=1e-6)
-    assert str(result.takeaway).startswith("No circuit of at most 8 edges reaches the target faithfulness 0.99")
+    assert str(result.takeaway).startswith("No circuit of 8 edges or fewer reaches the target faithfulness 0.99")
     titles = [title for title, _ in result.figures()]
     assert titles and all(t.startswith("faithfulness") for t in titles)  # the curve, no drawing of a circuit
     folder = result.save(tmp_path / "none")
@@ -172,6 +172,16 @@ def test_on_smollm2_a_circuit_shown_is_connected_and_meets_its_target_or_none_is
         assert _connected(kept) and s["faithfulness"] >= s["faithfulness_target"]
         assert result.figures()[0][0].startswith("circuit:")
     else:
-        assert str(result.takeaway).startswith("No circuit of at most 706 edges reaches the target")
+        assert str(result.takeaway).startswith("No circuit of 706 edges or fewer reaches the target")
         assert all(title.startswith("faithfulness") for title, _ in result.figures())
     assert torch.isfinite(torch.tensor(result.extra["search"]["faithfulness"].to_numpy())).all()
+
+
+def test_where_none_is_found_the_lead_says_where_the_curve_first_reaches_the_target(demo):
+    op = es.Circuits(method="eap", selection="target", max_edges=20, faithfulness=[0.01, 0.05, 0.2, 0.5, 1.0])
+    result = op.run(demo, {"task": "induction", "n": 8, "seed": 1}, quiet=True)
+    curve = result.extra["curve"]
+    assert not result.summary["found"]
+    first = curve[curve["faithfulness"] >= TARGET].sort_values("n_edges").iloc[0]
+    assert first["n_edges"] > 20
+    assert f"and the curve first reaches it at {int(first['n_edges']):,} edges" in str(result.takeaway)

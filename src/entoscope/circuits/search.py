@@ -15,8 +15,9 @@ edges on a path from the input to the logits (`Circuit.pruned`: the pruned circu
 same faithfulness, and is connected). f need not rise with n: "smallest" is the smallest n among the points the
 search read, not over every n.
 
-No point of at most `budget` edges reaching the target: nothing is found, and the run says "no circuit of at most
-`budget` edges recovers more than f_best" (the best point read); the search takes no step then.
+No point of at most `budget` edges reaching the target: nothing is found, and the run says "no circuit of `budget`
+edges or fewer reaches the target ... recover at most f_best" (the best point read) and where the curve first reaches
+it; the search takes no step then.
 
 The target and "found" use the point estimate of f (a ratio of means over prompts); the faithfulness quoted with
 it carries its bootstrap interval over prompts (docs/circuits.md, docs/pages.md).

@@ -7,6 +7,7 @@ from typing import Any
 from ..results.claims import Takeaway, TakeawayBuilder
 
 SUMMARY = "summary.json"  # the circuit's summary, saved beside its table
+CURVE = "faithfulness.csv"  # its faithfulness curve
 
 
 def circuit_takeaway(result: Any) -> Takeaway | str:
@@ -30,7 +31,7 @@ def circuit_takeaway(result: Any) -> Takeaway | str:
             b.say(" of the metric (faithfulness)")
         b.say(".")
     else:
-        target_sentence(b, s)
+        target_sentence(b, s, result.extra.get("curve"))
     if len(kept) and "score" in kept and found is not False:
         b.say(" Its edges of ")
         word = b.qualify("largest |score|", "top_by_abs", condition="in_circuit")
@@ -51,7 +52,8 @@ def circuit_takeaway(result: Any) -> Takeaway | str:
     if "stability_jaccard" in s:
         b.say(" Over ")
         b.quote(s, "stability_resamples", fmt="d", name=False, key=(), source=SUMMARY, interval=False)
-        b.say(" resamples of the prompts the circuit is chosen again with mean Jaccard ")
+        b.say(f" resamples of the prompts the {'circuit' if found is not False else 'best edge set'} is chosen again "
+              "with mean Jaccard ")
         b.quote(s, "stability_jaccard", name=False, key=(), source=SUMMARY, interval=False)
         b.say("; ")
         b.quote(s, "n_stable", fmt="d", name=False, key=(), source=SUMMARY, interval=False)
@@ -61,7 +63,7 @@ def circuit_takeaway(result: Any) -> Takeaway | str:
     return b.build()
 
 
-def target_sentence(b: TakeawayBuilder, s: dict[str, Any]) -> None:
+def target_sentence(b: TakeawayBuilder, s: dict[str, Any], curve: Any = None) -> None:
     """selection "target" (circuits/search.py): the circuit found, its size before and after pruning and its
     faithfulness; or that no edge set of at most the budget reached the target, and the best one read."""
     if s["found"]:
@@ -81,9 +83,9 @@ def target_sentence(b: TakeawayBuilder, s: dict[str, Any]) -> None:
         b.refer(word, [f, target])
         b.say(" (faithfulness).")
         return
-    b.say("No circuit of at most ")
+    b.say("No circuit of ")
     budget = b.quote(s, "max_edges", fmt=",d", name=False, key=(), source=SUMMARY, interval=False)
-    b.say(" edges reaches the target faithfulness ")
+    b.say(" edges or fewer reaches the target faithfulness ")
     target = b.quote(s, "faithfulness_target", fmt="g", name=False, key=(), source=SUMMARY, interval=False)
     b.say(f" ({s['method']}, metric {s['metric']}): the top-n edge sets by |score| the search read up to it recover ")
     word = b.qualify("at most", "none_reaches")
@@ -91,8 +93,34 @@ def target_sentence(b: TakeawayBuilder, s: dict[str, Any]) -> None:
     f = b.quote(s, "faithfulness", name=False, key=(), source=SUMMARY)
     b.say(" (the top ")
     b.quote(s, "n_top", fmt="d", name=False, key=(), source=SUMMARY, interval=False)
-    b.say(").")
+    b.say(")")
     b.refer(word, [f, target, budget])
+    beyond_budget(b, curve, target)
+    b.say(".")
+
+
+def beyond_budget(b: TakeawayBuilder, curve: Any, target: int, source: str = CURVE) -> None:
+    """Where no circuit was found within the budget: the first point of the faithfulness curve that reaches the
+    target (rule `first_reaches`), so the reader sees how many edges it takes; every edge, said as such."""
+    if curve is None or not len(curve):
+        return
+    reached = curve[curve["faithfulness"] >= b.value(target)].sort_values("n_edges", kind="stable")
+    if not len(reached):
+        return
+    row = reached.iloc[0]
+    b.say(", and the curve ")
+    word = b.qualify("first reaches", "first_reaches")
+    if float(row["fraction"]) == 1.0:  # every edge: the clean run
+        b.say(" it only with all ")
+        b.refer(word, [b.quote(row, "n_edges", fmt=",d", name=False, interval=False, key="fraction", source=source,
+                               after=" edges"), target])
+        return
+    b.say(" it at ")
+    n = b.quote(row, "n_edges", fmt=",d", name=False, interval=False, key="fraction", source=source, after=" edges")
+    b.say(" (")
+    b.quote(row, "faithfulness", name=False, key="fraction", source=source)
+    b.say(")")
+    b.refer(word, [n, target])
 
 
 def circuit_blank_note(method: str) -> str:

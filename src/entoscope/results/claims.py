@@ -256,6 +256,10 @@ class TakeawayBuilder:
     def refer(self, qualifier: int, refs: list[int]) -> None:
         self._claims[qualifier].refs = list(refs)
 
+    def value(self, claim: int) -> float | None:
+        """The number a claim said (a quote's cell, a count's k)."""
+        return self._claims[claim].value
+
     def no_discovery(self, t: Any, stem: str, fdr: float, *, unit: str = "cells") -> None:
         """The lead of a screen with no discovery: says so at `fdr`; where the table's prompts could not have
         given any cell a discovery on its own (`prompts_for_discovery`), says that and how many prompts

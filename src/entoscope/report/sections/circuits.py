@@ -4,7 +4,7 @@ they hold.
 Each circuit is found, not fixed at a size (circuits/search.py, `selection: target`): the smallest top-n edge set
 (by |score|) whose faithfulness reaches TARGET, with at most the budget's edges, searched along the faithfulness
 curve and bisected between its points, pruned to the edges on a path from the input to the logits (connected).
-Where no edge set of at most the budget reaches the target, the section says so ("no circuit of at most N edges
+Where no edge set of at most the budget reaches the target, the section says so ("no circuit of N edges or fewer
 reaches ...", with the best read) and draws the curve, not a circuit.
 
 Its sizes follow the model's cost (report/sizes.py): on a large model `--quick` scores edges by EAP (one backward a
@@ -26,6 +26,7 @@ from typing import Any
 import pandas as pd
 
 from ...circuits.faithfulness import MIB_FRACTIONS
+from ...circuits.takeaway import beyond_budget
 from ...models.adapter import adapt
 from ...registry import register
 from ...results.claims import TakeawayBuilder
@@ -148,16 +149,19 @@ def circuit_lead(b: TakeawayBuilder, task: str, s: dict[str, Any], heads: pd.Dat
         f = b.quote(s, "faithfulness", name=False, key=(), source=summary)
         b.refer(word, [f, target])
     else:
-        b.say("no circuit of at most ")
+        b.say("no circuit of ")
         budget = b.quote(s, "max_edges", fmt=",d", name=False, key=(), source=summary, interval=False)
-        b.say(" edges reaches the target faithfulness ")
+        b.say(" edges or fewer reaches the target faithfulness ")
         target = b.quote(s, "faithfulness_target", fmt="g", name=False, key=(), source=summary, interval=False)
         b.say("; the edge sets read recover ")
         word = b.qualify("at most", "none_reaches")
         b.say(" ")
         f = b.quote(s, "faithfulness", name=False, key=(), source=summary)
         b.refer(word, [f, target, budget])
-        b.say(" of the logit difference (the curve is drawn instead of a circuit)")
+        b.say(" of the logit difference")
+        curve = root / where / "faithfulness.csv"
+        beyond_budget(b, pd.read_csv(curve) if curve.exists() else None, target, source=f"{where}/faithfulness.csv")
+        b.say(" (the curve is drawn instead of a circuit)")
     nodes = pd.read_csv(Path(root) / where / "nodes.csv") if (Path(root) / where / "nodes.csv").exists() else None
     if s["found"] and nodes is not None:  # the heads that carry most of its edge scores
         top = nodes[(nodes["kind"] == "head") & (nodes["summed_score"] != 0)]
