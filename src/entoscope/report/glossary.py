@@ -48,7 +48,9 @@ TERMS: dict[str, str] = {
     "of the clean run (frozen) and projected on the unembedding direction of (right - wrong answer); the rows "
     "plus the constant add up to the logit difference.",
     "information flow routes": "edges kept when a component's proximity to a residual state (its share of "
-    "that state, Ferrando & Voita 2024) is above tau; routes grow down from the last position's last layer.",
+    "that state, Ferrando & Voita 2024) is above tau; routes grow down from the last position's last layer. A route "
+    "into the prediction is a kept attention edge from an earlier token into the last position; a component on "
+    "every prompt's route is always on.",
     "EAP": "edge attribution patching: each edge's score is (corrupt - clean activation of its sender) times the "
     "gradient of the metric at its receiver's input on the clean run, a first-order estimate of patching the edge "
     "(Syed et al. 2023).",

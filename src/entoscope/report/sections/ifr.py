@@ -30,5 +30,10 @@ def ifr_section(model: Any, folder: Path, quick: bool) -> Section:
             "under <code>ifr/graphs/</code>.</p>")
     lead = lead_of(result, folder, folder.parent) or \
         "Information flow routes of IOI prompts: the components each prompt's prediction is built from."
-    return Section("information flow routes on IOI", lead, note + figs + table_html(result.table, max_rows=12),
+    t = result.table
+    if "moved_importance_mean" in t:  # the routes into the prediction first, as the lead names them
+        t = t.sort_values(["moved_importance_mean", "importance_mean"], ascending=False, kind="stable")
+    caption = ('<p class="figtitle">components by the importance of their routes into the prediction from earlier '
+               f'tokens (every component: <a href="{folder.name}/table.csv">table.csv</a>)</p>')
+    return Section("information flow routes on IOI", lead, note + figs + caption + table_html(t, max_rows=12),
                    terms=("information flow routes", "names"))
