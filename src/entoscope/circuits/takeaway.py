@@ -130,7 +130,7 @@ def circuit_blank_note(method: str) -> str:
     return "no interval without resampling (stats.n_boot 0), or no stability run (stability 0)"
 
 
-def routes_takeaway(result: Any, top: int = 4, always_named: int = 3) -> Takeaway | str:
+def routes_takeaway(result: Any, top: int = 6, always_named: int = 3) -> Takeaway | str:
     """The routes that move information from earlier tokens into the prediction, then, apart, what every route
     uses. First the `top` components of largest mean importance of kept attention edges from an earlier token
     into each prompt's last position (`moved_importance_mean`, with its interval, and the share of prompts whose
