@@ -185,3 +185,32 @@ def test_where_none_is_found_the_lead_says_where_the_curve_first_reaches_the_tar
     first = curve[curve["faithfulness"] >= TARGET].sort_values("n_edges").iloc[0]
     assert first["n_edges"] > 20
     assert f"and the curve first reaches it at {int(first['n_edges']):,} edges" in str(result.takeaway)
+
+
+def test_edge_clearance_skips_only_obstacles_that_clear_by_their_bounding_box():
+    """The drawing's clearance (circuits/edge_paths.py) leaves out obstacles outside the polyline's bounding box by
+    more than their clearance; against every obstacle measured (written here), it says the same where any is too
+    close (the same smallest margin) and clears where none is."""
+    from entoscope.circuits.edge_paths import Canvas, clearance_px
+
+    rng = np.random.default_rng(0)
+    canvas = Canvas(37.0, 52.0)
+
+    def brute(xs, ys, obstacles):
+        best = np.inf
+        for ox, oy, c in obstacles:
+            q = np.array([ox * canvas.sx, oy * canvas.sy])
+            for i in range(len(xs) - 1):
+                a = np.array([xs[i] * canvas.sx, ys[i] * canvas.sy])
+                b = np.array([xs[i + 1] * canvas.sx, ys[i + 1] * canvas.sy])
+                t = np.clip(np.dot(q - a, b - a) / max(np.dot(b - a, b - a), 1e-12), 0, 1)
+                best = min(best, float(np.linalg.norm(q - (a + t * (b - a)))) - c)
+        return best
+    for _ in range(300):
+        k = int(rng.integers(2, 6))
+        xs, ys = np.cumsum(rng.normal(0, 1, k)), np.cumsum(rng.normal(0, 1, k))
+        obstacles = np.column_stack([rng.uniform(-4, 4, 30), rng.uniform(-4, 4, 30), rng.choice([6.0, 12.0], 30)])
+        fast, slow = clearance_px(xs, ys, obstacles, canvas), brute(xs, ys, obstacles)
+        assert (fast >= 0) == (slow >= 0)
+        if slow < 0:
+            assert fast == pytest.approx(slow, abs=1e-9)

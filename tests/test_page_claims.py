@@ -581,7 +581,10 @@ def test_no_circuit_edge_runs_over_a_node(report):
         for data, layout in _plotly_figures(page):
             if "layer" in str((layout.get("yaxis") or {}).get("title")):
                 n += _check_drawing(data, layout, str(page.relative_to(report)))
-    assert n >= (40 if report.name == "demo" else 1)  # demo_large draws no circuit on its pages (none found)
+    if report.name == "demo_large":  # no circuit found within the large tier's budget: none is drawn anywhere
+        assert n == 0
+    else:
+        assert n >= 40
 
 
 @pytest.mark.parametrize("layers,heads,kv,parallel", [(6, 4, None, False), (5, 4, 2, False), (4, 3, None, True)])

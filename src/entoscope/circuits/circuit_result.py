@@ -47,15 +47,19 @@ class CircuitResult(Result):
     def save_extra(self, folder: Path, files: list[str]) -> None:
         self.circuit.save_json(folder / "circuit.json")
         self.circuit.save_graphml(folder / "circuit.graphml")
-        drawing = self.drawing()[1]
         nodes = self.extra.get("node_stats")
         if nodes:  # the senders' summed scores the drawing's hover quotes
             pd.DataFrame([{"node": n, "kind": Node.parse(n).kind, "summed_score": v, "summed_score_ci_low": lo,
                            "summed_score_ci_high": hi, "ci_level": self.summary.get("ci_level", 0.95)}
                           for n, (v, lo, hi) in nodes.items()]).to_csv(folder / "nodes.csv", index=False)
             files.append("nodes.csv")
-        write_page(folder / "circuit.html", self.title, [("circuit", figure_div(drawing))],
-                   js_relpath=self.js_relpath, back=self.back_relpath)
+        if self.summary.get("found") is False:  # no circuit to draw (and a best set of thousands of edges is slow to)
+            note = ("<p>No circuit reached the target faithfulness within the budget; circuit.json holds the best "
+                    "edge set read. The faithfulness curve:</p>")
+            sections = [("no circuit found", note + "".join(figure_div(f) for _, f in _figures(self)))]
+        else:
+            sections = [("circuit", figure_div(self.drawing()[1]))]
+        write_page(folder / "circuit.html", self.title, sections, js_relpath=self.js_relpath, back=self.back_relpath)
         (folder / "summary.json").write_text(json.dumps(self.summary, indent=2, default=float), encoding="utf-8")
         files += ["circuit.json", "circuit.graphml", "circuit.html", "summary.json"]
         if self.extra.get("curve") is not None:
