@@ -5,6 +5,8 @@ up to the budget, each evaluated by its own edge-patched run here (so the found 
 of the target, f(n - 1) < target <= f(n)); connectedness by a walk over the kept edges' names written here (no use of
 `Circuit.pruned`); the budget's refusal and the lead's words where nothing reaches the target."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -214,3 +216,13 @@ def test_edge_clearance_skips_only_obstacles_that_clear_by_their_bounding_box():
         assert (fast >= 0) == (slow >= 0)
         if slow < 0:
             assert fast == pytest.approx(slow, abs=1e-9)
+
+
+def test_a_fixed_size_circuit_with_no_path_from_the_input_to_the_logits_says_so(demo):
+    """SmolLM2's top-20 circuits held no path from the input to the logits and were described as the circuit; a
+    fixed-size circuit whose edges all fall off every such path now says so before what it recovers."""
+    result = es.Circuits(method="eap_ig", steps=5, n_edges=1, faithfulness=[0.5, 1.0]).run(
+        demo, {"task": "induction", "n": 8, "seed": 11}, quiet=True)
+    kept = result.table[result.table["in_circuit"].astype(bool)]["edge"].tolist()
+    assert len(kept) == 1 and not _connected(kept) and result.summary["n_kept_pruned"] == 0
+    assert re.search(r"none of them on a path from the input to the logits and recovers -?0\.00 \[", str(result.takeaway))

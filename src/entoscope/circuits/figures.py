@@ -218,7 +218,7 @@ def faithfulness_figure(curve: pd.DataFrame | None, chosen: dict[str, Any] | Non
         if "faithfulness_ci_low" in curve and curve["faithfulness_ci_low"].notna().any():
             fig.add_trace(go.Scatter(x=list(curve["fraction"]) + list(curve["fraction"])[::-1],
                                      y=list(curve["faithfulness_ci_high"]) + list(curve["faithfulness_ci_low"])[::-1],
-                                     fill="toself", fillcolor="rgba(43,108,176,0.15)", line={"width": 0},
+                                     fill="toself", fillcolor="rgba(43,108,176,0.15)", line={"width": 0}, mode="lines",
                                      hoverinfo="skip", name=f"band: {level} interval over prompts",
                                      meta={"band_of": "faithfulness", "table": "faithfulness.csv", "x": "fraction"}))
     else:

@@ -492,9 +492,12 @@ class Circuits(Sharded, Operation):
                                 "stable_faithfulness_ci_high": float(fs.ci_high[0])})
                 per_prompt["metric_stable_circuit"] = stable.tolist()
         data_name = prepared.data.name if prepared.data is not None else "data"
+        title = f"the {self.method} circuit of the {self.metric.type} on {data_name}: its edges and how much it recovers"
+        if summary.get("found") is False:
+            title = (f"no {self.method} circuit of the {self.metric.type} on {data_name} reaches faithfulness "
+                     f"{self.faithfulness_target:g} within {summary['max_edges']:,} edges: the curve and the edges")
         return CircuitResult(self.name, circuit.table(extra_cols or {}), per_prompt=per_prompt, figures=_figures,
-                             title=f"the {self.method} circuit of the {self.metric.type} on {data_name}: its edges and "
-                             "how much it recovers",
+                             title=title,
                              extra={"circuit": circuit, "curve": curve, "summary": summary, "decisions": decisions,
                                     "stability": stability, "node_stats": node_stats, "search": search},
                              takeaway=circuit_takeaway, blank_note=circuit_blank_note(self.method))
