@@ -62,7 +62,7 @@ def test_recorded_sizes_are_the_ones_the_large_tier_runs_used(large_report):
     curve = _manifest(large_report / "circuits")["config"]["faithfulness"]
     assert curve == list(sizes_module.COARSE_FRACTIONS)
     page = (large_report / "index.html").read_text()
-    assert "induction and IOI circuits (EAP)" in page
+    assert "induction and IOI circuits (EAP): " in page
     assert "the edge fractions " + ", ".join(f"{f:g}" for f in curve) in page
     assert _manifest(large_report / "lens")["data"]["n"] == sizes["lens"]["n"]
     assert sizes["lens"]["jacobian_fit"] is False

@@ -89,7 +89,8 @@ def circuits_section(model: Any, folder: Path, quick: bool) -> Section:
     heads = held_heads(result, screened)
     heads.to_csv(folder / HEADS, index=False)
     ranks = result.table.set_index("edge")["rank"]
-    ranked = sorted((r, route) for route in routes if (r := route_rank(route, ranks)) is not None)
+    ranked = sorted({(r, route) for route in routes if (r := route_rank(route, ranks)) is not None})  # heads sharing
+    # a key/value head (grouped-query attention) give the same route once
     found = [f"{' + '.join(route)} (weakest edge rank {r} of {s['n_edges_total']})" for r, route in ranked[:4]]
     fractions = "MIB's edge fractions" if list(op.faithfulness) == list(MIB_FRACTIONS) else \
         f"the edge fractions {', '.join(f'{f:g}' for f in op.faithfulness)} (of MIB's {len(MIB_FRACTIONS)})"
@@ -124,7 +125,11 @@ def circuits_section(model: Any, folder: Path, quick: bool) -> Section:
                                                       ("IOI", t, ioi_heads, f"{folder.name}/ioi"))):
         lead.say(" " if i else "")
         circuit_lead(lead, task, summary, held, where, folder.parent)
-    return Section(f"induction and IOI circuits ({name}), found by their faithfulness", lead.build(), body,
+    found_ones = [task for task, summary in (("induction", s), ("IOI", t)) if summary["found"]]
+    status = ("both found by their faithfulness" if len(found_ones) == 2 else
+              f"{found_ones[0]} found by its faithfulness, the other not" if found_ones else
+              "none found within the budget (the faithfulness curves)")
+    return Section(f"induction and IOI circuits ({name}): {status}", lead.build(), body,
                    terms=(name, "faithfulness", "circuit search", "head tests", "CPR", "CMD", "stable circuit",
                           "95% interval", "q-value", "names"))
 
