@@ -340,7 +340,10 @@ class Circuits(Sharded, Operation):
             st.patchers.pop(key, None)
             return PerPrompt(examples, {"circuits": np.full((len(examples), 1), np.nan)})
         patcher = st.patchers.pop(key, None) or EdgePatcher(model, graph, mine, st.metric)
-        if phase != self.phases(prepared)[-1]:  # the target search's next steps read the same batches
+        if phase != self.phases(prepared)[-1] and len(batches) == len(st.batches):
+            # the target search's next steps read the same batches: one shard of every batch keeps its patcher
+            # (its clean and corrupt runs) for them; with several shards each rebuilds its own a step, so that no
+            # more than one shard's is held at a time
             st.patchers[key] = patcher
         read = curve_points_read(graph, self.faithfulness, len(kept)) if phase == "faithfulness" else \
             (None,) * len(kept)
