@@ -176,7 +176,9 @@ def test_on_smollm2_a_circuit_shown_is_connected_and_meets_its_target_or_none_is
     else:
         assert str(result.takeaway).startswith("No circuit of 706 edges or fewer reaches the target")
         assert all(title.startswith("faithfulness") for title, _ in result.figures())
-    assert torch.isfinite(torch.tensor(result.extra["search"]["faithfulness"].to_numpy())).all()
+    read = np.concatenate([result.extra["curve"]["faithfulness"].to_numpy(float),
+                           result.extra["search"]["faithfulness"].to_numpy(float)])
+    assert np.isfinite(read).all() and s["search_points"] >= 2
 
 
 def test_where_none_is_found_the_lead_says_where_the_curve_first_reaches_the_target(demo):
