@@ -9,7 +9,6 @@ import re
 
 import numpy as np
 import pytest
-import torch
 
 import entoscope as es
 from entoscope.circuits.edge_patching import EdgePatcher
