@@ -270,3 +270,38 @@ def test_stored_routes_are_networkx_node_link_data():
         g = nx.node_link_graph(json.loads(text), edges="edges")
         assert g.number_of_edges() > 0
         assert json.dumps(nx.node_link_data(g, edges="edges")) == text
+
+
+@pytest.mark.parametrize("granularity", ["head", "token"])
+def test_moved_importance_is_the_routes_attention_edges_from_earlier_tokens_into_the_last_position(granularity):
+    """moved_importance_mean per component: summed here from each prompt's saved route graph (attention edges whose
+    target is the last position's node and whose source token is earlier), 0 where a route has none, averaged over
+    the prompts; MLPs move nothing between tokens."""
+    m = load_model("demo")
+    result = InformationFlowRoutes(tau=0.04, granularity=granularity).run(m, es.tasks.ioi(n=6, seed=3), quiet=True)
+    graphs = list(result.extra["graphs"])
+    for _, row in result.table.iterrows():
+        moved = []
+        for g in graphs:
+            last = g.graph["position"]
+            moved.append(sum(d["importance"] for u, v, d in g.edges(data=True)
+                             if d["component"] == row.component and d["kind"] == "attention"
+                             and g.nodes[v]["position"] == last and g.nodes[u]["position"] < last))
+        assert row.moved_importance_mean == pytest.approx(sum(moved) / len(moved), abs=1e-6)
+        assert row.moved_importance_mean_ci_low <= row.moved_importance_mean + 1e-9
+    assert (result.table[result.table.kind == "mlp"].moved_importance_mean == 0).all()
+    assert (result.table.moved_importance_mean > 0).any()
+
+
+def test_the_lead_names_routes_into_the_prediction_and_says_the_always_on_components_once():
+    m = load_model("demo")
+    result = InformationFlowRoutes(tau=0.04).run(m, es.tasks.ioi(n=6, seed=3), quiet=True)
+    text, t = str(result.takeaway), result.table
+    top = t.sort_values("moved_importance_mean", ascending=False, kind="stable").head(6)
+    assert text.startswith("Routes into the prediction from earlier tokens")
+    said = text.split("Always on")[0]
+    named = sorted((said.index(f"{c} "), c) for c in t.component if f"{c} " in said)
+    assert [c for _, c in named] == list(top.component)  # the six largest, in order, and no other
+    always = int((t.in_route >= 1).sum())
+    assert f"Always on, said once: {always} of {len(t)} components are on every prompt's route" in text
+    assert text.count("Always on") == 1

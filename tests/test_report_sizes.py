@@ -51,14 +51,18 @@ def large_report(demo, tmp_path_factory):
 def test_recorded_sizes_are_the_ones_the_large_tier_runs_used(large_report):
     sizes = _manifest(large_report)["sizes"]
     assert sizes["tier"] == "large"
+    n_edges = 262  # the demo's graph: 1 + 3 x (4 + 1) senders; (a test of its own counts them)
     for where in ("circuits", "circuits/ioi"):
         run = _manifest(large_report / where)
         assert run["config"]["method"] == sizes["circuits"]["method"] == "eap"
         assert run["data"]["n"] == sizes["circuits"]["n"]
+        assert run["config"]["selection"] == "target"  # found by its faithfulness, within the large tier's budget
+        assert run["config"]["max_edges"] == int(sizes["circuits"]["budget"] * n_edges) == int(0.05 * n_edges)
+        assert run["config"]["search_steps"] == sizes["circuits"]["search_steps"]
     curve = _manifest(large_report / "circuits")["config"]["faithfulness"]
     assert curve == list(sizes_module.COARSE_FRACTIONS)
     page = (large_report / "index.html").read_text()
-    assert "induction and IOI circuits (EAP)" in page
+    assert "induction and IOI circuits (EAP): " in page
     assert "the edge fractions " + ", ".join(f"{f:g}" for f in curve) in page
     assert _manifest(large_report / "lens")["data"]["n"] == sizes["lens"]["n"]
     assert sizes["lens"]["jacobian_fit"] is False

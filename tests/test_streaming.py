@@ -49,6 +49,9 @@ OPERATIONS = {
                  {"task": "ioi", "n": 24, "seed": 1}),
     "circuits": (lambda: es.Circuits(method="eap", n_edges=20, faithfulness=[0.1, 0.5, 1.0], stability=8, stats=FAST),
                  {"task": "ioi", "n": 24, "seed": 1}),
+    "circuits_target": (lambda: es.Circuits(method="eap_ig", steps=2, selection="target", max_edges=52,
+                                            faithfulness=[0.05, 0.2, 1.0], stability=8, stats=FAST),
+                        {"task": "ioi", "n": 24, "seed": 1}),
     "lens": (lambda: es.Lens(stats=FAST), {"task": "ioi", "n": 24, "seed": 1}),
     "dla": (lambda: es.DirectLogitAttribution(stats=FAST), {"task": "ioi", "n": 24, "seed": 1}),
     "head_scores": (lambda: es.HeadScores(stats=FAST), {"task": "induction", "n": 24, "seed": 1}),
@@ -70,8 +73,11 @@ def test_a_run_streamed_from_its_shard_files_equals_the_run_held_in_memory(name,
     for f in ("per_prompt.csv", "table.csv"):  # written block by block, the same bytes
         assert (tmp_path / "streamed" / f).read_bytes() == (tmp_path / "held" / f).read_bytes()
     _same_tables(pd.read_parquet(tmp_path / "streamed" / "per_prompt.parquet"), held.per_prompt)
-    if name == "circuits":
+    if name.startswith("circuits"):
         assert streamed.summary == held.summary
+    if name == "circuits_target":  # the search's steps ran shard by shard, each point chosen on the driver
+        assert held.summary["found"] and held.summary["search_points"] > 3
+        _same_tables(streamed.extra["search"], held.extra["search"])
     if name == "patching":  # read from the shards' buckets on first use
         assert "patched" in streamed.extra and set(streamed.extra) == set(held.extra)
         np.testing.assert_array_equal(streamed.extra["patched"].numpy(), held.extra["patched"].numpy())

@@ -40,6 +40,12 @@ def clearance_px(xs: np.ndarray, ys: np.ndarray, obstacles: np.ndarray, canvas: 
         return float("inf")
     P = np.column_stack([xs * canvas.sx, ys * canvas.sy])
     Q = obstacles[:, :2] * np.array([canvas.sx, canvas.sy])
+    # an obstacle farther than its clearance outside the polyline's bounding box clears it (a positive margin):
+    # it cannot be the smallest margin where any is negative, nor change whether one is, so it is left out
+    near = ((Q >= P.min(0) - obstacles[:, 2:]) & (Q <= P.max(0) + obstacles[:, 2:])).all(1)
+    if not near.any():
+        return float("inf")
+    Q, obstacles = Q[near], obstacles[near]
     a, b = P[:-1], P[1:]
     ab = b - a
     t = ((Q[:, None, :] - a[None]) * ab[None]).sum(-1) / np.maximum((ab ** 2).sum(-1), 1e-12)[None]

@@ -199,35 +199,58 @@ def _out_scores(circuit: Circuit) -> dict[str, float]:
     return out
 
 
-def faithfulness_figure(curve: pd.DataFrame, chosen: dict[str, Any] | None = None) -> Any:
+def faithfulness_figure(curve: pd.DataFrame | None, chosen: dict[str, Any] | None = None,
+                        search: pd.DataFrame | None = None) -> Any:
     """Faithfulness over the fractions of edges kept, with its interval band; `chosen` (the run's summary)
-    marks the circuit the run chose, with its faithfulness and interval."""
+    marks the circuit the run chose, with its faithfulness and interval; `search` (selection "target": the points
+    the search read besides the curve's, search.csv) adds them as markers, with the target and the budget."""
     import plotly.graph_objects as go
 
-    level = level_text(curve)
-    rows = curve.to_dict("records")
-    fig = go.Figure(go.Scatter(x=curve["fraction"], y=curve["faithfulness"], mode="lines+markers", name="faithfulness",
-                               text=[f"{r['n_edges']} edges (fraction {r['fraction']:.3g})<br>"
-                                     f"{hover_value(r, 'faithfulness')}" for r in rows],
-                               hovertemplate="%{text}<extra></extra>"))
-    if "faithfulness_ci_low" in curve and curve["faithfulness_ci_low"].notna().any():
-        fig.add_trace(go.Scatter(x=list(curve["fraction"]) + list(curve["fraction"])[::-1],
-                                 y=list(curve["faithfulness_ci_high"]) + list(curve["faithfulness_ci_low"])[::-1],
-                                 fill="toself", fillcolor="rgba(43,108,176,0.15)", line={"width": 0},
-                                 hoverinfo="skip", name=f"band: {level} interval over prompts",
-                                 meta={"band_of": "faithfulness", "table": "faithfulness.csv", "x": "fraction"}))
+    fig = go.Figure()
+    if curve is not None and len(curve):
+        level = level_text(curve)
+        rows = curve.to_dict("records")
+        fig.add_trace(go.Scatter(x=curve["fraction"], y=curve["faithfulness"], mode="lines+markers",
+                                 name="faithfulness",
+                                 text=[f"{r['n_edges']} edges (fraction {r['fraction']:.3g})<br>"
+                                       f"{hover_value(r, 'faithfulness')}" for r in rows],
+                                 hovertemplate="%{text}<extra></extra>"))
+        if "faithfulness_ci_low" in curve and curve["faithfulness_ci_low"].notna().any():
+            fig.add_trace(go.Scatter(x=list(curve["fraction"]) + list(curve["fraction"])[::-1],
+                                     y=list(curve["faithfulness_ci_high"]) + list(curve["faithfulness_ci_low"])[::-1],
+                                     fill="toself", fillcolor="rgba(43,108,176,0.15)", line={"width": 0}, mode="lines",
+                                     hoverinfo="skip", name=f"band: {level} interval over prompts",
+                                     meta={"band_of": "faithfulness", "table": "faithfulness.csv", "x": "fraction"}))
+    else:
+        level = level_text(search) if search is not None and len(search) else level_text(chosen or {})
+    if search is not None and len(search):
+        rows = search.to_dict("records")
+        fig.add_trace(go.Scatter(x=search["fraction"], y=search["faithfulness"], mode="markers",
+                                 marker={"size": 8, "symbol": "diamond-open", "color": "#2f855a"},
+                                 name="points the target search read", text=[
+                                     f"the top {r['n_edges']} edges ({r['n_edges_pruned']} after pruning; {r['point']})"
+                                     f"<br>{hover_value(r, 'faithfulness')}" for r in rows],
+                                 hovertemplate="%{text}<extra></extra>"))
     if chosen and chosen.get("faithfulness") is not None and chosen.get("n_edges_total"):
         frame = pd.DataFrame([chosen])
-        point = {"x": [chosen["n_kept"] / chosen["n_edges_total"]], "y": [chosen["faithfulness"]]}
+        top = chosen.get("n_top", chosen["n_kept"])
+        point = {"x": [top / chosen["n_edges_total"]], "y": [chosen["faithfulness"]]}
         bars = interval_bars(frame.assign(_id="summary"), "faithfulness", "_id", table="summary.json")
         if bars:
             bars["meta"]["key"] = None  # the summary file's top level
+        what = "circuit found" if chosen.get("found") else "best edge set read" if "found" in chosen else \
+            "chosen circuit"
         fig.add_trace(go.Scatter(**point, mode="markers", marker={"size": 13, "symbol": "star", "color": "#c05621"},
-                                 name=f"chosen circuit: {chosen['n_kept']} edges ({level} interval)",
-                                 text=[f"the chosen circuit: {chosen['n_kept']} of {chosen['n_edges_total']} edges<br>"
+                                 name=f"{what}: {chosen['n_kept']} edges ({level} interval)",
+                                 text=[f"the {what}: {chosen['n_kept']} of {chosen['n_edges_total']} edges<br>"
                                        f"{hover_value(chosen, 'faithfulness')}"],
                                  hovertemplate="%{text}<extra></extra>", **bars))
     fig.add_hline(y=1.0, line_dash="dot", line_color="#888")
+    if chosen and "faithfulness_target" in chosen:
+        fig.add_hline(y=chosen["faithfulness_target"], line_dash="dash", line_color="#c05621",
+                      annotation_text=f"target {chosen['faithfulness_target']:g}", annotation_position="bottom right")
+        fig.add_vline(x=chosen["max_edges"] / chosen["n_edges_total"], line_dash="dash", line_color="#888",
+                      annotation_text=f"budget: {chosen['max_edges']:,} edges", annotation_position="top left")
     fig.update_layout(xaxis={"title": "fraction of edges kept (top by |score|)", "type": "log", "dtick": 1,
                              "tickformat": ".3~g"},
                       yaxis_title="faithfulness (m(C) - m(empty)) / (m(full) - m(empty))", height=380)

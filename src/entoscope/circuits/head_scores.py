@@ -34,13 +34,29 @@ The test (what `significant` and `confirm` read): a head's score against chance.
             targets, e.g. on the BOS) differs from chance too, with a negative excess.
 Uniform causal attention is the null model of an attention pattern carrying no information about the
 targets (the "random baseline" of Olsson et al. 2022's prefix-matching scores reads the same way); a head
-that is significant has more (or less) attention on its targets than that, which is weaker than being a
-head "of a kind" (the takeaway's `most` rule on `score`).
+that is significant has more (or less) attention on its targets than that. Nearly every head of a trained
+model differs from uniform attention, so this test separates little; the takeaway does not lead with it.
+
+The control (what the takeaway names heads by, `passes`): a head of a kind would fail it.
+  control   with a period, the same head's `score` at the same targets on a control prompt: the prompt with
+            its second copy's tokens shuffled (a derangement of the first copy: no token at its own place,
+            seeded by the run's seed and the example's index), so no query of the second copy repeats the
+            token its duplicate target holds or follows its induction target's predecessor. A duplicate-token
+            or induction head attends to its targets because of the repeat, and loses them there; a head
+            attending by position alone (a fixed offset) keeps them. Not for previous-token heads: one attends
+            to the token before whatever the tokens are, so no shuffle of the tokens fails it.
+  over_control  score - control per prompt, its mean over the prompts with a target and its interval.
+  passes    duplicate-token and induction (with the control): the interval of `over_control` lies wholly
+            above CONTROL_MARGIN (results/claims.py: at least that share of its attention moves onto its
+            targets because the tokens repeat); previous-token (and any kind without a control): the `most`
+            rule on `score` (at least half of its attention on its targets, the interval's lower end above
+            one half). docs/circuits.md and docs/pages.md say the same.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -59,6 +75,7 @@ from ..metrics import readable
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
 from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
+from ..results.claims import clears, most
 from ..results.lazy import LazyTable
 from ..results.result import Result
 from ..stats import Stats, interval_columns, streamed_mean, summarise
@@ -119,6 +136,30 @@ def uniform_pattern(lengths: Tensor, T: int) -> Tensor:
     return (causal[None] * inside)[:, None]
 
 
+CONTROLLED = ("duplicate_token", "induction")  # the kinds a shuffled second copy fails
+
+
+def control_tokens(tokens: Tensor, lengths: Tensor, offsets: Sequence[int], period: int, seed: int,
+                   examples: Sequence[int]) -> Tensor:
+    """[B, T] the control prompts of a right-padded batch: each prompt's second copy (positions o + P .. o + 2P - 1
+    that exist) replaced by the first copy's tokens in a deranged order (position o + P + i takes the token of
+    o + pi(i), pi a permutation of 0..P-1 with no pi(i) = i, drawn from numpy's generator seeded by (seed,
+    example index), so a prompt's control is the same in any batch or shard); everything else is kept. With
+    P = 1 no derangement exists and the prompt is kept (its control scores are then its scores)."""
+    out = tokens.clone()
+    for j, (ex, o) in enumerate(zip(examples, offsets)):
+        m = min(period, int(lengths[j]) - o - period)  # second-copy positions in this prompt
+        if period < 2 or m < 1:
+            continue
+        rng = np.random.default_rng([seed, int(ex)])
+        while True:
+            pi = rng.permutation(period)
+            if not (pi == np.arange(period)).any():
+                break
+        out[j, o + period:o + period + m] = tokens[j, torch.as_tensor(o + pi[:m])]
+    return out
+
+
 def score_patterns(pattern: Tensor, det: Tensor, lengths: Tensor, exclude_bos: bool = False,
                    exclude_current: bool = False) -> tuple[Tensor, Tensor]:
     """pattern [B, H, T, T], det [B, T, T] -> (score [B, H], score_tl [B, H])."""
@@ -146,6 +187,7 @@ class HeadScoresState:
 
     batches: list[Batch]
     offsets: tuple[int, ...] = ()  # with a period: where each prompt's first copy starts (period_offsets)
+    controls: tuple[Tensor, ...] = ()  # with the control: each batch's control prompts (control_tokens)
 
 
 @register_operation
@@ -157,6 +199,8 @@ class HeadScores(Sharded, Operation):
                      the first copy starts after a leading BOS, or at the example's meta `offset`.
     exclude_bos:     ignore attention to position 0.
     exclude_current: ignore attention to the query's own position.
+    control:         with a period, score duplicate-token and induction heads again on control prompts (the
+                     second copy shuffled) and name heads by score - control (the module's docstring).
     """
 
     name = "head_scores"
@@ -165,6 +209,12 @@ class HeadScores(Sharded, Operation):
     period: int | None = Field(default=None, ge=1)
     exclude_bos: bool = False
     exclude_current: bool = False
+    control: bool = Field(default=True, description="with a period: score duplicate-token and induction heads again "
+                          "on control prompts whose second copy is shuffled (no token at its own place) and test "
+                          "score - control (a head of the kind fails the control; docs/circuits.md)")
+
+    def uses_control(self) -> bool:
+        return self.control and self.period is not None and self.period >= 2 and bool(set(CONTROLLED) & set(self.kinds))
 
     def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[HeadScoresState]:
         assert data is not None
@@ -183,10 +233,18 @@ class HeadScores(Sharded, Operation):
         per_example = 4 * s.n_layers * s.n_heads * T * T * 2 + 4 * T * s.d_vocab
         bs = self.choose_batch_size(per_example, len(td))
         batches = make_batches(td, bs, pad_id(model))
-        plan = Plan(self.name, rows=s.n_layers * s.n_heads * len(self.kinds), forward_passes=len(td),
+        controls: tuple[Tensor, ...] = ()
+        if self.uses_control():
+            assert self.period is not None
+            controls = tuple(control_tokens(b.tokens, b.lengths, [offsets[i] for i in b.index], self.period,
+                                            self.seed, b.index) for b in batches)
+        notes = ([f"control: each prompt again with its second copy shuffled ({', '.join(CONTROLLED)} heads scored "
+                  "there too)"] if controls else [])
+        plan = Plan(self.name, rows=s.n_layers * s.n_heads * len(self.kinds), forward_passes=len(td) * (2 if controls
+                                                                                                       else 1),
                     backward_passes=0, batch_sizes=[len(b) for b in batches], examples=len(td),
-                    peak_memory_bytes=model_bytes(model) + bs * per_example)
-        return Prepared(model, data, plan, HeadScoresState(batches, tuple(offsets)))
+                    peak_memory_bytes=model_bytes(model) + bs * per_example, notes=notes)
+        return Prepared(model, data, plan, HeadScoresState(batches, tuple(offsets), controls))
 
     # sharded (docs/scale.md): a shard returns its prompts' scores; summarise has every prompt's
     def execute_shard(self, prepared: Prepared[HeadScoresState], phase: str, batches: list[int], *,
@@ -197,11 +255,13 @@ class HeadScores(Sharded, Operation):
         mine = [st.batches[i] for i in batches]
         examples = [i for b in mine for i in b.index]
         n = len(examples)
-        per_prompt = {k: torch.full((3, n, s.n_layers, s.n_heads), float("nan"), dtype=torch.float64)
+        # per kind [4, n, L, H]: score, score_tl, chance, control (NaN: no control for this kind)
+        per_prompt = {k: torch.full((4, n, s.n_layers, s.n_heads), float("nan"), dtype=torch.float64)
                       for k in self.kinds}
         start = 0
-        for b in progress(mine, total=len(mine), desc="head scores", quiet=quiet):
+        for bi, b in progress(list(zip(batches, mine)), total=len(mine), desc="head scores", quiet=quiet):
             out = model.run(b.tokens, reads)
+            control = model.run(st.controls[bi], reads) if st.controls else None
             idx = torch.arange(start, start + len(b))  # this shard's rows
             start += len(b)
             for kind in self.kinds:
@@ -215,14 +275,18 @@ class HeadScores(Sharded, Operation):
                                             self.exclude_current)
                     per_prompt[kind][0, idx, L] = sc.double().cpu()
                     per_prompt[kind][1, idx, L] = tl.double().cpu()
-        return PerPrompt(examples, {k: v.transpose(0, 1).numpy() for k, v in per_prompt.items()})  # [n, 3, L, H]
+                    if control is not None and kind in CONTROLLED:  # the same targets on the control prompt
+                        cs, _ = score_patterns(readable(control[reads[L]]), det, b.lengths, self.exclude_bos,
+                                               self.exclude_current)
+                        per_prompt[kind][3, idx, L] = cs.double().cpu()
+        return PerPrompt(examples, {k: v.transpose(0, 1).numpy() for k, v in per_prompt.items()})  # [n, 4, L, H]
 
     def summarise(self, prepared: Prepared[HeadScoresState], merged: dict[str, Any], *, quiet: bool = False) -> Result:
         s, columns = prepared.model.structure, merged["main"]
         n = columns.n
         kinds = list(self.kinds)
         table = head_score_summary(n, kinds, s.n_layers, s.n_heads, lambda lo, hi: columns.read(lo, hi, kinds),
-                                   self.stats, self.seed)
+                                   self.stats, self.seed, [k for k in CONTROLLED if self.uses_control()])
         for kind in self.kinds:
             scored = int(table.loc[table["kind"] == kind, "n_prompts"].iloc[0])  # prompts with a target position
             if scored == 0:
@@ -246,16 +310,18 @@ def _frame_rows(columns: Any, kinds: list[str], n_layers: int, n_heads: int, lo:
     for k, kind in enumerate(kinds):
         a, b = max(lo, k * n) - k * n, min(hi, (k + 1) * n) - k * n
         if a < b:
-            v = torch.from_numpy(columns.read(a, b, [kind])[kind]).transpose(0, 1)  # [3, rows, L, H]
+            v = torch.from_numpy(columns.read(a, b, [kind])[kind]).transpose(0, 1)  # [4, rows, L, H]
             frames.append(head_score_frame({kind: v}, n_layers, n_heads, first=a))
     return pd.concat(frames, ignore_index=True) if frames else head_score_frame({}, n_layers, n_heads)
 
 
 def head_score_frame(per_prompt: dict[str, Tensor], n_layers: int, n_heads: int, first: int = 0) -> pd.DataFrame:
     """The per-prompt table: one row per (kind, example, layer, head) with `score` (NaN: no target
-    position in that prompt), `score_tl` and `chance` (the score of uniform causal attention on that
-    prompt, the same for every head). per_prompt[kind]: [3, n, layers, heads] of examples first.."""
-    frames = [pd.DataFrame(columns=["kind", "example", "layer", "head", "site", "score", "score_tl", "chance"])]
+    position in that prompt), `score_tl`, `chance` (the score of uniform causal attention on that
+    prompt, the same for every head) and `control` (the head's score on the prompt's control, NaN where the
+    kind has none). per_prompt[kind]: [4, n, layers, heads] of examples first.. (3 rows: no control)."""
+    frames = [pd.DataFrame(columns=["kind", "example", "layer", "head", "site", "score", "score_tl", "chance",
+                                    "control"])]
     for kind, v in per_prompt.items():
         n = v.shape[1]
         ex, L, h = np.meshgrid(np.arange(first, first + n), np.arange(n_layers), np.arange(n_heads), indexing="ij")
@@ -263,7 +329,9 @@ def head_score_frame(per_prompt: dict[str, Tensor], n_layers: int, n_heads: int,
                                     "head": h.reshape(-1),
                                     "site": [naming.head(a, b) for a, b in zip(L.reshape(-1), h.reshape(-1))],
                                     "score": v[0].reshape(-1).numpy(), "score_tl": v[1].reshape(-1).numpy(),
-                                    "chance": v[2].reshape(-1).numpy()}))
+                                    "chance": v[2].reshape(-1).numpy(),
+                                    "control": (v[3].reshape(-1).numpy() if len(v) > 3
+                                                else np.full(v[0].numel(), np.nan))}))
     return pd.concat(frames[1:], ignore_index=True) if len(frames) > 1 else frames[0]
 
 
@@ -274,28 +342,36 @@ def summarise_head_scores(per_prompt: pd.DataFrame, stats: Stats, seed: int) -> 
     n_layers, n_heads = int(per_prompt["layer"].max()) + 1, int(per_prompt["head"].max()) + 1
     arrays = {}
     for kind, sub in per_prompt.groupby("kind", sort=False):
-        grids = [sub.pivot_table(index="example", columns=["layer", "head"], values=col, dropna=False, sort=True)
-                 .to_numpy(dtype=np.float64).reshape(-1, n_layers, n_heads) for col in ("score", "score_tl", "chance")]
-        arrays[kind] = np.stack(grids, 1)  # [n, 3, L, H]
+        sub = sub.sort_values(["example", "layer", "head"], kind="stable")  # every (example, layer, head) once
+        shape = (sub["example"].nunique(), n_layers, n_heads)
+        grids = [sub[col].to_numpy(dtype=np.float64).reshape(shape) if col in sub else np.full(shape, np.nan)
+                 for col in ("score", "score_tl", "chance", "control")]
+        arrays[kind] = np.stack(grids, 1)  # [n, 4, L, H]
     n = len(next(iter(arrays.values())))
+    controlled = [k for k, v in arrays.items() if np.isfinite(v[:, 3]).any()]
     return head_score_summary(n, kinds, n_layers, n_heads, lambda lo, hi: {k: v[lo:hi] for k, v in arrays.items()},
-                              stats, seed)
+                              stats, seed, controlled)
 
 
 def head_score_summary(n: int, kinds: list[str], n_layers: int, n_heads: int, read: Any, stats: Stats,
-                       seed: int) -> pd.DataFrame:
+                       seed: int, controlled: Sequence[str] = ()) -> pd.DataFrame:
     """One row per (kind, layer, head) from the per-prompt scores read in blocks (read(lo, hi) -> {kind:
-    [rows, 3, L, H]}: score, score_tl, chance): `score` (mean over the prompts with a target position),
-    `score_tl` (mean over all prompts), each with its bootstrap interval over prompts (one resampling of the
-    prompts for every kind, head and column), `chance` (mean over the prompts with a target position, with its
-    interval) and
-    `excess` = score - chance per prompt, tested against 0 (`excess_p`, `excess_q` over every row,
-    `significant`; the module's docstring)."""
+    [rows, 4, L, H]}: score, score_tl, chance, control; 3 rows: no control): `score` (mean over the prompts
+    with a target position), `score_tl` (mean over all prompts), each with its bootstrap interval over prompts
+    (one resampling of the prompts for every kind, head and column), `chance` (mean over the prompts with a
+    target position, with its interval), `excess` = score - chance per prompt, tested against 0 (`excess_p`,
+    `excess_q` over every row, `significant`), and where a kind has a control: `control` and `over_control`
+    = score - control per prompt, each with its interval (`controlled`: the kinds with one); `passes` for every
+    row (the module's docstring)."""
     LH = n_layers * n_heads
     L, H = np.meshgrid(np.arange(n_layers), np.arange(n_heads), indexing="ij")
 
     def block(lo: int, hi: int) -> dict[str, np.ndarray]:
-        return {k: np.asarray(v, np.float64).reshape(hi - lo, 3, LH) for k, v in read(lo, hi).items()}
+        out = {}
+        for k, v in read(lo, hi).items():
+            v = np.asarray(v, np.float64).reshape(hi - lo, -1, LH)
+            out[k] = v if v.shape[1] > 3 else np.concatenate([v, np.full((hi - lo, 1, LH), np.nan)], axis=1)
+        return out
 
     def stacked(lo: int, hi: int) -> np.ndarray:  # per kind: score then score_tl, each [rows, L x H]
         b = block(lo, hi)
@@ -304,17 +380,27 @@ def head_score_summary(n: int, kinds: list[str], n_layers: int, n_heads: int, re
     def excess(lo: int, hi: int) -> np.ndarray:  # per kind: score - chance, [rows, L x H]
         b = block(lo, hi)
         return np.concatenate([b[k][:, 0] - b[k][:, 2] for k in kinds], axis=1)
+
     def chance(lo: int, hi: int) -> np.ndarray:  # per kind: the chance score, one column (equal over heads)
         b = block(lo, hi)
         return np.stack([b[k][:, 2, 0] for k in kinds], axis=1)
     width = 2 * LH * len(kinds)
     # score and score_tl are not tested (a score is >= 0): their p is not refined; the excess's is (one
     # resampling of the prompts for both: the same seed)
-    summary = summarise(streamed_mean(n, width, stacked), stats.model_copy(update={"refine_p": False}), seed)
+    untested = stats.model_copy(update={"refine_p": False})
+    summary = summarise(streamed_mean(n, width, stacked), untested, seed)
     tested = summarise(streamed_mean(n, LH * len(kinds), excess), stats, seed)
-    level = summarise(streamed_mean(n, len(kinds), chance), stats.model_copy(update={"refine_p": False}), seed)
+    level = summarise(streamed_mean(n, len(kinds), chance), untested, seed)
     test_cols = interval_columns(tested, "excess", stats, test=True)
     counts = column_moments(n, width, stacked).count
+    controlled = [k for k in kinds if k in controlled]
+
+    def against_control(lo: int, hi: int) -> np.ndarray:  # per controlled kind: control, then score - control
+        b = block(lo, hi)
+        return np.concatenate([np.concatenate([b[k][:, 3], b[k][:, 0] - b[k][:, 3]], axis=1) for k in controlled],
+                              axis=1)
+    ctrl = summarise(streamed_mean(n, 2 * LH * len(controlled), against_control), untested, seed) if controlled \
+        else None
     tables = []
     for i, kind in enumerate(kinds):
         table = pd.DataFrame({"kind": kind, "layer": L.reshape(-1), "head": H.reshape(-1),
@@ -333,9 +419,25 @@ def head_score_summary(n: int, kinds: list[str], n_layers: int, n_heads: int, re
             table[key] = value[i]
         for key, value in test_cols.items():
             table[key] = np.asarray(value)[part]
+        if ctrl is not None:
+            c = controlled.index(kind) if kind in controlled else None
+            for j, col in enumerate(("control", "over_control")):
+                part = slice((2 * c + j) * LH, (2 * c + j + 1) * LH) if c is not None else None
+                table[col] = ctrl.value[part] if part else np.nan
+                for key, value in interval_columns(ctrl, col, stats).items():
+                    table[key] = np.asarray(value)[part] if part else np.nan
         table["ci_level"] = stats.ci_level
+        table["passes"] = [head_passes(r) for r in table.to_dict("records")]
         tables.append(table)
     return pd.concat(tables, ignore_index=True)
+
+
+def head_passes(row: dict[str, Any]) -> bool:
+    """A head of its kind by the test docs/pages.md writes: with a control, `over_control`'s interval lies
+    wholly above CONTROL_MARGIN (results/claims.py `clears`); else the `most` rule on `score`."""
+    if np.isfinite(row.get("over_control", np.nan)):
+        return clears(row.get("over_control_ci_low"))
+    return most(row["score"], row.get("score_ci_low"))
 
 
 def _figures(result: Result) -> list[tuple[str, Any]]:

@@ -42,13 +42,11 @@ edges).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-import pandas as pd
 import torch
 from pydantic import Field
 from torch import Tensor
@@ -59,7 +57,6 @@ from ..data.tokenized import Batch, make_batches, pad_id, tokenize_data
 from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
 from ..results.lazy import LazyTable
-from ..stats import Stats, interval_columns, share_interval, streamed_mean, summarise
 from ..metrics import readable
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
@@ -67,6 +64,7 @@ from ..models.post_norms import post_scale_reads, through_post_norm
 from ..models.structure import Structure
 from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
 from ..results.result import Result
+from .ifr_table import RouteGraphs, component_stats, component_table, edge_frame
 from .route_links import LinkGraph
 from .takeaway import routes_takeaway
 
@@ -425,8 +423,7 @@ class InformationFlowRoutes(Sharded, Operation):
         # per prompt, layer and component (the heads, or one attention column with granularity "token",
         # then the MLP last): summed importance of kept edges, their count, importance into the last position
         comp_sum = torch.zeros(len(examples), s.n_layers, s.n_heads + 1)
-        comp_edges = torch.zeros_like(comp_sum)
-        comp_last = torch.zeros_like(comp_sum)
+        comp_edges, comp_last, comp_moved = torch.zeros_like(comp_sum), torch.zeros_like(comp_sum), torch.zeros_like(comp_sum)
         for batch in progress(mine, total=len(mine), desc="ifr", quiet=quiet):
             with torch.no_grad():
                 last = batch.last
@@ -435,7 +432,7 @@ class InformationFlowRoutes(Sharded, Operation):
                 imp, routes = _to_cpu(imp), _routes_to_cpu(routes)
                 predicted = out.logits.argmax(-1).cpu()
             idx = torch.tensor([local[ex] for ex in batch.index])
-            _component_stats(imp, routes, last, idx, comp_sum, comp_edges, comp_last)
+            component_stats(imp, routes, last, idx, comp_sum, comp_edges, comp_last, comp_moved)
             for j, ex in enumerate(batch.index):
                 n = int(batch.lengths[j])
                 tokens = [vocab[int(t)] for t in batch.tokens[j, :n]]
@@ -445,13 +442,14 @@ class InformationFlowRoutes(Sharded, Operation):
                 g = route_graph(imp, routes, j, tokens, meta)
                 graphs[local[ex]] = json.dumps(g.node_link_data())
         return PerPrompt(examples, {"comp_sum": comp_sum.numpy(), "comp_edges": comp_edges.numpy(),
-                                    "comp_last": comp_last.numpy(), "graph": np.asarray(graphs, dtype=object)})
+                                    "comp_last": comp_last.numpy(), "comp_moved": comp_moved.numpy(),
+                                    "graph": np.asarray(graphs, dtype=object)})
 
     def summarise(self, prepared: Prepared, merged: dict[str, Any], *, quiet: bool = False) -> Result:
         columns = merged["main"]
         graphs = RouteGraphs(columns)
-        table = _component_table(prepared.model.structure, self.granularity, columns, self.stats, self.seed)
-        per_prompt = LazyTable(columns.n, lambda lo, hi: _edge_frame(graphs[lo:hi]), rows_per_prompt=64)
+        table = component_table(prepared.model.structure, self.granularity, columns, self.stats, self.seed)
+        per_prompt = LazyTable(columns.n, lambda lo, hi: edge_frame(graphs[lo:hi]), rows_per_prompt=64)
         return RoutesResult(self.name, table, per_prompt=per_prompt, figures=self._figures,
                             title=f"information flow routes (tau {self.tau:g}): what each prompt's prediction is built "
                             "from", extra={"graphs": graphs},
@@ -494,107 +492,3 @@ def _to_cpu(imp: FlowImportances) -> FlowImportances:
 def _routes_to_cpu(routes: Routes) -> Routes:
     return Routes(**{f: None if getattr(routes, f) is None else getattr(routes, f).cpu()
                      for f in routes.__dataclass_fields__})
-
-
-def _component_stats(imp: FlowImportances, routes: Routes, last: Tensor, idx: Tensor, comp_sum: Tensor,
-                     comp_edges: Tensor, comp_last: Tensor) -> None:
-    """Per prompt and component: summed importance and count of kept edges; importance into the last position."""
-    B = last.shape[0]
-    b = torch.arange(B)
-    kept_attn = imp.attn * routes.attn  # [L, B, T, (H,) T]
-    if imp.granularity == "head":
-        attn_sum = kept_attn.sum(dim=(2, 4)).permute(1, 0, 2)  # [B, L, H]
-        attn_count = routes.attn.sum(dim=(2, 4)).permute(1, 0, 2).float()
-        attn_last = imp.attn[:, b, last].sum(-1).permute(1, 0, 2)  # [B, L, H]
-    else:
-        attn_sum = kept_attn.sum(dim=(2, 3)).T[..., None]  # [B, L, 1]
-        attn_count = routes.attn.sum(dim=(2, 3)).T[..., None].float()
-        attn_last = imp.attn[:, b, last].sum(-1).T[..., None]
-    mlp_sum = (imp.mlp * routes.mlp).sum(-1).T  # [B, L]
-    mlp_count = routes.mlp.sum(-1).T.float()
-    mlp_last = imp.mlp[:, b, last].T
-    H = attn_sum.shape[-1]
-    comp_sum[idx, :, :H] = attn_sum
-    comp_edges[idx, :, :H] = attn_count
-    comp_last[idx, :, :H] = attn_last
-    comp_sum[idx, :, -1] = mlp_sum
-    comp_edges[idx, :, -1] = mlp_count
-    comp_last[idx, :, -1] = mlp_last
-
-
-def _component_table(s: Structure, granularity: str, columns: Any, stats: Stats, seed: int) -> pd.DataFrame:
-    """Per component: the share of prompts whose route uses it, with its Wilson score interval
-    (stats/proportion.py), and its mean edges and importances, each with its bootstrap interval over
-    prompts (one resampling for every column; `in_route_se` is the bootstrap's too), read block by block
-    from the per-prompt component sums [n, layers, heads + 1]."""
-    heads = s.n_heads if granularity == "head" else 1
-    rows = []
-    for L in range(s.n_layers):
-        for h in range(heads):
-            rows.append(("attention", naming.head(L, h) if granularity == "head" else naming.attention(L), L,
-                         h if granularity == "head" else None, h))
-        rows.append(("mlp", naming.mlp(L), L, None, s.n_heads))
-    frame = pd.DataFrame({"component": [r[1] for r in rows], "kind": [r[0] for r in rows],
-                          "layer": pd.array([r[2] for r in rows], dtype="Int64"),
-                          "head": pd.array([r[3] for r in rows], dtype="Int64")})
-    layer = np.array([r[2] for r in rows])
-    col = np.array([r[4] for r in rows])
-
-    def values(lo: int, hi: int) -> np.ndarray:  # [rows, 4 x components]
-        b = columns.read(lo, hi, ["comp_sum", "comp_edges", "comp_last"])
-        edges = b["comp_edges"][:, layer, col]
-        return np.concatenate([(edges > 0), edges, b["comp_sum"][:, layer, col], b["comp_last"][:, layer, col]],
-                              axis=1).astype(np.float64)
-    R = len(rows)
-    summary = summarise(streamed_mean(columns.n, 4 * R, values, skip_nan=False), stats, seed)
-    for j, name in enumerate(("in_route", "edges_mean", "importance_mean", "last_position_importance_mean")):
-        part = slice(j * R, (j + 1) * R)
-        frame[name] = summary.value[part]
-        for key, value in interval_columns(summary, name, stats).items():
-            frame[key] = value[part]
-    # a share of prompts: the Wilson score interval, not the bootstrap's (degenerate at 0 and n of n)
-    frame["in_route_ci_low"], frame["in_route_ci_high"] = share_interval(frame["in_route"].to_numpy(), columns.n,
-                                                                         stats.ci_level)
-    frame["n_prompts"] = columns.n
-    frame["ci_level"] = stats.ci_level
-    return frame
-
-
-class RouteGraphs(Sequence):
-    """Every prompt's route graph (networkx), parsed from the merged per-prompt JSON when asked for."""
-
-    def __init__(self, columns: Any) -> None:
-        self.columns = columns
-
-    def __len__(self) -> int:
-        return self.columns.n
-
-    def __getitem__(self, i: Any) -> Any:
-        import networkx as nx
-
-        if isinstance(i, slice):
-            lo, hi, _ = i.indices(len(self))
-            texts = self.columns.read(lo, hi, ["graph"])["graph"] if hi > lo else []
-            return [nx.node_link_graph(json.loads(t), edges="edges") for t in texts]
-        i = range(len(self))[i]
-        return self[i:i + 1][0]
-
-    def __iter__(self) -> Any:
-        for lo in range(0, len(self), 256):
-            yield from self[lo:lo + 256]
-
-
-def _edge_frame(graphs: list[Any]) -> pd.DataFrame:
-    records = []
-    for g in graphs:
-        for u, v, data in g.edges(data=True):
-            records.append({"example": g.graph["example"], "component": data["component"], "kind": data["kind"],
-                            "layer": data["layer"], "head": data.get("head"), "source": u, "target": v,
-                            "source_position": g.nodes[u]["position"], "target_position": g.nodes[v]["position"],
-                            "source_token": g.nodes[u]["token"], "target_token": g.nodes[v]["token"],
-                            "importance": data["importance"], "predicted": g.graph["predicted"]})
-    frame = pd.DataFrame.from_records(records, columns=[
-        "example", "component", "kind", "layer", "head", "source", "target", "source_position", "target_position",
-        "source_token", "target_token", "importance", "predicted"])
-    frame["head"] = pd.array(frame["head"].tolist(), dtype="Int64")
-    return frame

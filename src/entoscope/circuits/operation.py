@@ -10,9 +10,7 @@ entoscope.circuits.faithfulness; ACDC in entoscope.circuits.acdc.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
@@ -32,7 +30,6 @@ from ..models.adapter import ModelAdapter
 from ..models.partial import prefix_support
 from ..models.split_inputs import check_split_once, refuse_unsplittable
 from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
-from ..results.page import figure_div, write_page
 from ..results.result import Result
 from ..stats import Summary, significance_columns, streamed_mean, summarise
 from .acdc import acdc
@@ -40,10 +37,12 @@ from .eap import Rule, edge_scores_per_prompt
 from .edge_patching import EdgePatcher
 from .faithfulness import (MIB_FRACTIONS, above, curve_circuits, curve_table, faithfulness, faithfulness_summary,
                            top_n)
+from .search import SearchOutcome, next_n, search_rows, start_points
+from .search import outcome as search_outcome
 from .stability import Stability, circuit_stability
-from .takeaway import circuit_blank_note, circuit_takeaway, sign_labels
+from .takeaway import circuit_blank_note, circuit_takeaway
+from .circuit_result import CircuitResult, _figures
 from .graph import Circuit, ComponentGraph
-from .figures import circuit_figure, faithfulness_figure
 
 Method = Literal["eap", "eap_ig", "exact", "acdc"]
 ROWS_PER_PASS = 32  # EAP-IG: prompts x integration points in one forward/backward pass
@@ -52,13 +51,17 @@ ROWS_PER_PASS = 32  # EAP-IG: prompts x integration points in one forward/backwa
 @dataclass(frozen=True)
 class CircuitChoice:
     """The driver's global step: the circuit chosen from the merged edge scores, its stability, and every
-    circuit whose faithfulness is measured (the curve's `n_curve`, then the chosen one, then the stable one)."""
+    circuit whose faithfulness is measured (the curve's `n_curve`, then the chosen one, then the stable one).
+    With selection "target" the circuit is found later (circuits/search.py): `circuit` is its first guess, the
+    top `budget` edges, and the circuits measured are the curve's and then the top n of each of `start` that
+    is not on the curve (the budget's point)."""
 
     scores: PromptColumns  # the merged per-prompt edge scores it was chosen from
     circuit: Circuit
     stability: Stability | None
     circuits: list[Tensor]
     n_curve: int
+    start: tuple[int, ...] = ()  # selection "target": the top-n sizes measured after the curve
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,7 @@ class CircuitsState:
     kl: bool  # the metric is kl
     edge_summary: tuple[PromptColumns, Summary] | None = None  # (the scores, every edge's mean and interval)
     choice: CircuitChoice | None = None
+    patchers: dict[tuple[int, ...], EdgePatcher] = field(default_factory=dict)  # target search: kept between phases
 
 
 @register_operation
@@ -89,7 +93,11 @@ class Circuits(Sharded, Operation):
                     alone: one forward pass per edge per batch) or "acdc" (Conmy et al. 2023).
     metric:         the task metric (logit_diff, prob_diff, logprob, kl, ... or a registered one).
     steps, rule:    EAP-IG's integration: steps and the Riemann rule (left, right, midpoint, trapezoid).
-    selection:      "top_n" (n_edges best by |score|; default 5% of the edges) or "threshold".
+    selection:      "top_n" (n_edges best by |score|; default 5% of the edges), "threshold", or "target": the
+                    smallest top-n edge set the search finds whose faithfulness reaches faithfulness_target,
+                    with at most max_edges edges (default 5% of the edges), searched along the curve and
+                    bisected between its points (search_steps evaluations at most; circuits/search.py), pruned
+                    to the edges on a path from the input to the logits; none found is said as such.
     faithfulness:   fractions of edges for the faithfulness curve (MIB's grid by default; [] for none).
     acdc_threshold: ACDC removes an edge whose damage to the metric is below this.
     max_forward_passes: ACDC's budget of batched forward passes.
@@ -107,9 +115,17 @@ class Circuits(Sharded, Operation):
     metric: Metric = Field(default_factory=lambda: Metric(type="logit_diff"), description="task metric")
     steps: int = Field(default=5, ge=1, le=1000, description="EAP-IG integration steps")
     rule: Rule = Field(default="left", description="EAP-IG Riemann rule: left | right | midpoint | trapezoid")
-    selection: Literal["top_n", "threshold"] = Field(default="top_n", description="how the circuit is chosen")
+    selection: Literal["top_n", "threshold", "target"] = Field(
+        default="top_n", description="how the circuit is chosen: top_n | threshold | target (the smallest top-n "
+        "edge set reaching faithfulness_target, searched along the curve)")
     n_edges: int | None = Field(default=None, ge=0, description="edges kept by top_n (default: 5% of the edges)")
     threshold: float | None = Field(default=None, description="score threshold for selection=threshold")
+    faithfulness_target: float = Field(default=0.8, gt=0, le=1, description="selection=target: the faithfulness "
+                                       "the circuit must reach (its point estimate)")
+    max_edges: int | None = Field(default=None, ge=1, description="selection=target: the most edges a circuit may "
+                                  "keep (default 5% of the edges); none reaching the target is said as such")
+    search_steps: int = Field(default=6, ge=0, le=30, description="selection=target: bisection steps between the "
+                              "curve's points (one patched evaluation each)")
     absolute: bool = Field(default=True, description="rank and threshold by |score| (ACDC: |change| for task metrics)")
     faithfulness: list[float] = Field(default_factory=lambda: list(MIB_FRACTIONS),
                                       description="fractions of edges of the faithfulness curve")
@@ -144,6 +160,14 @@ class Circuits(Sharded, Operation):
         if self.n_edges is not None and self.n_edges > graph.n_edges:
             raise ConfigError(f"n_edges={self.n_edges} but this model's graph has {graph.n_edges} edges",
                               code="too_many_edges", remedy=f"use n_edges <= {graph.n_edges}")
+        if self.selection == "target":
+            if self.method == "acdc":
+                raise ConfigError("selection 'target' searches top-n edge sets by their scores, which ACDC does not "
+                                  "rank", code="target_needs_scores", remedy="use method eap, eap_ig or exact with "
+                                  "selection: target, or selection: threshold with ACDC")
+            if self.max_edges is not None and self.max_edges > graph.n_edges:
+                raise ConfigError(f"max_edges={self.max_edges} but this model's graph has {graph.n_edges} edges",
+                                  code="too_many_edges", remedy=f"use max_edges <= {graph.n_edges}")
         td = tokenize_data(model, data, prepend_bos=self.prepend_bos, pairs=True,
                            answers=data.has_answers or not is_kl, answer_scoring=self.answer_scoring)
         s = model.structure
@@ -152,7 +176,7 @@ class Circuits(Sharded, Operation):
         # sender deltas (and their copies), logits, and what a backward pass keeps per layer
         activations = 4 * T * (3 * s.d_vocab + s.n_layers * (20 * d + 4 * s.n_heads * T + 2 * s.d_mlp))
         per_example = 4 * T * graph.n_senders * d * 3 + activations
-        if self.method in ("exact", "acdc") or self.faithfulness:
+        if self.method in ("exact", "acdc") or self.faithfulness or self.selection == "target":
             per_example += 4 * T * graph.n_senders * d  # corrupt sender outputs kept for patching
         bs = self.choose_batch_size(per_example, len(td))
         batches = make_batches(td, bs, pad_id(model))
@@ -173,6 +197,7 @@ class Circuits(Sharded, Operation):
                     files=["table.csv", "table.parquet", "index.html", "manifest.json", "circuit.json",
                            "circuit.graphml", "circuit.html", "summary.json"]
                     + (["faithfulness.csv"] if self.faithfulness and self.method != "acdc" else [])
+                    + (["search.csv"] if self.selection == "target" else [])
                     + (["acdc_decisions.csv"] if self.method == "acdc" else []))
         return Prepared(model, data, plan, CircuitsState(batches, graph, metric_fn, is_kl))
 
@@ -201,6 +226,12 @@ class Circuits(Sharded, Operation):
             fwd += E * (2 + tried + 1)
             notes.append(f"ACDC: at most {tried} edges tried, one forward pass per prompt each (the forward passes "
                          "are an upper bound: edges into a receiver that no longer matters are dropped without one)")
+        elif self.selection == "target":
+            run = sum(0 < int(p * graph.n_edges) < graph.n_edges for p in self.faithfulness)  # curve_points_read
+            fwd += E * (2 + run + len(self._start(graph)) + self.search_steps)
+            notes.append(f"target search: the smallest top-n edge set with faithfulness >= {self.faithfulness_target:g}"
+                         f" and at most {self._budget(graph):,} edges, at most {self.search_steps} bisection steps "
+                         "between the curve's points (one forward a prompt each; fewer where the curve settles it)")
         elif self._needs_patcher():
             run = sum(0 < int(p * graph.n_edges) < graph.n_edges for p in self.faithfulness)  # curve_points_read
             fwd += E * (2 + run + 1 + int(bool(self.stability)))
@@ -220,24 +251,74 @@ class Circuits(Sharded, Operation):
         return ""
 
     def _needs_patcher(self) -> bool:
-        return self.method in ("exact", "acdc") or bool(self.faithfulness) or bool(self.stability)
+        return self.method in ("exact", "acdc") or bool(self.faithfulness) or bool(self.stability) or \
+            self.selection == "target"
 
     def phases(self, prepared: Prepared) -> tuple[str, ...]:
         if self.method == "acdc":
             return ("acdc",)
+        if self.selection == "target":
+            return ("scores", "faithfulness") + tuple(f"search{k}" for k in range(1, self.search_steps + 1))
         return ("scores", "faithfulness") if self._needs_patcher() else ("scores",)
+
+    def _budget(self, graph: ComponentGraph) -> int:
+        """selection "target": the most edges a circuit may keep."""
+        return self.max_edges if self.max_edges is not None else max(1, round(0.05 * graph.n_edges))
+
+    def _start(self, graph: ComponentGraph) -> tuple[int, ...]:
+        """selection "target": the top-n sizes the faithfulness phase measures after the curve (the budget's, where
+        the curve has no point there)."""
+        curve = [int(p * graph.n_edges) for p in self.faithfulness]
+        return tuple(n for n in start_points(curve, self._budget(graph)) if n not in curve)
 
     def global_step(self, prepared: Prepared) -> str:
         if self.method == "acdc" or not self._needs_patcher():
             return ""
+        if self.selection == "target":
+            return ("the curve's circuits chosen from the merged edge scores, between scoring and faithfulness; then "
+                    "before each search step, the next top-n edge set from the faithfulness read so far")
         return "the circuit chosen from the merged edge scores" + (" (and from their resamples)" if self.stability
                                                                   else "") + ", between scoring and faithfulness"
 
     def before_phase(self, prepared: Prepared[CircuitsState], phase: str, merged: dict[str, Any]) -> Any:
-        if phase != "faithfulness":
-            return None
-        choice = self._choose(prepared, merged["scores"])
-        return FaithfulnessContext(torch.stack(choice.circuits))
+        if phase == "faithfulness":
+            choice = self._choose(prepared, merged["scores"])
+            return FaithfulnessContext(torch.stack(choice.circuits))
+        if phase.startswith("search"):  # the next point of the target search, or none where it is done
+            graph = prepared.state.graph
+            n = next_n(dict(self._search_points(prepared, merged)[0]), self.faithfulness_target, self._budget(graph))
+            scores = self._choose(prepared, merged["scores"]).circuit.scores
+            kept = [top_n(graph, scores, n, self.absolute)] if n is not None else []
+            return FaithfulnessContext(torch.stack(kept) if kept else
+                                       torch.zeros(0, graph.n_senders, graph.n_receivers, dtype=torch.bool))
+        return None
+
+    def _search_points(self, prepared: Prepared[CircuitsState], merged: dict[str, Any]
+                       ) -> tuple[list[tuple[int, float]], dict[int, tuple[str, int]]]:
+        """selection "target": the points read so far, (n, faithfulness) in the order read (the curve's and the
+        start's of at most the budget, then each search step's), and where each point's per-prompt metrics are
+        ({n: (phase, column)}). A step's n is recomputed from the points before it, as before_phase chose it."""
+        graph = prepared.state.graph
+        budget, E = self._budget(graph), graph.n_edges
+        f = merged["faithfulness"].read(0, merged["faithfulness"].n, ["full", "empty", "circuits"])
+        m_full, m_empty = float(torch.from_numpy(f["full"]).mean()), float(torch.from_numpy(f["empty"]).mean())
+
+        def fidelity(values: Any) -> float:
+            return faithfulness(float(torch.from_numpy(np.ascontiguousarray(values)).mean()), m_empty, m_full)
+        points, where = [], {}
+        for i, n in enumerate([int(p * E) for p in self.faithfulness] + list(self._start(graph))):
+            if 1 <= n <= budget and n not in where:
+                points.append((n, fidelity(f["circuits"][:, i])))
+                where[n] = ("faithfulness", i)
+        for k in range(1, self.search_steps + 1):
+            phase = f"search{k}"
+            n = next_n(dict(points), self.faithfulness_target, budget)
+            if phase not in merged or n is None:
+                break
+            values = merged[phase].read(0, merged[phase].n, ["circuits"])["circuits"][:, 0]
+            points.append((n, fidelity(values)))
+            where[n] = (phase, 0)
+        return points, where
 
     def execute_shard(self, prepared: Prepared[CircuitsState], phase: str, batches: list[int], *,
                       quiet: bool = False) -> PerPrompt:
@@ -254,11 +335,23 @@ class Circuits(Sharded, Operation):
             return PerPrompt(examples, {"scores": scores[:, order[:, 1], order[:, 0]].numpy()})
         context: FaithfulnessContext = prepared.contexts[phase]
         kept = context.kept
-        patcher = EdgePatcher(model, graph, mine, st.metric)
-        read = curve_points_read(graph, self.faithfulness, len(kept))
-        items = progress(list(zip(kept, read)), total=len(kept), desc="faithfulness", quiet=quiet)
+        key = tuple(batches)
+        if not len(kept):  # the target search is done: nothing left to evaluate (and its patcher is let go)
+            st.patchers.pop(key, None)
+            return PerPrompt(examples, {"circuits": np.full((len(examples), 1), np.nan)})
+        patcher = st.patchers.pop(key, None) or EdgePatcher(model, graph, mine, st.metric)
+        if phase != self.phases(prepared)[-1] and len(batches) == len(st.batches):
+            # the target search's next steps read the same batches: one shard of every batch keeps its patcher
+            # (its clean and corrupt runs) for them; with several shards each rebuilds its own a step, so that no
+            # more than one shard's is held at a time
+            st.patchers[key] = patcher
+        read = curve_points_read(graph, self.faithfulness, len(kept)) if phase == "faithfulness" else \
+            (None,) * len(kept)
+        items = progress(list(zip(kept, read)), total=len(kept), desc=phase, quiet=quiet)
         values = torch.stack([patcher.full if r == "full" else patcher.empty if r == "empty" else patcher.per_prompt(k)
                               for k, r in items], 1)  # [n, circuits]
+        if phase != "faithfulness":
+            return PerPrompt(examples, {"circuits": values.numpy()})
         return PerPrompt(examples, {"full": patcher.full.numpy(), "empty": patcher.empty.numpy(),
                                     "circuits": values.numpy()})
 
@@ -267,12 +360,12 @@ class Circuits(Sharded, Operation):
             return super().execute(prepared, quiet=quiet)
         model, st = prepared.model, prepared.state
         patcher = EdgePatcher(model, st.graph, st.batches, st.metric)
-        outcome = acdc(patcher, self.acdc_threshold, kl=st.kl, absolute=self.absolute,
-                       max_forward_passes=self.max_forward_passes, quiet=quiet)
+        found = acdc(patcher, self.acdc_threshold, kl=st.kl, absolute=self.absolute,
+                     max_forward_passes=self.max_forward_passes, quiet=quiet)
         summary = {"method": self.method, "metric": self.metric.type, "n_edges_total": st.graph.n_edges,
-                   "acdc_forward_passes": outcome.forward_passes, "acdc_budget_exhausted": outcome.budget_exhausted}
-        metrics = {"full": patcher.full, "empty": patcher.empty, "circuit": patcher.per_prompt(outcome.circuit.kept)}
-        return self._result(prepared, outcome.circuit, summary, metrics, decisions=outcome.decisions)
+                   "acdc_forward_passes": found.forward_passes, "acdc_budget_exhausted": found.budget_exhausted}
+        metrics = {"full": patcher.full, "empty": patcher.empty, "circuit": patcher.per_prompt(found.circuit.kept)}
+        return self._result(prepared, found.circuit, summary, metrics, decisions=found.decisions)
 
     def _edge_summary(self, prepared: Prepared[CircuitsState], columns: PromptColumns) -> Summary:
         """Every edge's mean score over prompts with its interval (entoscope.stats), read block by block."""
@@ -293,17 +386,27 @@ class Circuits(Sharded, Operation):
         dtype = torch.from_numpy(columns.read(0, min(1, columns.n), ["scores"])["scores"]).dtype
         scores = torch.zeros(graph.n_senders, graph.n_receivers, dtype=dtype)
         scores[order[:, 1], order[:, 0]] = torch.from_numpy(self._edge_summary(prepared, columns).value).to(dtype)
+        if self.selection == "target":  # the circuit is found by the search (summarise); first the curve's points
+            circuit = Circuit(graph, scores, top_n(graph, scores, self._budget(graph), self.absolute))
+            curve = curve_circuits(graph, circuit.scores, self.faithfulness, self.absolute) if self.faithfulness else []
+            start = self._start(graph)
+            st.choice = CircuitChoice(columns, circuit, None, curve + [top_n(graph, circuit.scores, n, self.absolute)
+                                                                       for n in start], len(curve), start)
+            return st.choice
         circuit = Circuit(graph, scores, self._select(graph, scores))
         stability = None
         if self.stability:
-            cells = order[:, 1] * graph.n_receivers + order[:, 0]
-            stability = circuit_stability(columns.n, _scores_reader(columns), cells,
-                                          (graph.n_senders, graph.n_receivers), lambda sc: self._select(graph, sc),
-                                          circuit.kept, self.stability, self.stability_share, self.seed, graph.mask)
+            stability = self._stability(graph, columns, circuit.kept, lambda sc: self._select(graph, sc))
         curve = curve_circuits(graph, circuit.scores, self.faithfulness, self.absolute) if self.faithfulness else []
         circuits = curve + [circuit.kept] + ([stability.stable] if stability is not None else [])
         st.choice = CircuitChoice(columns, circuit, stability, circuits, len(curve))
         return st.choice
+
+    def _stability(self, graph: ComponentGraph, columns: PromptColumns, kept: Tensor, select: Any) -> Stability:
+        order = graph.mask.T.nonzero()  # (receiver, sender) pairs in edges() order
+        cells = order[:, 1] * graph.n_receivers + order[:, 0]
+        return circuit_stability(columns.n, _scores_reader(columns), cells, (graph.n_senders, graph.n_receivers),
+                                 select, kept, self.stability, self.stability_share, self.seed, graph.mask)
 
     def summarise(self, prepared: Prepared[CircuitsState], merged: dict[str, Any], *, quiet: bool = False) -> Result:
         graph = prepared.state.graph
@@ -313,6 +416,18 @@ class Circuits(Sharded, Operation):
         summary: dict[str, Any] = {"method": self.method, "metric": self.metric.type, "n_edges_total": graph.n_edges}
         extra_cols = self._edge_intervals(self._edge_summary(prepared, columns))
         order = graph.mask.T.nonzero()  # (receiver, sender) pairs in edges() order
+        found: SearchOutcome | None = None
+        if self.selection == "target":
+            prepared.state.patchers.clear()
+            points, where = self._search_points(prepared, merged)
+            found = search_outcome(points, self.faithfulness_target, self._budget(graph))
+            top = top_n(graph, circuit.scores, found.n, self.absolute)
+            circuit = circuit.with_kept(top).pruned()  # the same output as the top n: connected, same faithfulness
+            if self.stability:
+                stability = self._stability(graph, columns, top, lambda sc: top_n(graph, sc, found.n, self.absolute))
+            summary.update({"selection": "target", "faithfulness_target": self.faithfulness_target,
+                            "max_edges": self._budget(graph), "found": found.found, "n_top": found.n,
+                            "search_points": len(points)})
         kept_edges = circuit.kept[order[:, 1], order[:, 0]].double().numpy()
         to_sender = np.zeros((graph.n_edges, graph.n_senders))  # a kept edge's score counts for its sender
         to_sender[np.arange(graph.n_edges), order[:, 1].numpy()] = kept_edges
@@ -322,7 +437,7 @@ class Circuits(Sharded, Operation):
         node_stats = {n: (float(ns.value[i]), float(ns.ci_low[i]), float(ns.ci_high[i]))
                       for i, n in enumerate(graph.senders)}
         metrics = None
-        curve = None
+        curve = search = None
         if "faithfulness" in merged:
             f = merged["faithfulness"]  # a few metrics per prompt: read whole
             full, empty, values = (torch.from_numpy(f[k]) for k in ("full", "empty", "circuits"))
@@ -332,8 +447,17 @@ class Circuits(Sharded, Operation):
                                              [values[:, i].contiguous() for i in range(k)],
                                              full, empty, self.stats, self.seed)
                 summary.update(numbers)
-            metrics = {"full": full, "empty": empty, "circuit": values[:, k].contiguous()}
-            if stability is not None:
+            if found is not None:  # the search's points after the curve, and the circuit found (or the best read)
+                read = {n: torch.from_numpy(np.ascontiguousarray(
+                    merged[ph].read(0, merged[ph].n, ["circuits"])["circuits"][:, i])) for n, (ph, i) in where.items()}
+                on_curve = {int(p * graph.n_edges) for p in self.faithfulness}
+                search = search_rows(graph, circuit.scores, [(n, "budget" if where[n][0] == "faithfulness" else "search")
+                                                           for n, _ in points if n not in on_curve],
+                                   read, full, empty, self.absolute, self.stats, self.seed)
+                metrics = {"full": full, "empty": empty, "circuit": read[found.n]}
+            else:
+                metrics = {"full": full, "empty": empty, "circuit": values[:, k].contiguous()}
+            if stability is not None and found is None:
                 metrics["stable"] = values[:, k + 1].contiguous()
         if stability is not None:
             extra_cols["inclusion"] = stability.inclusion[order[:, 1], order[:, 0]].numpy()
@@ -344,11 +468,11 @@ class Circuits(Sharded, Operation):
                             "stability_size_min": int(stability.sizes.min()),
                             "stability_size_max": int(stability.sizes.max())})
         return self._result(prepared, circuit, summary, metrics, curve=curve, extra_cols=extra_cols,
-                            node_stats=node_stats, stability=stability)
+                            node_stats=node_stats, stability=stability, search=search)
 
     def _result(self, prepared: Prepared, circuit: Circuit, summary: dict[str, Any], metrics: dict[str, Tensor] | None,
                 *, curve: Any = None, decisions: Any = None, extra_cols: dict[str, Any] | None = None,
-                node_stats: Any = None, stability: Any = None) -> Result:
+                node_stats: Any = None, stability: Any = None, search: Any = None) -> Result:
         """The result from the circuit and the per-prompt metrics of the full, empty and chosen (stable) circuits."""
         per_prompt = None
         summary["n_kept"] = circuit.n_kept
@@ -371,11 +495,14 @@ class Circuits(Sharded, Operation):
                                 "stable_faithfulness_ci_high": float(fs.ci_high[0])})
                 per_prompt["metric_stable_circuit"] = stable.tolist()
         data_name = prepared.data.name if prepared.data is not None else "data"
+        title = f"the {self.method} circuit of the {self.metric.type} on {data_name}: its edges and how much it recovers"
+        if summary.get("found") is False:
+            title = (f"no {self.method} circuit of the {self.metric.type} on {data_name} reaches faithfulness "
+                     f"{self.faithfulness_target:g} within {summary['max_edges']:,} edges: the curve and the edges")
         return CircuitResult(self.name, circuit.table(extra_cols or {}), per_prompt=per_prompt, figures=_figures,
-                             title=f"the {self.method} circuit of the {self.metric.type} on {data_name}: its edges and "
-                             "how much it recovers",
+                             title=title,
                              extra={"circuit": circuit, "curve": curve, "summary": summary, "decisions": decisions,
-                                    "stability": stability, "node_stats": node_stats},
+                                    "stability": stability, "node_stats": node_stats, "search": search},
                              takeaway=circuit_takeaway, blank_note=circuit_blank_note(self.method))
 
     def _scores(self, model: ModelAdapter, graph: ComponentGraph, batches: list[Batch], metric: Any,
@@ -430,70 +557,3 @@ def exact_scores_per_prompt(patcher: EdgePatcher, quiet: bool = False) -> Tensor
         kept[s, r] = False
         scores[:, s, r] = patcher.per_prompt(kept) - patcher.full
     return scores
-
-
-class CircuitResult(Result):
-    """A Result that also saves the circuit (MIB JSON, GraphML, its drawing), the summary, the
-    faithfulness curve and ACDC's decisions."""
-
-    @property
-    def circuit(self) -> Circuit:
-        return self.extra["circuit"]
-
-    @property
-    def summary(self) -> dict[str, Any]:
-        return self.extra["summary"]
-
-    def drawing(self) -> tuple[str, Any]:
-        """(title, the circuit's drawing), drawn once: the page, circuit.html and a report show the same one."""
-        if getattr(self, "_drawing", None) is None:
-            circuit, s = self.circuit, self.summary
-            title = f"circuit: {circuit.n_kept} of {circuit.graph.n_edges} edges"
-            if "faithfulness" in s:
-                title += f", faithfulness {s['faithfulness']:.3f}"
-            self._drawing = (title, circuit_figure(circuit, title=title, node_stats=self.extra.get("node_stats"),
-                                                   sign_labels=sign_labels(s["method"]), edge_rows=_edge_rows(self),
-                                                   level=float(s.get("ci_level", 0.95))))
-        return self._drawing
-
-    def save_extra(self, folder: Path, files: list[str]) -> None:
-        self.circuit.save_json(folder / "circuit.json")
-        self.circuit.save_graphml(folder / "circuit.graphml")
-        drawing = self.drawing()[1]
-        nodes = self.extra.get("node_stats")
-        if nodes:  # the senders' summed scores the drawing's hover quotes
-            pd.DataFrame([{"node": n, "summed_score": v, "summed_score_ci_low": lo, "summed_score_ci_high": hi,
-                           "ci_level": self.summary.get("ci_level", 0.95)} for n, (v, lo, hi) in nodes.items()]
-                         ).to_csv(folder / "nodes.csv", index=False)
-            files.append("nodes.csv")
-        write_page(folder / "circuit.html", self.title, [("circuit", figure_div(drawing))],
-                   js_relpath=self.js_relpath, back=self.back_relpath)
-        (folder / "summary.json").write_text(json.dumps(self.summary, indent=2, default=float), encoding="utf-8")
-        files += ["circuit.json", "circuit.graphml", "circuit.html", "summary.json"]
-        if self.extra.get("curve") is not None:
-            self.extra["curve"].to_csv(folder / "faithfulness.csv", index=False)
-            files.append("faithfulness.csv")
-        if self.extra.get("decisions") is not None:
-            self.extra["decisions"].to_csv(folder / "acdc_decisions.csv", index=False)
-            files.append("acdc_decisions.csv")
-
-
-def _edge_rows(result: Result) -> dict[str, dict[str, Any]]:
-    """The kept edges' table rows (what the drawing's hover quotes)."""
-    t = result.table
-    if "edge" not in t or "score" not in t:
-        return {}
-    cols = [c for c in ("edge", "score", "score_ci_low", "score_ci_high", "ci_level") if c in t]
-    kept = t[t["in_circuit"].astype(bool)] if "in_circuit" in t else t
-    return {r["edge"]: r for r in kept[cols].to_dict("records")}
-
-
-def _figures(result: Result) -> list[tuple[str, Any]]:
-    assert isinstance(result, CircuitResult)
-    s = result.summary
-    figs = [result.drawing()]
-    curve = result.extra.get("curve")
-    if curve is not None and len(curve):
-        figs.append((f"faithfulness curve (CPR {s['cpr']:.3f}, CMD {s['cmd']:.3f}; the star: the chosen circuit)",
-                     faithfulness_figure(curve, s)))
-    return figs

@@ -8,10 +8,12 @@ from typing import Any
 from ..models.adapter import adapt
 
 
-def k_composition_routes(model: Any, n: int = 16, period: int = 20,
-                         min_score: float = 0.3) -> tuple[list[tuple[str, ...]], Any]:
+def k_composition_routes(model: Any, n: int = 16, period: int = 20, min_score: float = 0.3,
+                         kinds: tuple[str, ...] = ("previous_token", "induction")) -> tuple[list[tuple[str, ...]], Any]:
     """Routes from each strong previous-token head to the key of each strong induction head in a later
-    layer (strong: score >= min_score; else the best of each), and the head-score table.
+    layer (strong: a head that passes its kind's test, the head-score table's `passes`, docs/circuits.md; in a
+    table without it, score >= min_score; where none is, the best of each), and the head-score table (of `kinds`,
+    which hold the previous-token and induction kinds).
 
     A route is the direct edge a{p}.h{ph}->a{i}.h{ih}<k>, or the two edges through an MLP between them,
     (a{p}.h{ph}->m{L}, m{L}->a{i}.h{ih}<k>) for p <= L < i: a small model may pass the previous token
@@ -23,11 +25,11 @@ def k_composition_routes(model: Any, n: int = 16, period: int = 20,
 
     a = adapt(model)
     data = {"task": "repeated_tokens", "n": n, "seed": 3, "params": {"length": period, "bos_token_id": a.bos_token_id}}
-    table = HeadScores(period=period, kinds=["previous_token", "induction"]).run(model, data, quiet=True).table
+    table = HeadScores(period=period, kinds=list(kinds)).run(model, data, quiet=True).table
 
     def strong(kind: str) -> list[tuple[int, int]]:
         sub = table[table.kind == kind].sort_values("score", ascending=False)
-        picked = sub[sub.score >= min_score]
+        picked = sub[sub["passes"].astype(bool)] if "passes" in sub else sub[sub.score >= min_score]
         rows = picked if len(picked) else sub.head(1)
         return [(int(r.layer), int(r.head)) for r in rows.itertuples()]
 

@@ -75,27 +75,26 @@ def dla_takeaway(result: Any, top: int = 3) -> Takeaway | str:
     return b.build()
 
 
-def head_scores_takeaway(result: Any, top: int = 3) -> Takeaway | str:
-    """First how many head scores differ from chance (uniform attention over the causal keys; the false
-    discovery control on `excess`, and when none does that is said first, docs/pages.md); then per kind, the
-    heads that put most of their attention on their targets (rule `most` on the score and its interval), or
-    the highest-scoring head where none does."""
+NAMED = 6  # a kind's passing heads named in the lead at most (by their test's value); the table has them all
+TARGETS = {"previous_token": "the token before", "duplicate_token": "the earlier copy of their token",
+           "induction": "the token after the earlier copy of their token"}
+
+
+def head_scores_takeaway(result: Any, top: int = NAMED) -> Takeaway | str:
+    """Per kind, the heads that pass the kind's test (`passes`, head_scores.head_passes): with a control (duplicate-
+    token, induction on repeated sequences), score - control above CONTROL_MARGIN, interval and all; else the
+    `most` rule on the score. How many pass of the kind's heads, then up to `top` of them by the test's value,
+    each with its interval; where none passes, that is said with the kind's best value. The count of heads that
+    differ from chance (uniform attention) is not said: nearly every head of a trained model does."""
     t = result.table
     if not len(t) or "score" not in t:
         return ""
+    if "passes" not in t:  # a table saved before the control
+        from .head_scores import head_passes
+
+        t = t.assign(passes=[head_passes(r) for r in t.to_dict("records")])
     b = TakeawayBuilder(key=("kind", "site"))
-    if "significant" in t:
-        significant = int(t["significant"].sum())
-        if not significant:
-            fdr = ((result.manifest or {}).get("config", {}).get("stats", {}) or {}).get("fdr", 0.05)
-            b.no_discovery(t, "excess", fdr, unit="head scores")
-        else:
-            b.count(significant, len(t), "significant", unit="head scores (kind x head)")
-            b.say(" differ from chance (a head attending uniformly over the tokens up to its own) at the false discovery "
-                  "control. ")
-    b.say("Heads that put ")
-    word = b.qualify("most of their attention", "most")
-    b.say(" on their targets (a score of one: all of it; ")
+    b.say("Heads of each kind, by a test that heads of other kinds fail (")
     b.constant(t["ci_level"].iloc[0], "ci_level", fmt=".0%")
     if t["n_prompts"].nunique() == 1:
         b.say(" intervals over ")
@@ -103,26 +102,45 @@ def head_scores_takeaway(result: Any, top: int = 3) -> Takeaway | str:
     else:
         b.say(" intervals over each kind's prompts")
     b.say("): ")
-    refs = []
+    said_control = False
     for i, (kind, sub) in enumerate(t.groupby("kind", sort=False)):
         b.say("; " if i else "")
-        ranked = sub.sort_values("score", ascending=False, kind="stable")
-        passing = [r for _, r in ranked.head(top).iterrows() if most(r["score"], r.get("score_ci_low"))]
         words = kind.replace("_", "-")
-        if passing:
-            b.say(f"{words} ")
-            for j, row in enumerate(passing):
-                b.say(", " if j else "")
-                refs.append(b.quote(row, "score"))
+        controlled = "over_control" in sub and bool(np.isfinite(sub["over_control"].to_numpy(float)).any())
+        column = "over_control" if controlled else "score"
+        ranked = sub.sort_values(column, ascending=False, kind="stable")
+        passing = ranked[ranked["passes"].astype(bool)]
+        target = TARGETS.get(kind, "their targets")
+        if controlled:
+            b.say(f"{words}, attention on {target} above the same head's on the shuffled control" if not said_control
+                  else f"{words}, the same on {target}")
+            b.say(" ")
+            word = b.qualify("by over a tenth of their attention" if not said_control else "by over a tenth",
+                             "clears" if len(passing) else "none_clears", condition=f"kind={kind}")
+            said_control = True
         else:
-            none = b.qualify(f"no {words} head", "not_most")
-            b.say(" (the ")
+            b.say(f"{words}, ")
+            word = b.qualify("most of their attention", "most" if len(passing) else "not_most")
+            b.say(f" on {target}")
+        b.say(": ")
+        fmt = "+.2f" if controlled else ".2f"
+        if len(passing):
+            b.count(len(passing), len(sub), "passes", f"true&kind={kind}", unit="heads")
+            b.say(", ")
+            refs = []
+            for j, (_, row) in enumerate(passing.head(top).iterrows()):
+                b.say(", " if j else "")
+                refs.append(b.quote(row, column, fmt=fmt))
+            if len(passing) > top:
+                b.say(" and the others in the table")
+            b.refer(word, refs)
+        else:
+            b.say("none (the ")
             highest = b.qualify("highest", "top_by_value", condition=f"kind={kind}")
             b.say(": ")
-            q = b.quote(ranked.iloc[0], "score")
-            b.refer(none, [q])
+            q = b.quote(ranked.iloc[0], column, fmt=fmt)
             b.refer(highest, [q])
+            b.refer(word, [q])
             b.say(")")
-    b.refer(word, refs)
     b.say(".")
     return b.build()

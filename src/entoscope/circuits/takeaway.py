@@ -7,6 +7,7 @@ from typing import Any
 from ..results.claims import Takeaway, TakeawayBuilder
 
 SUMMARY = "summary.json"  # the circuit's summary, saved beside its table
+CURVE = "faithfulness.csv"  # its faithfulness curve
 
 
 def circuit_takeaway(result: Any) -> Takeaway | str:
@@ -15,17 +16,23 @@ def circuit_takeaway(result: Any) -> Takeaway | str:
     s, t = result.extra["summary"], result.table
     kept = t[t["in_circuit"].astype(bool)] if "in_circuit" in t else t.iloc[:0]
     b = TakeawayBuilder(key="edge")
-    b.say("The circuit keeps ")
-    b.quote(s, "n_kept", fmt="d", name=False, key=(), source=SUMMARY, interval=False)
-    b.say(" of ")
-    b.quote(s, "n_edges_total", fmt="d", name=False, key=(), source=SUMMARY, interval=False)
-    b.say(f" edges ({s['method']}, metric {s['metric']})")
-    if "faithfulness" in s:
-        b.say(" and recovers ")
-        b.quote(s, "faithfulness", name=False, key=(), source=SUMMARY)
-        b.say(" of the metric (faithfulness)")
-    b.say(".")
-    if len(kept) and "score" in kept:
+    found = s.get("found")
+    if found is None:
+        b.say("The circuit keeps ")
+        b.quote(s, "n_kept", fmt=",d", name=False, key=(), source=SUMMARY, interval=False)
+        b.say(" of ")
+        b.quote(s, "n_edges_total", fmt=",d", name=False, key=(), source=SUMMARY, interval=False)
+        b.say(f" edges ({s['method']}, metric {s['metric']})")
+        if s.get("n_kept") and s.get("n_kept_pruned") == 0:  # said before what it recovers: nothing, and why
+            b.say(", none of them on a path from the input to the logits")
+        if "faithfulness" in s:
+            b.say(" and recovers ")
+            b.quote(s, "faithfulness", name=False, key=(), source=SUMMARY)
+            b.say(" of the metric (faithfulness)")
+        b.say(".")
+    else:
+        target_sentence(b, s, result.extra.get("curve"))
+    if len(kept) and "score" in kept and found is not False:
         b.say(" Its edges of ")
         word = b.qualify("largest |score|", "top_by_abs", condition="in_circuit")
         b.say(": ")
@@ -45,14 +52,75 @@ def circuit_takeaway(result: Any) -> Takeaway | str:
     if "stability_jaccard" in s:
         b.say(" Over ")
         b.quote(s, "stability_resamples", fmt="d", name=False, key=(), source=SUMMARY, interval=False)
-        b.say(" resamples of the prompts the circuit is chosen again with mean Jaccard ")
+        b.say(f" resamples of the prompts the {'circuit' if found is not False else 'best edge set'} is chosen again "
+              "with mean Jaccard ")
         b.quote(s, "stability_jaccard", name=False, key=(), source=SUMMARY, interval=False)
         b.say("; ")
-        b.quote(s, "n_stable", fmt="d", name=False, key=(), source=SUMMARY, interval=False)
+        b.quote(s, "n_stable", fmt=",d", name=False, key=(), source=SUMMARY, interval=False)
         b.say(" edges are kept in at least ")
         b.quote(s, "stability_share", fmt=".0%", name=False, key=(), source=SUMMARY, interval=False)
         b.say(" of them.")
     return b.build()
+
+
+def target_sentence(b: TakeawayBuilder, s: dict[str, Any], curve: Any = None) -> None:
+    """selection "target" (circuits/search.py): the circuit found, its size before and after pruning and its
+    faithfulness; or that no edge set of at most the budget reached the target, and the best one read."""
+    if s["found"]:
+        b.say("The smallest circuit the search found to recover ")
+        word = b.qualify("at least", "reaches_target")
+        b.say(" ")
+        target = b.quote(s, "faithfulness_target", fmt="g", name=False, key=(), source=SUMMARY, interval=False)
+        b.say(" of the metric keeps ")
+        b.quote(s, "n_kept", fmt=",d", name=False, key=(), source=SUMMARY, interval=False)
+        b.say(" of ")
+        b.quote(s, "n_edges_total", fmt=",d", name=False, key=(), source=SUMMARY, interval=False)
+        b.say(" edges (the top ")
+        b.quote(s, "n_top", fmt=",d", name=False, key=(), source=SUMMARY, interval=False)
+        b.say(f" by |score|, {s['method']}, metric {s['metric']}, pruned to the paths from the input to the logits) "
+              "and recovers ")
+        f = b.quote(s, "faithfulness", name=False, key=(), source=SUMMARY)
+        b.refer(word, [f, target])
+        b.say(" (faithfulness).")
+        return
+    b.say("No circuit of ")
+    budget = b.quote(s, "max_edges", fmt=",d", name=False, key=(), source=SUMMARY, interval=False)
+    b.say(" edges or fewer reaches the target faithfulness ")
+    target = b.quote(s, "faithfulness_target", fmt="g", name=False, key=(), source=SUMMARY, interval=False)
+    b.say(f" ({s['method']}, metric {s['metric']}): the top-n edge sets by |score| the search read up to it recover ")
+    word = b.qualify("at most", "none_reaches")
+    b.say(" ")
+    f = b.quote(s, "faithfulness", name=False, key=(), source=SUMMARY)
+    b.say(" (the top ")
+    b.quote(s, "n_top", fmt=",d", name=False, key=(), source=SUMMARY, interval=False)
+    b.say(")")
+    b.refer(word, [f, target, budget])
+    beyond_budget(b, curve, target)
+    b.say(".")
+
+
+def beyond_budget(b: TakeawayBuilder, curve: Any, target: int, source: str = CURVE) -> None:
+    """Where no circuit was found within the budget: the first point of the faithfulness curve that reaches the
+    target (rule `first_reaches`), so the reader sees how many edges it takes; every edge, said as such."""
+    if curve is None or not len(curve):
+        return
+    reached = curve[curve["faithfulness"] >= b.value(target)].sort_values("n_edges", kind="stable")
+    if not len(reached):
+        return
+    row = reached.iloc[0]
+    b.say(", and the curve ")
+    word = b.qualify("first reaches", "first_reaches")
+    if float(row["fraction"]) == 1.0:  # every edge: the clean run
+        b.say(" it only with all ")
+        b.refer(word, [b.quote(row, "n_edges", fmt=",d", name=False, interval=False, key="fraction", source=source,
+                               after=" edges"), target])
+        return
+    b.say(" it at ")
+    n = b.quote(row, "n_edges", fmt=",d", name=False, interval=False, key="fraction", source=source, after=" edges")
+    b.say(" (")
+    b.quote(row, "faithfulness", name=False, key="fraction", source=source)
+    b.say(")")
+    b.refer(word, [n, target])
 
 
 def circuit_blank_note(method: str) -> str:
@@ -62,28 +130,69 @@ def circuit_blank_note(method: str) -> str:
     return "no interval without resampling (stats.n_boot 0), or no stability run (stability 0)"
 
 
-def routes_takeaway(result: Any, top: int = 4) -> Takeaway | str:
-    """The components the prompts' routes use most often: the share of prompts whose route uses each, with
-    its Wilson score interval (a share of these prompts; the interval says how it would move on others)."""
+def routes_takeaway(result: Any, top: int = 6, always_named: int = 3) -> Takeaway | str:
+    """The routes that move information from earlier tokens into the prediction, then, apart, what every route
+    uses. First the `top` components of largest mean importance of kept attention edges from an earlier token
+    into each prompt's last position (`moved_importance_mean`, with its interval, and the share of prompts whose
+    route uses the component, with its Wilson interval); then, said once, how many components are on every
+    prompt's route (always on: a route through them tells one prompt from another nothing), the first
+    `always_named` by mean importance. A table saved before `moved_importance_mean`: the components on the largest
+    share of routes."""
     t = result.table
     if not len(t) or "in_route" not in t:
         return ""
     comps = t[t["kind"].isin(["attention", "mlp"])] if "kind" in t else t
-    ranked = comps.sort_values(["in_route", "importance_mean"], ascending=False, kind="stable").head(top)
     b = TakeawayBuilder(key="component")
-    b.say("The components used by the ")
-    word = b.qualify("largest share", "top_by_value")
-    b.say(" of the prompts' information flow routes (of ")
+    if "moved_importance_mean" not in comps:
+        ranked = comps.sort_values(["in_route", "importance_mean"], ascending=False, kind="stable").head(top)
+        b.say("The components used by the ")
+        word = b.qualify("largest share", "top_by_value")
+        b.say(" of the prompts' information flow routes (of ")
+        b.constant(t["n_prompts"].iloc[0], "n_prompts", unit="prompts")
+        b.say("; share of prompts with its ")
+        b.constant(t["ci_level"].iloc[0], "ci_level", fmt=".0%")
+        b.say(" Wilson interval): ")
+        refs = []
+        for i, (_, row) in enumerate(ranked.iterrows()):
+            b.say("; " if i else "")
+            refs.append(b.quote(row, "in_route", fmt=".0%", q=False))
+        b.refer(word, refs)
+        b.say(".")
+        return b.build()
+    moving = comps[comps["moved_importance_mean"] > 0]
+    b.say("Routes into the prediction from earlier tokens (attention edges into each prompt's last position; mean "
+          "importance over ")
     b.constant(t["n_prompts"].iloc[0], "n_prompts", unit="prompts")
-    b.say("; share of prompts with its ")
+    b.say(", ")
     b.constant(t["ci_level"].iloc[0], "ci_level", fmt=".0%")
-    b.say(" Wilson interval): ")
-    refs = []
-    for i, (_, row) in enumerate(ranked.iterrows()):
-        b.say("; " if i else "")
-        refs.append(b.quote(row, "in_route", fmt=".0%", q=False))
-    b.refer(word, refs)
+    b.say(" intervals): ")
+    if len(moving):
+        word = b.qualify("the largest", "top_by_value")
+        b.say(", ")
+        refs = []
+        for i, (_, row) in enumerate(moving.sort_values("moved_importance_mean", ascending=False,
+                                                        kind="stable").head(top).iterrows()):
+            b.say("; " if i else "")
+            refs.append(b.quote(row, "moved_importance_mean", fmt=".2f", q=False, after=", on "))
+            b.quote(row, "in_route", fmt=".0%", name=False, q=False, after=" of routes")
+        b.refer(word, refs)
+    else:
+        b.say("none above tau")
     b.say(".")
+    always = comps[comps["in_route"] >= 1]
+    if len(always):
+        b.say(" Always on, said once: ")
+        b.count(len(always), len(comps), "in_route", ">=1", unit="components")
+        b.say(" are on every prompt's route (")
+        word = b.qualify("largest", "top_by_value", condition="in_route>=1")
+        b.say(" mean importance of their kept edges: ")
+        refs = []
+        for i, (_, row) in enumerate(always.sort_values("importance_mean", ascending=False,
+                                                        kind="stable").head(always_named).iterrows()):
+            b.say(", " if i else "")
+            refs.append(b.quote(row, "importance_mean", fmt=".2f", q=False))
+        b.refer(word, refs)
+        b.say(").")
     return b.build()
 
 

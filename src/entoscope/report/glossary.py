@@ -48,7 +48,9 @@ TERMS: dict[str, str] = {
     "of the clean run (frozen) and projected on the unembedding direction of (right - wrong answer); the rows "
     "plus the constant add up to the logit difference.",
     "information flow routes": "edges kept when a component's proximity to a residual state (its share of "
-    "that state, Ferrando & Voita 2024) is above tau; routes grow down from the last position's last layer.",
+    "that state, Ferrando & Voita 2024) is above tau; routes grow down from the last position's last layer. A route "
+    "into the prediction is a kept attention edge from an earlier token into the last position; a component on "
+    "every prompt's route is always on.",
     "EAP": "edge attribution patching: each edge's score is (corrupt - clean activation of its sender) times the "
     "gradient of the metric at its receiver's input on the clean run, a first-order estimate of patching the edge "
     "(Syed et al. 2023).",
@@ -61,6 +63,14 @@ TERMS: dict[str, str] = {
     "higher is better (MIB, Mueller et al. 2025).",
     "CMD": "circuit-model distance: the area between the faithfulness curve and 1 (|1 - faithfulness|); lower "
     "is better (MIB).",
+    "circuit search": "a circuit is found, not fixed at a size: the smallest set of top edges (by |score|) whose "
+    "faithfulness reaches the target (0.8, its point estimate), with at most the budget's edges, read along the "
+    "faithfulness curve and bisected between its points, then pruned to the edges on a path from the input to the "
+    "logits; where none reaches it, the page says so and draws the curve instead of a circuit.",
+    "head tests": "a head is named as one of its kind by a test heads of other kinds fail: an induction or "
+    "duplicate-token head attends to its targets more than on a control prompt whose repeat is shuffled, by over "
+    "a tenth of its attention with its whole interval; a previous-token head puts most of its attention (its "
+    "interval above one half) on the token before.",
     "stable circuit": "the edges chosen in at least half (the stability_share setting) of the bootstrap "
     "resamples of the prompts; Jaccard: the "
     "overlap of two circuits' edge sets (shared / either).",

@@ -30,7 +30,8 @@ ALL_COEFFICIENTS = (-1.0, -0.5, -0.25, -0.1, 0.1, 0.25, 0.5)  # the steering sec
 SIZES: dict[str, dict[str, tuple[Any, Any, Any, Any]]] = {
     "lens": {"n": (8, 32, 8, 32), "jacobian_texts": (2, 16, 2, 2), "jacobian_max_length": (48, 128, 48, 128)},
     "circuits": {"n": (16, 48, 16, 24), "method": ("eap_ig", "eap_ig", "eap", "eap_ig"), "steps": (5, 5, 1, 3),
-                 "faithfulness": ("mib", "mib", "coarse", "coarse"), "routes_n": (8, 16, 8, 16)},
+                 "faithfulness": ("mib", "mib", "coarse", "coarse"), "routes_n": (8, 16, 8, 16),
+                 "budget": (0.2, 0.2, 0.05, 0.05), "search_steps": (6, 6, 4, 6)},
     "patching": {"n": (8, 32, 16, 32), "method": ("exact", "exact", "attribution", "attribution")},
     "probing": {"greater_than_n": (96, 320, 64, 192), "ioi_n": (160, 512, 64, 192),
                 "max_layers": (None, None, 8, 12)},

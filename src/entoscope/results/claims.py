@@ -42,6 +42,15 @@ def most(value: float, low: float | None = None) -> bool:
     return finite(low) and value >= MOST and low > MOST
 
 
+CONTROL_MARGIN = 0.1  # a head "passes its control": score - control (per prompt) has its interval's lower end above this
+
+
+def clears(low: float | None, margin: float = CONTROL_MARGIN) -> bool:
+    """An effect whose interval lies wholly above `margin` (a head's score over its control: at least that share
+    of its attention moves onto its targets because the tokens repeat, and the data carry it)."""
+    return finite(low) and float(low) > margin  # type: ignore[arg-type]
+
+
 def excludes_zero(low: float | None, high: float | None) -> bool:
     return finite(low, high) and (low > 0 or high < 0)  # type: ignore[operator]
 
@@ -86,7 +95,8 @@ class Claim:
 
     type:    quote (a cell: value, low, high, q), count (rows of `column` meeting `condition`: value of
              total; condition 'true' for a boolean column, 'excludes_zero' for rows whose `column` interval
-             excludes 0), limit (the fewest prompts a cell among `total` needs to be a discovery on its own
+             excludes 0, a comparison such as '>=1'; '...&kind=induction': among the rows of that kind only,
+             which are then the total), limit (the fewest prompts a cell among `total` needs to be a discovery on its own
              at the run's stats.fdr: value), constant (a column equal on every row: value), setting (a config value of the run,
              `column` a dotted path in manifest.json's config), qualifier (`word`, by `rule`, judging the
              claims at `refs`; `holds` is what the rule gave).
@@ -218,7 +228,7 @@ class TakeawayBuilder:
     def count(self, k: int, total: int, column: str, condition: str = "true", *, unit: str = "",
               source: str | None = None) -> int:
         """'<k> of <total> <unit>': the rows of `column` meeting `condition` ('true' for a boolean column,
-        '<=X' or '>X' for a number)."""
+        '<=X' or '>X' for a number; '&COLUMN=VALUE' after it: among those rows only, the total their number)."""
         text = f"{k:,} of {total:,}" + (f" {unit}" if unit else "")
         return self._emit(text, Claim("count", text, source=source or self.source, column=column, value=int(k),
                                       total=int(total), condition=condition, fmt="d"))
@@ -245,6 +255,10 @@ class TakeawayBuilder:
 
     def refer(self, qualifier: int, refs: list[int]) -> None:
         self._claims[qualifier].refs = list(refs)
+
+    def value(self, claim: int) -> float | None:
+        """The number a claim said (a quote's cell, a count's k)."""
+        return self._claims[claim].value
 
     def no_discovery(self, t: Any, stem: str, fdr: float, *, unit: str = "cells") -> None:
         """The lead of a screen with no discovery: says so at `fdr`; where the table's prompts could not have

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,13 @@ def head_scores_section(model: Any, folder: Path, quick: bool) -> Section:
     [(op, data)] = head_scores_runs(model, quick)
     result = run_saved(op, model, data, folder, folder.parent)
     t = result.table
-    top = t.sort_values("score", ascending=False).head(12)
-    body = figure_div(head_score_panels(t)) + table_html(top, note=result.blank_note)
+    passing = t[t["passes"].astype(bool)] if "passes" in t else t.iloc[:0]
+    key = t["over_control"].fillna(t["score"]) if "over_control" in t else t["score"]
+    shown = (passing.assign(_key=key).sort_values(["kind", "_key"], ascending=[True, False], kind="stable")
+             .drop(columns="_key").head(24) if len(passing) else t.sort_values("score", ascending=False).head(12))
+    what = ("the heads that pass their kind's test" if len(passing) else
+            "no head passes its kind's test: the highest scores")
+    body = (figure_div(head_score_panels(t)) + f'<p class="figtitle">{html.escape(what)} (the whole table: '
+            f'<a href="{folder.name}/table.csv">table.csv</a>)</p>' + table_html(shown, note=result.blank_note))
     return Section("attention head scores on repeated random tokens", lead_of(result, folder, folder.parent), body,
-                   terms=("score", "score_tl", "names"))
+                   terms=("score", "score_tl", "head tests", "names"))
