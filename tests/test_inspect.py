@@ -290,6 +290,18 @@ def test_bad_input_is_refused_before_any_run(kwargs, code, tmp_path):
     assert err.value.code == code
 
 
+def test_a_prompt_whose_attention_view_is_too_large_is_refused(monkeypatch):
+    import entoscope.inspection.operation as operation
+
+    model = get_tiny("gpt2", "bridge", False)  # 2 layers x 4 heads; the prompt's 29 tokens: 8 x 435 weights
+    monkeypatch.setattr(operation, "MAX_ATTENTION", 8 * 435 - 1)
+    with pytest.raises(EntoscopeError) as err:
+        es.Inspect(prompt=PROMPT).plan(model)
+    assert err.value.code == "inspect_prompt_too_long" and "3,480 weights" in str(err.value)
+    monkeypatch.setattr(operation, "MAX_ATTENTION", 8 * 435)
+    es.Inspect(prompt=PROMPT).plan(model)
+
+
 def test_a_folder_that_is_no_lens_and_data_are_refused(tmp_path):
     model = get_tiny("gpt2", "bridge", False)
     (tmp_path / "empty").mkdir()
@@ -320,3 +332,34 @@ def test_the_command_line_takes_text_as_written(tmp_path, capsys):
         assert (out / f"{name}.csv").is_file() and (out / f"{name}.parquet").is_file()
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["config"]["answer"] == " Mary" and manifest["tables"] == ["attention", "dla", "lens", "patching"]
+
+
+@pytest.mark.real
+def test_real_models_attention_dla_and_lens(real_folder):
+    """SmolLM2-135M and Gemma 3 270M: the attention view is transformers' eager attention, the DLA rows sum to
+    transformers' own logit difference, and the lens grid is es.Lens's on the same prompt."""
+    from transformers import AutoModelForCausalLM
+
+    prompt = "The Eiffel Tower is in Paris, and the Louvre is also located in the city of"
+    model = es.load_model(str(real_folder))
+    r = es.inspect(model, prompt, answer=" Paris", wrong=" Moscow")
+    hf = AutoModelForCausalLM.from_pretrained(str(real_folder), dtype=torch.float32, attn_implementation="eager").eval()
+    tokens = [int(t) for t in r.table["token_id"]]
+    with torch.no_grad():
+        out = hf(torch.tensor([tokens]), output_attentions=True)
+    drawn, data = page_weights(r)
+    q, k = np.tril_indices(len(tokens))
+    for L, ref in enumerate(out.attentions):
+        np.testing.assert_allclose(drawn[L], ref[0].float().numpy()[:, q, k], atol=1e-4)
+    a = adapt(model)
+    last = out.logits[0, -1].double()
+    diff = float(last[a.token_id(" Paris")] - last[a.token_id(" Moscow")])
+    assert r.dla["contribution"].sum() == pytest.approx(diff, abs=1e-3, rel=1e-3)
+    data = Dataset("one", (Example(prompt, answers=(" Paris",)),))
+    lens = es.Lens(sites=es.Sites(activation="resid_post", over=["layer", "position"]), top_k=5,
+                   stats={"n_boot": 0}).run(model, data, quiet=True).per_prompt
+    mine = r.lens.sort_values(["layer", "position"]).reset_index(drop=True)
+    theirs = lens.sort_values(["layer", "position"]).reset_index(drop=True)
+    assert mine["top1_token"].tolist() == theirs["top1_token"].tolist()
+    np.testing.assert_allclose(mine["top1_prob"], theirs["top1_prob"], rtol=1e-4, atol=1e-6)
+    np.testing.assert_array_equal(mine["answer_rank"], theirs["target_rank"])

@@ -33,6 +33,7 @@ from .result import InspectResult
 from .views import attention_table, dla_reads, dla_table, lens_table, predictions_table
 
 Answer = Union[str, int, list[Union[str, int]]]
+MAX_ATTENTION = 8_000_000  # attention weights one inspection keeps, tables and page (270 heads x 243 tokens)
 
 
 @dataclass(frozen=True)
@@ -95,9 +96,15 @@ class Inspect(Operation):
                            answers=bool(answers), answer_scoring=self.answer_scoring)
         tokens = td.prompts[0]
         cf_tokens = td.counterfactuals[0] if td.counterfactuals else None
+        s = model.structure
+        weights = s.n_layers * s.n_heads * len(tokens) * (len(tokens) + 1) // 2
+        if weights > MAX_ATTENTION:
+            raise ConfigError(f"the prompt is {len(tokens)} tokens: its attention view would hold {weights:,} weights "
+                              f"({s.n_layers} layers x {s.n_heads} heads x the {len(tokens)} x {len(tokens)} causal "
+                              f"grid), over the {MAX_ATTENTION:,} a page can show", code="inspect_prompt_too_long",
+                              remedy="inspect a shorter prompt; over long texts run es.Lens or es.HeadScores")
         ans = td.answers[0] if td.answers else None
         wrong = (td.wrong_answers[0] or None) if td.wrong_answers else None
-        s = model.structure
         lens = _load_lens(self.lens, model) if self.lens is not None else None
         notes: list[str] = []
         dla = ans is not None
@@ -158,7 +165,7 @@ class Inspect(Operation):
                                                 lambda x, L: lens.transform(x, lens.index_of(ActName("resid_post", L))))
         patterns = np.stack([out[ActName("pattern", L)][0].float().cpu().numpy() for L in range(s.n_layers)])
         tables["attention"] = attention_table({L: torch.from_numpy(patterns[L]) for L in range(s.n_layers)})
-        extra: dict[str, Any] = {"patterns": patterns, "notes": list(st.notes), "prompt": self.prompt,
+        extra: dict[str, Any] = {"patterns": patterns, "notes": list(st.notes),
                                  "window": (s.sliding_window, list(s.sliding_layers))}
         if st.dla:
             assert answers is not None

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from .. import naming
-from ..circuits.decompose import components
+from ..circuits.decompose import components, decomposition_reads
 from ..circuits.dla import attribute, check_identity, default_tolerance
 from ..lens.project import decode_states
 from ..models.adapter import ModelAdapter
@@ -58,7 +58,7 @@ def predictions_table(vocab: Vocabulary, tokens: Sequence[int], logits: Tensor, 
     """One row per position: its token and the model's top k next tokens with their probabilities; at the
     last position, with answers, the first answer's rank, probability and logit (and the first wrong answer's,
     and `logit_diff`: mean logit of the answers minus mean logit of the wrong ones, the DLA metric)."""
-    logits = logits.float()
+    logits = logits.float().cpu()
     logp = logits.log_softmax(-1)
     top_i, top_p = _top(logp, k)
     T = len(tokens)
@@ -151,8 +151,7 @@ def attention_table(patterns: dict[int, Tensor]) -> pd.DataFrame:
 
 
 def dla_reads(model: ModelAdapter) -> list[ActName]:
-    from ..circuits.decompose import decomposition_reads
-
+    """What the attribution reads from the run (every component's output, the final norm's scale)."""
     return decomposition_reads(model.structure) + [ActName("final_scale")]
 
 
