@@ -361,5 +361,7 @@ def test_real_models_attention_dla_and_lens(real_folder):
     mine = r.lens.sort_values(["layer", "position"]).reset_index(drop=True)
     theirs = lens.sort_values(["layer", "position"]).reset_index(drop=True)
     assert mine["top1_token"].tolist() == theirs["top1_token"].tolist()
-    np.testing.assert_allclose(mine["top1_prob"], theirs["top1_prob"], rtol=1e-4, atol=1e-6)
+    # the same maths on matrices of other shapes (layers x positions at once, against the lens's chunks of sites):
+    # float32 sums of 640 products rounded apart by up to 1e-4 on Gemma 3's large logits
+    np.testing.assert_allclose(mine["top1_prob"], theirs["top1_prob"], rtol=1e-3, atol=1e-5)
     np.testing.assert_array_equal(mine["answer_rank"], theirs["target_rank"])
