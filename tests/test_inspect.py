@@ -254,6 +254,18 @@ def test_every_model_kind_saves_and_reads_back(tiny, tmp_path):
     assert "window.entoscopeInspect" in page and "cdn" not in page.lower()
 
 
+def test_in_a_notebook_the_view_is_inline_and_plotly_travels_once(monkeypatch):
+    from entoscope.results import notebook
+
+    monkeypatch.setattr(notebook, "_SENT", [False])  # a fresh kernel session
+    r = inspected(("gpt2", "bridge", False))
+    first, second = r._repr_html_(), r._repr_html_()
+    assert first.count("* plotly.js v") == 1 and "* plotly.js v" not in second
+    assert 'class="esi-root"' in second and "window.entoscopeInspect(" in second and "Plotly.newPlot" in second
+    monkeypatch.setattr(notebook, "EVERY_OUTPUT", True)
+    assert "* plotly.js v" in r._repr_html_()
+
+
 def test_a_tuned_and_a_jacobian_lens_grid_equal_es_lens(tmp_path):
     model = get_tiny("gpt2", "bridge", False)
     fit = Dataset("fit", tuple(Example(p) for p in (PROMPT, CF, "The capital of France is Paris.")))
@@ -364,4 +376,6 @@ def test_real_models_attention_dla_and_lens(real_folder):
     # the same maths on matrices of other shapes (layers x positions at once, against the lens's chunks of sites):
     # float32 sums of 640 products rounded apart by up to 1e-4 on Gemma 3's large logits
     np.testing.assert_allclose(mine["top1_prob"], theirs["top1_prob"], rtol=1e-3, atol=1e-5)
-    np.testing.assert_array_equal(mine["answer_rank"], theirs["target_rank"])
+    # ranks: equal where they are small; among tens of thousands of tokens within float32 rounding of the
+    # answer's logit, one or two may fall either side (12,202 against 12,203 on Gemma 3)
+    np.testing.assert_allclose(mine["answer_rank"], theirs["target_rank"], rtol=1e-4, atol=0)

@@ -25,8 +25,3 @@ def plotly_once() -> str:
     bundle = get_plotlyjs().replace("</script", "<\\/script")
     return ("<script type=\"text/javascript\">window.PlotlyConfig = {MathJaxConfig: 'local'};"
             f"if (!window.Plotly) {{\n{bundle}\n}}</script>")
-
-
-def reset() -> None:
-    """Forget that the bundle was sent (a test that reads outputs of a fresh 'session')."""
-    _SENT[0] = False
