@@ -232,6 +232,12 @@ def top_pairs() -> Dataset:
         _TOP_PAIRS.append(Dataset("random-top", tuple(out)))
     return _TOP_PAIRS[0]
 
+INSPECT_PROMPT = "When Mary and John went to the store, John gave a drink to"
+INSPECT_CF = "When Mary and John went to the store, Mary gave a drink to"
+ONE_PROMPT = "one prompt's own value, exact (nothing to resample: es.inspect looks at one prompt)"
+INSPECT_DESCRIPTIVE = {c: ONE_PROMPT for c in [f"top{i}_prob" for i in range(1, 6)] +
+                       ["answer_prob", "answer_logit", "wrong_prob", "wrong_logit", "logit_diff"]}
+
 CASES: dict[str, dict[str, Case]] = {
     "lens": {
         "logit": Case(lambda s: es.Lens(sites=es.Sites(activation="resid_post", over=["layer"]), stats=FAST, seed=s,
@@ -249,6 +255,11 @@ CASES: dict[str, dict[str, Case]] = {
                          random=("kl_mean_ci_low",),
                          refused={"compat": ("jacobian_lens_mismatch", JACOBIAN_REFUSED),
                                   "hooked": ("jacobian_lens_mismatch", JACOBIAN_REFUSED)}),
+    },
+    "inspect": {
+        "pair": Case(lambda s: es.Inspect(prompt=INSPECT_PROMPT, answer=" Mary", wrong=" John",
+                                          counterfactual=INSPECT_CF, seed=s), None, ids=("position", "token", "token_id"),
+                     descriptive=INSPECT_DESCRIPTIVE),
     },
     "jacobian_lens_fit": {
         "default": Case(lambda s: es.JacobianLensFit(skip_first=2, max_length=8, seed=s, batch_size=4), pairs,

@@ -35,7 +35,7 @@ from .registry import lookup, names
 CLI_NAMES = {"lens": "lens", "parameter-lens": "parameter_lens", "head-scores": "head_scores", "patch": "patching", "probe": "probing",
              "circuit": "circuits", "dla": "dla", "ifr": "ifr", "steer": "steering",
              "interchange": "interchange", "lens-comparison": "lens_comparison",
-             "coordinate-patch": "coordinate_patching"}
+             "coordinate-patch": "coordinate_patching", "inspect": "inspect"}
 
 SAVED: list[str] = []  # folders this process has saved (named when Ctrl-C interrupts it)
 
@@ -162,13 +162,16 @@ def _op_parser(sub: Any, cli_name: str, op_name: str) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     _executor_options(p)
     g = p.add_argument_group(f"{op_name} config (values are YAML)")
+    text = getattr(cls, "text_fields", ())
     for field, info in cls.model_fields.items():
         default = info.get_default(call_default_factory=True)
         if hasattr(default, "model_dump"):
             default = default.model_dump(exclude_defaults=True) or default.model_dump()
+        said = " [required]" if info.is_required() else f" [default: {default!r}]"
         g.add_argument(f"--{field.replace('_', '-')}", dest=f"cfg_{field}", default=None,
-                       metavar=_metavar(info.annotation),
-                       help=_help((info.description or "") + f" [default: {default!r}]"))
+                       metavar="TEXT" if field in text else _metavar(info.annotation),
+                       help=_help((info.description or "") + (" (taken as written, not as YAML)" if field in text
+                                                              else "") + said))
     p.set_defaults(handler=_run_op, op_name=op_name)
 
 
@@ -176,9 +179,10 @@ def _run_op(args: argparse.Namespace) -> int:
     from .config import build_operation
 
     entry: dict[str, Any] = {"operation": args.op_name}
+    text = getattr(lookup("operation", args.op_name), "text_fields", ())  # taken as written (' Paris'), not as YAML
     for key, value in vars(args).items():
         if key.startswith("cfg_") and value is not None:
-            entry[key[4:]] = _yaml_value(value, key[4:].replace("_", "-"))
+            entry[key[4:]] = value if key[4:] in text else _yaml_value(value, key[4:].replace("_", "-"))
     data = _data_arg(args.data)
     if data is not None:
         entry["data"] = data

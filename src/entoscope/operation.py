@@ -49,6 +49,7 @@ class Operation(ConfigModel):
     name: ClassVar[str] = "operation"
     needs_data: ClassVar[bool] = True
     tests_cells: ClassVar[bool] = False  # its table tests every row against 0 (p, q, significant): the plan's screen
+    text_fields: ClassVar[tuple[str, ...]] = ()  # fields the command line takes as written, not as YAML (prompts)
 
     batch_size: int | None = Field(default=None, ge=1, description="prompts per forward pass; default: "
                                    "chosen from memory_budget_mb")

@@ -27,7 +27,7 @@ BUILTIN_MODULES: dict[str, tuple[str, ...]] = {
                   "entoscope.circuits.head_scores", "entoscope.circuits.ifr", "entoscope.dictionaries.dla",
                   "entoscope.dictionaries.lens", "entoscope.dictionaries.graph", "entoscope.steering.operation",
                   "entoscope.lens.jacobian_fit", "entoscope.interchange.operation",
-                  "entoscope.lens.compare", "entoscope.lens.coordinate_patch"),
+                  "entoscope.lens.compare", "entoscope.lens.coordinate_patch", "entoscope.inspection.operation"),
     "metric": ("entoscope.metrics",),
     "patch": ("entoscope.patching.values",),
     "pooling": ("entoscope.probing.pooling",),

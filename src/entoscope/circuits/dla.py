@@ -213,42 +213,57 @@ class DirectLogitAttribution(Sharded, Operation):
     def _attribute(self, model: ModelAdapter, acts: dict[ActName, Tensor], logits: Tensor, batch: Any,
                    split: list[int]) -> tuple[Tensor, Tensor, Tensor]:
         """(rows [C, B], constant [B], the model's own value [B]) for one batch, in float64."""
-        last = batch.last
         wrong = batch.wrong_answers if self.metric == "logit_diff" else None
-        u, b_U_part = answer_direction(model, batch.answers, wrong)
-        norm = model.weights.final_norm
-        scale = acts[ActName("final_scale")][torch.arange(len(batch)), last.to(logits.device)]  # [B, 1]
-        direction = frozen_norm_direction(norm, u, scale.to(torch.float64))
-        rows = component_dots(model, acts, last, direction, split)
-        constant = b_U_part if norm.bias is None else u @ norm.bias.to(torch.float64) + b_U_part
-        final = at_positions(logits, last).to(torch.float64)
-        answers, wrong_ids = batch.answers.to(final.device), batch.wrong_answers.to(final.device)
-        value = logit_diff_metric(final, answers, wrong_ids) if self.metric == "logit_diff" else \
-            logit_metric(final, answers, wrong_ids)
-        return rows, constant, value
+        return attribute(model, acts, logits, batch.last, batch.answers, wrong, split)
 
     def _check(self, ident: dict[str, Tensor], tol: float) -> pd.DataFrame:
-        error = (ident["sum"] + ident["constant"] - ident["value"]).abs()
-        allowed = tol * ident["value"].abs().clamp(min=1.0)
-        frame = pd.DataFrame({"example": np.arange(len(error)), "value": ident["value"].numpy(),
-                              "constant": ident["constant"].numpy(), "sum_of_rows": ident["sum"].numpy(),
-                              "error": error.numpy(), "allowed": allowed.numpy()})
-        bad = ~(error <= allowed)  # NaN fails the check (NaN > tol would be False)
-        if bool(bad.any()):
-            i = int(bad.nonzero()[0, 0]) if bool(error.isnan().any()) else int((error / allowed).argmax())
-            raise CheckFailedError(
-                f"direct logit attribution does not add up on {int(bad.sum())} of {len(error)} prompts: on "
-                f"example {i} the rows sum to {float(ident['sum'][i]):.6g} + constant "
-                f"{float(ident['constant'][i]):.6g}, but the model's {self.metric} is {float(ident['value'][i]):.6g} "
-                f"(error {float(error[i]):.3g} > allowed {float(allowed[i]):.3g})",
-                code="dla_identity_failed",
-                remedy="the model's residual stream is not the sum entoscope decomposes (an unsupported block "
-                "layout, or hooks changing activations); for a model run in reduced precision pass a larger "
-                "tolerance")
-        return frame
+        return check_identity(ident, tol, self.metric)
 
     def _figures(self, result: Result) -> list[tuple[str, Any]]:
         return dla_figures(result, self.top_k)
+
+
+def attribute(model: ModelAdapter, acts: dict[ActName, Tensor], logits: Tensor, last: Tensor, answers: Tensor,
+              wrong: Tensor | None, split: list[int] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """(rows [C, B], constant [B], the model's own value [B]) in float64: each component's direct contribution
+    to the logit difference (`wrong` given) or the answers' logit (`wrong` None) at positions `last` [B], read
+    from a run's `acts` (`decomposition_reads` + final_scale) and its `logits` [B, T, V] (the module docstring)."""
+    u, b_U_part = answer_direction(model, answers, wrong)
+    norm = model.weights.final_norm
+    scale = acts[ActName("final_scale")][torch.arange(len(last)), last.to(logits.device)]  # [B, 1]
+    direction = frozen_norm_direction(norm, u, scale.to(torch.float64))
+    rows = component_dots(model, acts, last, direction, split or [])
+    constant = b_U_part if norm.bias is None else u @ norm.bias.to(torch.float64) + b_U_part
+    final = at_positions(logits, last).to(torch.float64)
+    answers = answers.to(final.device)
+    if wrong is not None:
+        value = logit_diff_metric(final, answers, wrong.to(final.device))
+    else:
+        value = logit_metric(final, answers, torch.full_like(answers, -1))
+    return rows, constant, value
+
+
+def check_identity(ident: dict[str, Tensor], tol: float, metric: str) -> pd.DataFrame:
+    """The identity per prompt (value, constant, sum_of_rows, error, allowed), or a refusal where the rows
+    and the constant do not add up to the model's own `metric` (`ident`: value, constant, sum, [B] each)."""
+    error = (ident["sum"] + ident["constant"] - ident["value"]).abs()
+    allowed = tol * ident["value"].abs().clamp(min=1.0)
+    frame = pd.DataFrame({"example": np.arange(len(error)), "value": ident["value"].numpy(),
+                          "constant": ident["constant"].numpy(), "sum_of_rows": ident["sum"].numpy(),
+                          "error": error.numpy(), "allowed": allowed.numpy()})
+    bad = ~(error <= allowed)  # NaN fails the check (NaN > tol would be False)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0]) if bool(error.isnan().any()) else int((error / allowed).argmax())
+        raise CheckFailedError(
+            f"direct logit attribution does not add up on {int(bad.sum())} of {len(error)} prompts: on "
+            f"example {i} the rows sum to {float(ident['sum'][i]):.6g} + constant "
+            f"{float(ident['constant'][i]):.6g}, but the model's {metric} is {float(ident['value'][i]):.6g} "
+            f"(error {float(error[i]):.3g} > allowed {float(allowed[i]):.3g})",
+            code="dla_identity_failed",
+            remedy="the model's residual stream is not the sum entoscope decomposes (an unsupported block "
+            "layout, or hooks changing activations); for a model run in reduced precision pass a larger "
+            "tolerance")
+    return frame
 
 
 class DLAResult(Result):

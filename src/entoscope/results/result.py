@@ -28,9 +28,10 @@ class Result:
     extra:      named tensors or objects an operation keeps for Python users (not saved as tables).
     takeaway:   a sentence or two computed from the numbers: what the result shows (page lead, notebook).
     blank_note: what a blank (NaN) cell of the table means for this operation.
+    tables:     further named tidy tables of the run (`es.inspect`: the lens grid, attention, DLA, ...), each
+                saved as NAME.csv and NAME.parquet beside table.csv, listed in the manifest's `tables` and
+                read back by `Result.load`.
     """
-
-    _shown_in_notebook = False  # plotly.js goes into the first Result a notebook displays, once
 
     def __init__(self, operation: str, table: pd.DataFrame, *, per_prompt: pd.DataFrame | None = None,
                  figures: Callable[[Result], list[tuple[str, Any]]] | None = None, title: str | None = None,
@@ -53,6 +54,7 @@ class Result:
         self.shards_dir: Path | None = None  # a sharded run's shard folder (set by Operation.run)
         self.notes: list[tuple[str, str]] = []  # (title, text) sections on how to read the page, before the table
         self.confirmation: pd.DataFrame | None = None  # the top cells re-tested on fresh prompts (confirm.py)
+        self.tables: dict[str, pd.DataFrame] = {}  # further named tables (saved as NAME.csv / NAME.parquet)
 
     @property
     def per_prompt(self) -> pd.DataFrame | None:
@@ -93,17 +95,16 @@ class Result:
         return t(self) if callable(t) else t
 
     def _repr_html_(self) -> str:
-        """A notebook shows the takeaway, the main figure and the head of the table."""
+        """A notebook shows the takeaway, the main figure and the head of the table, offline: plotly.js goes
+        into the first output of the kernel that draws a figure (results/notebook.py)."""
+        from .notebook import plotly_once
+
         figs = self.figures()
         parts = [f"<h4>{html.escape(self.title)}</h4>"]
         if self.takeaway:
             parts.append(f"<p>{html.escape(self.takeaway)}</p>")
         if figs:
-            first = not Result._shown_in_notebook
-            Result._shown_in_notebook = True
-            from .figures import polish
-
-            parts.append(polish(figs[0][1]).to_html(full_html=False, include_plotlyjs=first))
+            parts.append(plotly_once() + figure_div(figs[0][1]))
         parts.append(table_html(self.table, max_rows=10, note=self.blank_note))
         return "".join(parts)
 
@@ -158,9 +159,11 @@ class Result:
             files.append("plotly.min.js")
         rel = Path(os.path.relpath((final if assets_dir is None else assets).resolve() / "plotly.min.js",
                                    final.resolve())).as_posix()
-        sections = [(t, figure_div(f)) for t, f in self.figures()]
-        sections += [(t, f'<p class="note">{html.escape(text)}</p>') for t, text in self.notes]
-        sections.append(("table", table_html(self.table, note=self.blank_note)))
+        for name, frame in self.tables.items():
+            frame.to_csv(out / f"{name}.csv", index=False)
+            frame.to_parquet(out / f"{name}.parquet", index=False)
+            files += [f"{name}.csv", f"{name}.parquet"]
+        sections = self.page_sections()
         if self.confirmation is not None:  # both stages of the top cells (confirm.py)
             self.confirmation.to_csv(out / "confirmation.csv", index=False)
             files.append("confirmation.csv")
@@ -188,8 +191,17 @@ class Result:
             if self.shards_dir is not None and self.shards_dir.resolve() == (final / "shards").resolve() else []
         manifest = {"format_version": FORMAT_VERSION, "operation": self.operation, **self.manifest,
                     "title": self.title, "takeaway": self.takeaway, "blank_note": self.blank_note,
-                    "json_columns": json_columns, "files": files + shard_files + ["manifest.json"]}
+                    "json_columns": json_columns, "tables": sorted(self.tables),
+                    "files": files + shard_files + ["manifest.json"]}
         (out / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str), encoding="utf-8")
+
+    def page_sections(self) -> list[tuple[str, str]]:
+        """The page's (title, HTML) sections: each figure, the notes on how to read the page, then the table
+        (a result that draws its own view overrides this: `es.inspect`)."""
+        sections = [(t, figure_div(f)) for t, f in self.figures()]
+        sections += [(t, f'<p class="note">{html.escape(text)}</p>') for t, text in self.notes]
+        sections.append(("table", table_html(self.table, note=self.blank_note)))
+        return sections
 
     def save_extra(self, folder: Path, files: list[str]) -> None:
         """Hook for operations that save more (directions, translators, graphs); append file names."""

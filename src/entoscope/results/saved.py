@@ -158,4 +158,5 @@ def load_run(folder: str | Path) -> Any:
                     takeaway=manifest["takeaway"], blank_note=manifest.get("blank_note", ""))
     result.manifest = manifest
     result.warnings = list(manifest.get("warnings") or [])
+    result.tables = {str(name): read_table(_table_file(path, str(name)), []) for name in manifest.get("tables") or []}
     return result
