@@ -53,6 +53,8 @@ class Result:
         self.shards_dir: Path | None = None  # a sharded run's shard folder (set by Operation.run)
         self.notes: list[tuple[str, str]] = []  # (title, text) sections on how to read the page, before the table
         self.confirmation: pd.DataFrame | None = None  # the top cells re-tested on fresh prompts (confirm.py)
+        # more tables shown on the page, each after the note of the same title: (title, CSV file name, table)
+        self.side_tables: list[tuple[str, str, pd.DataFrame]] = []
 
     @property
     def per_prompt(self) -> pd.DataFrame | None:
@@ -168,6 +170,12 @@ class Result:
             note = "".join(body for t, body in sections if t == title)
             sections = [(t, body) for t, body in sections if t != title]
             sections.insert(len(sections) - 1, (title, note + table_html(self.confirmation)))
+        for title, name, frame in self.side_tables:  # e.g. patching's exact re-check (patching/recheck.py)
+            frame.to_csv(out / name, index=False)
+            files.append(name)
+            note = "".join(body for t, body in sections if t == title)
+            sections = [(t, body) for t, body in sections if t != title]
+            sections.insert(len(sections) - 1, (title, note + table_html(frame)))
         summary = {k: self.manifest.get(k) for k in ("operation", "config", "timings", "created")} \
             if self.manifest else None
         self.js_relpath = rel  # for pages save_extra writes beside index.html
