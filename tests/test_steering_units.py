@@ -167,3 +167,41 @@ def test_an_effect_that_excludes_zero_but_reaches_into_the_band_is_neither():
     assert not t["material"].iloc[0] and not t["negligible"].iloc[0]
     text = str(steering_takeaway(_Result(t)))
     assert "no coefficient's effect is material" in text and "smallest coefficient whose effect" in text
+
+
+@pytest.mark.real
+def test_on_smollm2_residual_norm_units_match_transformers_hidden_states_and_a_pre_hook(smollm2_folder):
+    """R is the mean norm of transformers' hidden state entering decoder layer 2 (hidden_states[2]) over the task
+    prompts' tokens after the BOS; steering at c writes c R v^ there, which a forward pre-hook on
+    model.model.layers[2] adding the same vector at every position reproduces (the metric, prompt by prompt)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smollm2_folder)
+    hf = AutoModelForCausalLM.from_pretrained(smollm2_folder, dtype=torch.float32).eval()
+    data = es.tasks.ioi(n=4, seed=3, tokenizer=tok)
+    v = _vector(hf.config.hidden_size, 0.8, seed=2)
+    r = es.Steering(direction=es.Direction("resid_pre.2", v), coefficients=[0.1], units="residual_norm",
+                    side_effects=None, stats={"n_boot": 0}).run(es.load_model(str(smollm2_folder)), data, quiet=True)
+
+    def ids(text: str) -> torch.Tensor:  # the operation prepends BOS (prepend_bos: true)
+        return torch.tensor([[tok.bos_token_id, *tok(text, add_special_tokens=False).input_ids]])
+
+    norms = []
+    for e in data:
+        with torch.no_grad():
+            h = hf(ids(e.prompt), output_hidden_states=True).hidden_states[2][0, 1:].double()
+        norms.append(h.norm(dim=-1))
+    R = float(torch.cat(norms).mean())
+    assert float(r.table["residual_norm"].iloc[0]) == pytest.approx(R, rel=1e-4)
+    assert float(r.table["written_norm"].iloc[0]) == pytest.approx(0.1 * R, rel=1e-4)
+    add = (0.1 * R * v / v.norm()).float()
+    handle = hf.model.layers[2].register_forward_pre_hook(lambda module, args: (args[0] + add, *args[1:]))
+    pp = r.per_prompt.query("set == 'task' and direction == 'direction'").set_index("example")
+    try:
+        for i, e in enumerate(data):
+            with torch.no_grad():
+                logits = hf(ids(e.prompt)).logits[0, -1].double()
+            io, s = (tok(a, add_special_tokens=False).input_ids[0] for a in (e.answers[0], e.wrong_answers[0]))
+            assert float(pp.loc[i, "metric"]) == pytest.approx(float(logits[io] - logits[s]), abs=2e-3)
+    finally:
+        handle.remove()

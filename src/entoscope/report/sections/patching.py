@@ -98,7 +98,7 @@ def patching_section(model: Any, folder: Path, quick: bool) -> Section:
                      + table_html(recheck[[c for c in RECHECK_COLUMNS if c in recheck]]))
         link = f'<p class="more"><a href="{rel}">{html.escape(title)}: every figure and the whole table</a></p>'
         parts.append(f"<h3>{html.escape(title)}</h3>" + body + link)
-    lead = _lead(folder.name, results, rechecks, exact)
+    lead = _lead(folder.name, results, rechecks)
     terms = ("normalised effect", "logit difference", "probability difference", "95% interval", "significant",
              "q-value", "fragile", "degenerate pair", "names")
     method = "exact" if exact else "exact and attribution"
@@ -134,7 +134,7 @@ def _where(b: TakeawayBuilder, t: pd.DataFrame, source: str) -> None:
           "best is ")
     for i, (position, rows) in enumerate(runs):
         b.say(", then " if i else "")
-        word = b.qualify(f"at {position}", "leads_layers", condition=f"position={position}")
+        word = b.qualify(position, "leads_layers", condition=f"position={position}")
         first, last = rows.iloc[0], rows.iloc[-1]
         b.say(" (")
         refs = [b.quote(first, "value", source=source)]
@@ -147,7 +147,7 @@ def _where(b: TakeawayBuilder, t: pd.DataFrame, source: str) -> None:
           "its interval lies above zero, so the answer's information sits there over those layers")
 
 
-def _lead(name: str, results: list[Any], rechecks: list[Any], exact: bool) -> Any:
+def _lead(name: str, results: list[Any], rechecks: list[Any]) -> Any:
     b = TakeawayBuilder(key="site")
     _where(b, results[0].table, f"{name}/table.csv")
     b.say(". ")
