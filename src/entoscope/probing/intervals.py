@@ -24,7 +24,7 @@ Accuracy is a share of held-out prompts, so its interval (and the control probe'
 pooled held-out predictions (k correct of R; stats/proportion.py) instead of the bootstrap's: a probe right on
 all 64 held-out prompts would get the bootstrap interval [1.00, 1.00] (every resample is also all right),
 while Wilson's is [0.94, 1.00], what 64 prompts can say. Its `_se` stays the bootstrap's; F1, AUROC, R^2,
-MSE and selectivity keep the bootstrap interval.
+MSE and selectivity keep the bootstrap interval. `stats.n_boot: 0` asks for no intervals, and gets none.
 """
 
 from __future__ import annotations
@@ -204,7 +204,7 @@ def summarise_probing(h: HeldOut, stats: Stats, seed: int) -> pd.DataFrame:
         part = slice(j * S, (j + 1) * S)
         for col, v in interval_columns(summary, key, stats).items():
             frame[col] = v[part]
-    if h.n_classes is not None:  # accuracy: a share of held-out prompts, Wilson's interval (module docstring)
+    if h.n_classes is not None and stats.n_boot > 0:  # accuracy: a share, Wilson's (module docstring); n_boot 0: none
         for key, y, values in (("test_accuracy", h.y, h.values), ("control_test_accuracy", h.y_control,
                                                                  h.control_values)):
             if f"{key}_ci_low" in frame and values is not None:
