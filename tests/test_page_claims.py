@@ -32,12 +32,25 @@ NEGLIGIBLE = 0.05  # docs/pages.md: an effect within 5% of |the unsteered metric
 SETTLED = 0.1  # docs/lens.md: a Jacobian lens's layer is settled when its split-half change is under 0.1
 
 
-@pytest.fixture(scope="module", params=["demo", pytest.param("smollm2", marks=pytest.mark.real),
+@pytest.fixture(scope="module", params=["demo", "demo_large", pytest.param("smollm2", marks=pytest.mark.real),
                                         pytest.param("gemma3", marks=pytest.mark.real)])
 def report(request, tmp_path_factory):
-    """The demo's quick report, and the real models' (conftest.real_report: the sections that cost seconds)."""
+    """The demo's quick report; the demo's patching, steering, probing and lens sections sized as a large model's
+    (report/sizes.py: attribution maps with their exact re-check); and the real models' (conftest.real_report:
+    the sections that cost seconds)."""
     import entoscope as es
     from entoscope.report import build_report
+
+    if request.param == "demo_large":
+        from entoscope.report import sizes
+
+        folder = tmp_path_factory.mktemp("claims_large") / "demo_large"
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(sizes, "SMALL_MACS", 0.0)
+            build_report(es.load_model("demo"), folder, quick=True, sections=["lens", "patching", "probing", "steering"],
+                         quiet=True)
+        assert (folder / "patching" / "example1" / "recheck.csv").exists()
+        return folder
 
     if request.param != "demo":
         from conftest import real_report

@@ -19,6 +19,7 @@ import html
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from ...registry import register
@@ -42,7 +43,7 @@ def _examples(model: Any, quick: bool) -> list[tuple[str, dict[str, Any], dict[s
         ("IOI: exact denoising of the residual stream at each name and the last token (normalised logit "
          "difference)" + at,
          {"sites": {"activation": "resid_pre", "over": ["layer", "position"], "layers": size["layers"],
-                    "positions": ["IO", "S1", "S1+1", "S2", "S2+1", "END"]},
+                    "positions": list(size["positions"])},
           "metric": "logit_diff", "method": "exact"},
          {"task": "ioi", "n": n, "seed": 7}),
         ("IOI: denoising each head's output (normalised logit difference)",
@@ -154,7 +155,8 @@ def _lead(name: str, results: list[Any], rechecks: list[Any]) -> Any:
     heads, recheck = results[1].table, rechecks[1]
     source = f"{name}/example1/table.csv"
     if recheck is not None:
-        _rechecked_heads(b, recheck, f"{name}/example1/recheck.csv")
+        fdr = float(((results[1].manifest or {}).get("config", {}).get("stats") or {}).get("fdr", 0.05))
+        _rechecked_heads(b, recheck, f"{name}/example1/recheck.csv", fdr)
     else:
         _exact_heads(b, heads, source)
     b.say(" (")
@@ -188,9 +190,11 @@ def _exact_heads(b: TakeawayBuilder, heads: pd.DataFrame, source: str) -> None:
         b.refer(word, refs)
 
 
-def _rechecked_heads(b: TakeawayBuilder, recheck: pd.DataFrame, source: str) -> None:
-    """Attribution's top heads by their exact re-check: those that hold first, then the others."""
+def _rechecked_heads(b: TakeawayBuilder, recheck: pd.DataFrame, source: str, fdr: float) -> None:
+    """Attribution's top heads by their exact re-check: those that hold first (those the screen's false discovery
+    control also kept before those it did not), then the others."""
     held = recheck[recheck["held"].astype(bool)]
+    held = held.iloc[np.argsort((held["estimate_q"].to_numpy(float) > fdr), kind="stable")]
     rest = recheck[~recheck["held"].astype(bool)]
     b.say("Attribution patching's top heads by |estimate|, re-checked by exact patching on the same pairs: ")
     b.count(len(held), len(recheck), "held", unit="hold", source=source)
@@ -198,7 +202,7 @@ def _rechecked_heads(b: TakeawayBuilder, recheck: pd.DataFrame, source: str) -> 
         b.say(": " if i == 0 else ", ")
         _both(b, row, source)
     if len(rest):
-        b.say("; not held (the exact interval reaches 0, or lies on the other side): ")
+        b.say("; not held (the exact interval reaches zero, or lies on the other side): ")
         for i, (_, row) in enumerate(rest.iterrows()):
             b.say(", " if i else "")
             _both(b, row, source)
@@ -206,7 +210,8 @@ def _rechecked_heads(b: TakeawayBuilder, recheck: pd.DataFrame, source: str) -> 
     if len(flagged):
         b.say("; ")
         b.count(len(flagged), len(recheck), "outside_range", unit="estimates", source=source)
-        b.say(" lie beyond the corrupt or the clean run, where a first-order estimate extrapolates")
+        b.say(" lie outside the span from the corrupt run to the clean one, where a first-order estimate "
+              "extrapolates (flagged in the re-check's table, their exact values beside them)")
 
 
 def _both(b: TakeawayBuilder, row: Any, source: str) -> None:
