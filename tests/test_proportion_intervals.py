@@ -100,3 +100,4 @@ def test_on_smollm2_a_perfect_probe_and_the_lens_shares_have_intervals_below_one
     r = es.Lens(sites={"activation": "resid_post", "over": ["layer"], "layers": [28, 29]}).run(
         model, {"task": "ioi", "n": 8, "seed": 7}, quiet=True)
     _check_lens_shares(r)
+

@@ -38,10 +38,10 @@ SIZES: dict[str, dict[str, tuple[Any, Any, Any, Any]]] = {
                  "recheck": (0, 0, 5, 5)},
     "probing": {"greater_than_n": (96, 320, 64, 192), "ioi_n": (160, 512, 64, 192),
                 "max_layers": (None, None, 8, 12)},
-    "steering": {"n": (32, 128, 16, 32), "direction_n": (64, 256, 32, 64), "side_effects_n": (16, 64, 8, 16),
+    "steering": {"n": (32, 128, 16, 32), "direction_n": (64, 256, 32, 64), "side_effects_n": (16, 64, 6, 16),
                  "coefficients": (ALL_COEFFICIENTS, ALL_COEFFICIENTS, (-0.25, -0.1, 0.1, 0.25),
                                   (-0.5, -0.25, -0.1, 0.1, 0.25, 0.5)),
-                 "continuation_prompts": (3, 3, 2, 3)},
+                 "continuation_prompts": (3, 3, 1, 3)},
 }
 COARSE_FRACTIONS = (0.01, 0.05, 0.2, 1.0)  # the faithfulness curve of a large model: 4 of MIB's 10 fractions
 JACOBIAN_BUDGET = {True: 1.5e12, False: 4e12}  # multiply-adds, by quick
