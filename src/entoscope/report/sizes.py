@@ -39,8 +39,8 @@ SIZES: dict[str, dict[str, tuple[Any, Any, Any, Any]]] = {
     "probing": {"greater_than_n": (96, 320, 64, 192), "ioi_n": (160, 512, 64, 192),
                 "max_layers": (None, None, 8, 12)},
     "steering": {"n": (32, 128, 16, 32), "direction_n": (64, 256, 32, 64), "side_effects_n": (16, 64, 6, 16),
-                 "coefficients": (ALL_COEFFICIENTS, ALL_COEFFICIENTS, (-0.25, -0.1, 0.1, 0.25),
-                                  (-0.5, -0.25, -0.1, 0.1, 0.25, 0.5)),
+                 "coefficients": (ALL_COEFFICIENTS, ALL_COEFFICIENTS, (-0.1, -0.03, 0.03, 0.1),
+                                  (-0.3, -0.1, -0.03, 0.03, 0.1, 0.3)),
                  "continuation_prompts": (3, 3, 1, 3)},
 }
 COARSE_FRACTIONS = (0.01, 0.05, 0.2, 1.0)  # the faithfulness curve of a large model: 4 of MIB's 10 fractions
