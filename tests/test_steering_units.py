@@ -170,18 +170,20 @@ def test_an_effect_that_excludes_zero_but_reaches_into_the_band_is_neither():
 
 
 @pytest.mark.real
-def test_on_smollm2_residual_norm_units_match_transformers_hidden_states_and_a_pre_hook(smollm2_folder):
-    """R is the mean norm of transformers' hidden state entering decoder layer 2 (hidden_states[2]) over the task
-    prompts' tokens after the BOS; steering at c writes c R v^ there, which a forward pre-hook on
-    model.model.layers[2] adding the same vector at every position reproduces (the metric, prompt by prompt)."""
+def test_on_real_models_residual_norm_units_match_transformers_hidden_states_and_a_pre_hook(real_folder):
+    """SmolLM2 and Gemma 3: R is the mean norm of transformers' hidden state entering decoder layer 2
+    (hidden_states[2]) over the task prompts' tokens after the BOS; steering at c writes c R v^ there, which a
+    forward pre-hook on model.model.layers[2] adding the same vector at every position reproduces (the metric,
+    prompt by prompt). On Gemma 3, R is about 1,000: the same c writes a vector a dozen times longer than on
+    SmolLM2, whatever the direction's norm."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(smollm2_folder)
-    hf = AutoModelForCausalLM.from_pretrained(smollm2_folder, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(real_folder)
+    hf = AutoModelForCausalLM.from_pretrained(real_folder, dtype=torch.float32).eval()
     data = es.tasks.ioi(n=4, seed=3, tokenizer=tok)
     v = _vector(hf.config.hidden_size, 0.8, seed=2)
     r = es.Steering(direction=es.Direction("resid_pre.2", v), coefficients=[0.1], units="residual_norm",
-                    side_effects=None, stats={"n_boot": 0}).run(es.load_model(str(smollm2_folder)), data, quiet=True)
+                    side_effects=None, stats={"n_boot": 0}).run(es.load_model(str(real_folder)), data, quiet=True)
 
     def ids(text: str) -> torch.Tensor:  # the operation prepends BOS (prepend_bos: true)
         return torch.tensor([[tok.bos_token_id, *tok(text, add_special_tokens=False).input_ids]])
@@ -202,6 +204,6 @@ def test_on_smollm2_residual_norm_units_match_transformers_hidden_states_and_a_p
             with torch.no_grad():
                 logits = hf(ids(e.prompt)).logits[0, -1].double()
             io, s = (tok(a, add_special_tokens=False).input_ids[0] for a in (e.answers[0], e.wrong_answers[0]))
-            assert float(pp.loc[i, "metric"]) == pytest.approx(float(logits[io] - logits[s]), abs=2e-3)
+            assert float(pp.loc[i, "metric"]) == pytest.approx(float(logits[io] - logits[s]), abs=5e-3, rel=1e-3)
     finally:
         handle.remove()
