@@ -526,7 +526,10 @@ class Steering(Sharded, Operation):
         result.manifest["direction"] = {"site": result.extra["direction"].site, "head": result.extra["direction"].head,
                                         "norm": result.extra["direction"].norm,
                                         "provenance": result.extra["direction"].provenance,
-                                        "written_at": [str(s) for s in result.extra.get("written_at", [])]}
+                                        "written_at": [str(s) for s in result.extra.get("written_at", [])],
+                                        "units": self.units}
+        if "residual_norm" in result.table:  # R, what the coefficients multiplied (scale.py)
+            result.manifest["direction"]["residual_norm"] = float(result.table["residual_norm"].iloc[0])
         return result
 
 
