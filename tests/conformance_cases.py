@@ -150,6 +150,9 @@ class Case:
 
 _V = torch.randn(64, generator=torch.Generator().manual_seed(0))
 _STEER = (_V / _V.norm() * 5.0)
+STEER_DESCRIPTIVE = {"direction_norm": "|v| of the direction steered with (a setting of the run, the same on every row)",
+                     "written_norm": "|c| times what a coefficient multiplies: the dose's size, a setting",
+                     "negligible_share": "the share of the unsteered metric an effect must pass (a constant)"}
 PATCH_DESCRIPTIVE = {c: "descriptive mean over prompts (stats.moments) beside `value`, which carries the claim"
                      for c in ("patched_mean", "difference_mean", "normalized_mean", "normalized_of_means",
                                "base_mean", "source_mean")}
@@ -362,9 +365,16 @@ CASES: dict[str, dict[str, Case]] = {
         "add": Case(lambda s: es.Steering(direction=es.Direction("resid_pre.1", _STEER), coefficients=[1.0, 2.0],
                                           side_effects=None, stats=FAST, seed=s, batch_size=4), pairs,
                     ids=("condition", "direction", "coefficient", "mode", "site", "metric"),
-                    descriptive={"direction_norm": "|v| of the direction steered with (a setting of the run, the "
-                                                   "same on every row)"},
-                    random=("minus_random",)),
+                    descriptive=STEER_DESCRIPTIVE, random=("minus_random",)),
+        # coefficients in units of the site's mean norm: a sharded phase measures R before steering
+        "residual_norm": Case(lambda s: es.Steering(direction=es.Direction("resid_pre.1", _STEER),
+                                                    coefficients=[0.1, 0.2], units="residual_norm",
+                                                    side_effects=None, stats=FAST, seed=s, batch_size=4), pairs,
+                              ids=("condition", "direction", "coefficient", "mode", "site", "metric"),
+                              descriptive={**STEER_DESCRIPTIVE,
+                                           "residual_norm": "R, the site's mean activation norm the coefficients "
+                                           "multiply (a unit of the run, the same on every row)"},
+                              random=("minus_random",)),
     },
     "feature_dla": {
         "transcoders": Case(lambda s: es.FeatureDLA(dictionary="demo", activation="mlp_out", top_k_features=4,

@@ -228,7 +228,8 @@ def test_the_ioi_variable_is_located_on_the_demo_model():
         assert t.loc[(site, "pca"), "iia"] > t.loc[(site, "das"), "iia"]
     for site in ("resid_post.2@S2", "resid_post.0@END"):
         assert t.loc[(site, "full"), "iia"] == 0.0 and t.loc[(site, "das"), "iia"] == 0.0
-    assert result.takeaway.startswith("Variable io, das subspace (rank 8): the highest IIA")
+    assert result.takeaway.startswith("Variable io: interchanging the whole vector")  # the clear result first
+    assert "The das subspace (rank 8): the highest IIA" in result.takeaway
     assert "lies above the placebo's" in result.takeaway
 
 
@@ -349,3 +350,26 @@ def test_sae_basis_is_the_span_of_the_chosen_decoder_directions():
         es.Interchange(layers=[0], bases=["sae"], dictionary="processed_sae", features=[3]).plan(model,
                                                                                                   planted_pairs(8))
     assert err.value.code == "dictionary_space_mismatch"
+
+
+def test_the_takeaway_says_where_the_whole_vector_carries_the_variable_before_the_subspace():
+    """The clear result first (docs/pages.md, 'leads follow what held'): the cells where interchanging the whole
+    vector gives most pairs the prediction (the share >= 0.5 and its Wilson low end > 0.5, recomputed here
+    from the table by the formula written out), then the learned subspace against its placebo."""
+    from wilson_by_hand import wilson_by_hand
+
+    model = es.load_model("demo")
+    op = es.Interchange(layers=[0, 2], positions=["S2", "END"], bases=["pca"], rank=2, seed=0)
+    result = op.run(model, {"task": "ioi", "n": 24, "seed": 1}, quiet=True)
+    t, text = result.table, str(result.takeaway)
+    full = t[t["basis"] == "full"]
+    carries = [r["site"] for _, r in full.iterrows()
+               if r["iia_changed"] >= 0.5 and wilson_by_hand(int(round(r["iia_changed"] * r["n_changed"])),
+                                                             int(r["n_changed"]))[0] > 0.5]
+    assert carries, "the demo's whole vector carries IOI's name somewhere (docs/interchange.md)"
+    whole, subspace = text.index("interchanging the whole vector"), text.index("The pca subspace")
+    assert whole < subspace
+    named = text[whole:subspace]
+    first = named.split("; at the other cells")[0]
+    assert all(site in first for site in carries)
+    assert not any(site in first for site in set(full["site"]) - set(carries))

@@ -27,15 +27,19 @@ import pytest
 MOST = 0.5  # docs/pages.md: "most" = value >= 0.5 and the interval's lower end > 0.5
 CONTROL_MARGIN = 0.1  # docs/pages.md: a head passes its shuffled control when score - control's lower end > 0.1
 QUALIFIER_WORDS = re.compile(r"\b(most|strongest|strongly|largest|highest|carr(?:y|ies)|restores?|significant(?:ly)?|"
-                             r"stands? out|above 0|below 0|includes 0|exceeds?|no single|survives?|as much)\b", re.I)
+                             r"stands? out|above 0|below 0|includes 0|exceeds?|no single|survives?|as much|material|"
+                             r"negligible|(?:un)?settled)\b", re.I)
+NEGLIGIBLE = 0.05  # docs/pages.md: an effect within 5% of |the unsteered metric| is negligible
+SETTLED = 0.1  # docs/lens.md: a Jacobian lens's layer is settled when its split-half change is under 0.1
 
 
 @pytest.fixture(scope="module", params=["demo", "demo_large", pytest.param("smollm2", marks=pytest.mark.real),
                                         pytest.param("gemma3", marks=pytest.mark.real)])
 def report(request, tmp_path_factory):
     """The demo's quick report, and the real models' (conftest.real_report: the sections that cost seconds);
-    demo_large: the demo's circuits, head-score and IFR sections sized as a large model's (EAP, a 5% budget: no
-    circuit found, so the lead's words for that are read against the tables too)."""
+    demo_large: the demo's circuits, head-score, IFR, patching, steering, probing and lens sections sized as a
+    large model's (report/sizes.py: EAP at a 5% budget, no circuit found, so the lead's words for that are read
+    against the tables too; attribution maps with their exact re-check)."""
     import entoscope as es
     from entoscope.report import build_report
 
@@ -45,7 +49,9 @@ def report(request, tmp_path_factory):
         folder = tmp_path_factory.mktemp("claims") / "demo_large"
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(sizes, "SMALL_MACS", 0.0)
-            build_report(es.load_model("demo"), folder, quick=True, sections=["circuits", "head_scores", "ifr"])
+            build_report(es.load_model("demo"), folder, quick=True, quiet=True,
+                         sections=["circuits", "head_scores", "ifr", "lens", "patching", "probing", "steering"])
+        assert (folder / "patching" / "example1" / "recheck.csv").exists()
         return folder
 
     if request.param != "demo":
@@ -317,6 +323,32 @@ def test_every_qualifier_follows_its_rule(report):
                 else:
                     first = shown.iloc[int(np.argmin(np.abs(shown["coefficient"].to_numpy(float))))]
                     ok = str(first["condition"]) == refs[0]["row"]["condition"]
+            elif rule in ("smallest_material", "none_material", "negligible"):
+                frame = tables(base / refs[0]["source"])
+                steered = frame[frame["direction"] == "direction"]
+                band = NEGLIGIBLE * steered["metric_unsteered"].abs()
+                low, high = steered["effect_ci_low"], steered["effect_ci_high"]
+                material = steered[(low > band) | (high < -band)]
+                if rule == "none_material":
+                    ok = not len(material)
+                elif rule == "negligible":
+                    ok = bool(((low > -band) & (high < band)).all())
+                else:
+                    first = material.iloc[int(np.argmin(np.abs(material["coefficient"].to_numpy(float))))]
+                    ok = str(first["condition"]) == refs[0]["row"]["condition"]
+            elif rule == "leads_layers":  # from the first quoted cell's layer to the last's, the position leads
+                frame = tables(base / refs[0]["source"])
+                position = c["condition"].split("=", 1)[1]
+                ends = [tables.row(base, r) for r in refs]
+                lo, hi = int(ends[0]["layer"]), int(ends[-1]["layer"])
+                ok = all(str(e["position"]) == position for e in ends)
+                for layer, rows in frame[(frame["layer"] >= lo) & (frame["layer"] <= hi)].groupby("layer"):
+                    best = rows.loc[rows["value"].astype(float).idxmax()]
+                    ok &= str(best["position"]) == position and float(best["value_ci_low"]) > 0
+            elif rule in ("settled", "unsettled"):  # the largest split-half change of the lens's layers
+                frame = tables(base / refs[0]["source"])
+                worst = frame["split_half_change"].max()
+                ok = math.isclose(refs[0]["value"], worst) and (worst < SETTLED) == (rule == "settled")
             elif rule in ("beats_random", "not_beats_random"):
                 effect, minus = refs
                 shown = effect["low"] > 0 or effect["high"] < 0

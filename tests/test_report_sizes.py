@@ -68,11 +68,16 @@ def test_recorded_sizes_are_the_ones_the_large_tier_runs_used(large_report):
     assert sizes["lens"]["jacobian_fit"] is False
     assert not (large_report / "lens" / "comparison").exists()  # no Jacobian lens fitted, and the page says so
     assert "No Jacobian lens in this report" in page
-    for where in ("patching", "patching/example1", "patching/example2"):
+    resid = _manifest(large_report / "patching")  # where the answer sits: always exact, at the spread layers
+    assert resid["config"]["method"] == "exact" and resid["data"]["n"] == sizes["patching"]["n"]
+    assert resid["config"]["sites"]["layers"] == sizes["patching"]["layers"]
+    for where in ("patching/example1", "patching/example2"):
         run = _manifest(large_report / where)
         assert run["config"]["method"] == sizes["patching"]["method"] == "attribution"
         assert run["data"]["n"] == sizes["patching"]["n"]
-    assert "activation patching (attribution, denoising)" in page
+        recheck = __import__("pandas").read_csv(large_report / where / "recheck.csv")  # the exact re-check
+        assert len(recheck) == sizes["patching"]["recheck"] and set(recheck["n_prompts"]) == {sizes["patching"]["n"]}
+    assert "activation patching (exact and attribution, denoising)" in page
     run = _manifest(large_report / "steering")
     assert run["config"]["coefficients"] == list(sizes["steering"]["coefficients"])
     table = __import__("pandas").read_csv(large_report / "steering" / "table.csv")

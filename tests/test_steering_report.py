@@ -1,5 +1,5 @@
-"""The report's steering section on the demo model: an effect whose interval excludes 0 at some coefficient, a
-direction that beats its random baseline there, and side effects with intervals, checked from the saved tables
+"""The report's steering section on the demo model: a material effect (its interval beyond 5% of the unsteered
+metric) at some coefficient in units of the residual's norm, a direction that beats its random baseline there, and side effects with intervals, checked from the saved tables
 (the interval of direction - random recomputed here from the per-prompt table with a plain numpy bootstrap)."""
 
 import numpy as np
@@ -17,9 +17,13 @@ def test_the_steering_section_shows_an_effect_that_beats_its_random_baseline_wit
     section = steering_section(model, tmp_path / "steering", quick=True)
     table = pd.read_parquet(tmp_path / "steering" / "table.parquet")
     pp = pd.read_parquet(tmp_path / "steering" / "per_prompt.parquet")
-    shown = table[(table.direction == "direction") & ((table.effect_ci_low > 0) | (table.effect_ci_high < 0))]
-    assert len(shown) > 0
+    band = 0.05 * abs(float(table.metric_unsteered.iloc[0]))  # docs/pages.md: material = the interval beyond 5% of the unsteered
+    steered = table[table.direction == "direction"]
+    shown = steered[(steered.effect_ci_low > band) | (steered.effect_ci_high < -band)]
+    assert len(shown) > 0  # a material effect on the demo model
     c = shown.iloc[np.argmin(np.abs(shown.coefficient.to_numpy()))].coefficient
+    R = float(table.residual_norm.iloc[0])  # the coefficients' unit: the site's mean norm (steering/scale.py)
+    assert table.written_norm.to_numpy() == __import__("pytest").approx(np.abs(table.coefficient.to_numpy()) * R)
     task = pp[pp.set == "task"]
     d = task[(task.direction == "direction") & (task.coefficient == c)].sort_values("example").metric.to_numpy()
     r = task[(task.direction == "random") & (task.coefficient == c)].sort_values("example").metric.to_numpy()
@@ -37,5 +41,6 @@ def test_the_steering_section_shows_an_effect_that_beats_its_random_baseline_wit
     held = pp[(pp.set != "task") & (pp.direction == "direction") & (pp.coefficient == c)]
     assert abs(held.kl.mean() - row.kl) < 1e-12 and row.kl > 0 and row.n_held_out == len(held)
     assert f"c = {c:g}" in section.lead and "KL(steered || unsteered)" in section.lead
+    assert "smallest coefficient with a material effect" in section.lead
     page = (tmp_path / "steering" / "index.html").read_text()
     assert "dose-response" in page and "continuations" in page

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..results.claims import Takeaway, TakeawayBuilder
+from ..results.claims import Takeaway, TakeawayBuilder, most
 from ..stats.proportion import wilson_interval
 from .bases import overlap
 from .runs import PLACEBO
@@ -78,6 +78,50 @@ def best_cell(t: pd.DataFrame, basis: str) -> Any:
     return sub.loc[sub[col].astype(float).fillna(-1).idxmax()], col
 
 
+NAMED = 8  # cells named in each list of the whole-vector sentence
+
+
+def _whole_vector(b: TakeawayBuilder, t: pd.DataFrame, variable: str, col: str) -> None:
+    """The whole vector first (the clear result: where the variable sits at all): the cells where interchanging
+    it gives the high-level prediction on most pairs (rule `most`), grouped by position, then the others."""
+    full = t[t["basis"] == "full"]
+    which = "the pairs it changes" if col == "iia_changed" else "the held-out pairs"
+    carries = [bool(most(r[col], r.get(f"{col}_ci_low"))) for _, r in full.iterrows()]
+    yes, no = full[carries], full[[not c for c in carries]]
+    b.say(f"Variable {variable}: interchanging the whole vector gives the high-level model's prediction on ")
+    if len(yes):
+        word = b.qualify(f"most of {which}", "most")
+        refs: list[int] = []
+        for i, (position, rows) in enumerate(yes.groupby("position", sort=False)):
+            b.say(f"{'; ' if i else ' '}at {position}: ")
+            for j, (_, r) in enumerate(rows.head(NAMED).iterrows()):
+                b.say(", " if j else "")
+                refs.append(b.quote(r, col, fmt=".2f", name=str(r["site"])))
+        b.refer(word, refs)
+        if len(no):
+            b.say("; at the other cells, ")
+            other = b.qualify("not most", "not_most")
+            b.say(" (")
+            refs = []
+            for j, (_, r) in enumerate(no.head(NAMED).iterrows()):
+                b.say(", " if j else "")
+                refs.append(b.quote(r, col, fmt=".2f", name=str(r["site"])))
+            b.refer(other, refs)
+            b.say(", ..." if len(no) > NAMED else "")
+            b.say(")")
+        b.say(". So the variable sits, whole, at the cells named first. ")
+        return
+    word = b.qualify(f"most of {which}", "not_most")
+    b.say(" at no cell (")
+    highest = b.qualify("highest", "top_by_value", condition="basis=full")
+    b.say(": ")
+    best = full.loc[full[col].astype(float).fillna(-1).idxmax()]
+    ref = b.quote(best, col, fmt=".2f", name=str(best["site"]))
+    b.refer(word, [ref])
+    b.refer(highest, [ref])
+    b.say("): no cell of this grid carries the variable whole. ")
+
+
 def interchange_takeaway(result: Any) -> Takeaway | str:
     t = result.table
     if not len(t):
@@ -90,7 +134,11 @@ def interchange_takeaway(result: Any) -> Takeaway | str:
     row, col = best_cell(t, main)
     b = TakeawayBuilder(key=KEY)
     which = "the pairs whose output the interchange changes" if col == "iia_changed" else "every pair"
-    b.say(f"Variable {variable}, {main} subspace (rank {int(row['rank'])}): the ")
+    if (t["basis"] == "full").any():
+        _whole_vector(b, t, variable, col)
+        b.say(f"The {main} subspace (rank {int(row['rank'])}): the ")
+    else:
+        b.say(f"Variable {variable}, {main} subspace (rank {int(row['rank'])}): the ")
     word = b.qualify("highest", "top_by_value", condition=f"basis={main}")
     b.say(f" IIA on {which} is at {row['site']}, ")
     mine = b.quote(row, col, name=False, fmt=".2f")
@@ -114,7 +162,7 @@ def interchange_takeaway(result: Any) -> Takeaway | str:
     b.quote(none.iloc[0], col, name=False, fmt=".2f")
     full = same[same["basis"] == "full"]
     if len(full):
-        b.say(", and interchanging the whole vector ")
+        b.say(", and interchanging the whole vector there ")
         b.quote(full.iloc[0], col, name=False, fmt=".2f")
     fixed = same[(same["kind"] == "basis") & (same["basis"] != main)]
     if len(fixed):

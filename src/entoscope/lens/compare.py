@@ -36,6 +36,7 @@ from .jacobian_source import JacobianSource, LensSource, prepare_source
 from .operation import Lens
 
 LENS_NAMES = {"logit": "logit", "tuned": "tuned", "jacobian": "Jacobian"}
+SETTLED = 0.1  # a Jacobian lens's layer is settled when its split-half change is under this (docs/lens.md)
 
 
 def title_of(methods: list[str]) -> str:
@@ -109,6 +110,8 @@ class LensComparison(JacobianSource, Operation):
                 run = replace(run, state=replace(run.state, lens=fitted), contexts={})
             r = op.execute(run, quiet=quiet)
             frames.append(_lens_rows(method, r, self.stats))
+            if method == "jacobian":
+                frames[-1] = _settledness(frames[-1], fitted or st.source.lens)
         table = pd.concat(frames, ignore_index=True)
         result = Result(self.name, table, takeaway=_takeaway, title=title_of([m for m, _, _ in st.runs]),
                         figures=_figures,
@@ -144,6 +147,18 @@ def _lens_rows(method: str, r: Result, stats: Stats) -> pd.DataFrame:
     t["ci_level"] = stats.ci_level
     t["row"] = [f"{method} L{L}" for L in t["layer"]]  # one id per row (the figures' bars name it)
     return t
+
+
+def _settledness(rows: pd.DataFrame, lens: Any) -> pd.DataFrame:
+    """The Jacobian lens's rows with what it was fitted on: `fit_texts` (its prompts) and, per layer,
+    `split_half_change` (||J_even - J_odd|| / ||J||, jacobian_fit.py; NaN where the lens has no record, as a
+    TransformerLens file, and at the last layer, where the lens is the identity); a layer is settled when it is
+    under SETTLED."""
+    rows = rows.copy()
+    change = getattr(lens, "settledness", {}) or {}
+    rows["fit_texts"] = int(getattr(lens, "n_prompts", 0) or 0) or float("nan")
+    rows["split_half_change"] = [float(change.get(int(L), float("nan"))) for L in rows["layer"]]
+    return rows
 
 
 def _figures(result: Result) -> list[tuple[str, Any]]:
@@ -208,6 +223,31 @@ def _takeaway(result: Result) -> Takeaway | str:
     b.say(" intervals over ")
     b.constant(t["n_prompts"].iloc[0], "n_prompts", unit="prompts")
     b.say(").")
-    if result.extra.get("jacobian_fitted"):
-        b.say(" The Jacobian lens was fitted in this run on a few texts (a noisy lens: see the note on this page).")
+    _settled_words(b, t, bool(result.extra.get("jacobian_fitted")))
     return b.build()
+
+
+def _settled_words(b: TakeawayBuilder, t: pd.DataFrame, fitted: bool) -> None:
+    """Where the Jacobian lens is read, how settled it is: the texts it was fitted on and its largest split-half
+    change over the layers compared, settled (rule `settled`) when under SETTLED, else unsettled."""
+    if "split_half_change" not in t:
+        return
+    jac = t[t["lens"] == "jacobian"]
+    known = jac[jac["split_half_change"].notna()]
+    b.say(" The Jacobian lens was " + ("fitted in this run on " if fitted else "fitted on "))
+    b.quote(jac.iloc[0], "fit_texts", name=False, fmt="d", interval=False, q=False, after=" texts")
+    if not len(known):
+        b.say("; its file records no split-half change, so how settled it is is unknown.")
+        return
+    worst = known.loc[known["split_half_change"].astype(float).idxmax()]
+    b.say("; its matrices differ between the two halves of those texts by up to ")
+    ref = b.quote(worst, "split_half_change", name=False, fmt=".2f", interval=False, q=False,
+                  after=f" of their norm (layer {int(worst['layer'])})")
+    b.say(": ")
+    if float(worst["split_half_change"]) < SETTLED:
+        b.qualify("settled at every layer compared", "settled", [ref])
+        b.say(" (each under a tenth).")
+    else:
+        b.qualify("unsettled", "unsettled", [ref])
+        b.say(" (a tenth or more), so its readout may change with more texts: fit it on more "
+              "(entoscope train-lens --method jacobian) before relying on it.")

@@ -40,6 +40,7 @@ from .project import (COMPONENTS, RESIDUAL_STATES, ComponentScale, check_lens_ki
                       decode_states, residual_after, to_residual_basis)
 from .jacobian import JacobianLens
 from .takeaway import lens_takeaway
+from .top_tokens import top1_shares
 from .tuned import TunedLens
 
 
@@ -146,6 +147,9 @@ class Lens(Sharded, Operation):
         table = lens_summary(n, len(sites), lambda lo, hi: _aggregates(columns.read(lo, hi, keys)), sites,
                              self.stats, self.seed)
         table = _with_top_tokens(table, mean_probs, model, self.top_k)
+        table = top1_shares(table, n, lambda lo, hi: columns.read(lo, hi, ["top_ids"])["top_ids"][:, :, 0],
+                            mean_probs.argmax(-1).numpy(), lambda i: model.tokenizer.decode([int(i)]),
+                            self.stats.ci_level)
         vocab = model.vocab_strings()
         frame = pd.DataFrame.from_records(sites)
         per_prompt = LazyTable(n, lambda lo, hi: lens_rows(frame, columns.read(lo, hi), vocab, lo, self.top_k),
@@ -377,7 +381,11 @@ def _hover(t: pd.DataFrame, value: str) -> list[str]:
         text = f"{r['site']}<br>{hover_value(r, value)}"
         if value != "kl_mean":
             text += f"<br>{hover_value(r, 'kl_mean')}"
-        out.append(text + f"<br>top-1 of the mean distribution {r['top1_token']!r}<br>n = {int(r['n_prompts'])}")
+        text += f"<br>top-1 of the mean distribution {r['top1_token']!r}"
+        if "top1_token_share" in r:
+            text += (f" (the top-1 of {r['top1_token_share']:.0%} of prompts)<br>most common top-1 over prompts "
+                     f"{r['modal_token']!r}<br>{hover_value(r, 'modal_share')}")
+        out.append(text + f"<br>n = {int(r['n_prompts'])}")
     return out
 
 
@@ -408,7 +416,8 @@ def _figures(result: Result) -> list[tuple[str, Any]]:
     value = "target_prob_mean" if "target_prob_mean" in t else "top1_prob"
     if "layer" in t and "position" in t and t["position"].nunique() > 1:
         grid = t.pivot_table(index="layer", columns="position", values=value, aggfunc="first", sort=False)
-        text = t.pivot_table(index="layer", columns="position", values="top1_token", aggfunc="first", sort=False)
+        shown = "modal_token" if "modal_token" in t else "top1_token"  # the prompts' own top-1 tokens
+        text = t.pivot_table(index="layer", columns="position", values=shown, aggfunc="first", sort=False)
         hover = t.assign(_hover=_hover(t, value)).pivot_table(index="layer", columns="position", values="_hover",
                                                              aggfunc="first", sort=False)
         text, hover = (f.reindex(index=grid.index, columns=grid.columns) for f in (text, hover))
@@ -423,8 +432,9 @@ def _figures(result: Result) -> list[tuple[str, Any]]:
                                    texttemplate="%{text}", colorscale="Blues",
                                    colorbar={"title": SCALE_TITLES.get(value, value)}))
         fig.update_layout(xaxis_title="position (token of the first prompt)", yaxis_title="layer", height=420)
-        title = (f"{value} by layer and position (text: top-1 token of the mean distribution; hover: the "
-                 f"{level_text(t)} interval over prompts)")
+        what = "the most common top-1 token over prompts" if shown == "modal_token" \
+            else "top-1 token of the mean distribution"
+        title = f"{value} by layer and position (text: {what}; hover: the {level_text(t)} interval over prompts)"
         figs.append((title, fig))
     if "layer" in t and t["layer"].notna().all():
         figs.append(_by_layer(t, "kl_mean", "KL(final || lens), nats"))

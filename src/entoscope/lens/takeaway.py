@@ -55,6 +55,17 @@ def last_position_rows(table: pd.DataFrame, lengths: tuple[int, int] | None = No
     return table[table["position"] == last], where
 
 
+def _modal(b: TakeawayBuilder, row: Any, words: str) -> None:
+    """'... is ' the' for 0.62 [0.30, 0.86] of prompts at layer 28; ': the prompts' own top-1 token (the mean
+    distribution's top token can top few of them: lens/top_tokens.py)."""
+    if "modal_share" not in row or not isinstance(row.get("modal_token"), str):
+        return
+    b.say(words)
+    b.quote(row, "modal_share", name=f"{row['modal_token']!r} for", after=f" of prompts at layer "
+            f"{int(row['layer'])}")
+    b.say("; ")
+
+
 def lens_takeaway(result: Any) -> Takeaway | str:
     t = result.table
     if not len(t) or "layer" not in t:
@@ -80,6 +91,8 @@ def lens_takeaway(result: Any) -> Takeaway | str:
                     refs.append(b.quote(r, "target_top1", name=False, after=f" at layer {int(r['layer'])}"))
                 b.refer(word, refs)
                 b.say("); ")
+                if start > 0:
+                    _modal(b, rows.iloc[start - 1], "one layer earlier the lens's commonest top token is ")
             else:
                 b.say("the answer is not the lens's top token for ")
                 word = b.qualify("most prompts", "not_most")
@@ -87,6 +100,7 @@ def lens_takeaway(result: Any) -> Takeaway | str:
                 best = rows.loc[rows["target_top1"].astype(float).idxmax()]
                 b.refer(word, [b.quote(best, "target_top1", name=False, after=f" at layer {int(best['layer'])}")])
                 b.say("); ")
+                _modal(b, final, "the lens's commonest top token at the last layer is ")
         b.say("the answer's mean probability through the lens is ")
         b.quote(first, "target_prob_mean", fmt=".3g", name=False, after=f" at layer {int(first['layer'])}")
         b.say(" and ")

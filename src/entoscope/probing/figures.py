@@ -108,10 +108,13 @@ def _heatmap(t: pd.DataFrame, series: str, column: str, title: str) -> Any:
     scale = {"colorscale": "RdBu", "zmid": 0} if column == "selectivity" else {"colorscale": "Viridis"}
     hover = t.assign(_h=[f"{r['site']}<br>{hover_value(r, column)}" for _, r in t.iterrows()]).pivot_table(
         index="layer", columns=series, values="_h", aggfunc="first").reindex(index=grid.index, columns=grid.columns)
-    fig = go.Figure(go.Heatmap(z=grid.values, x=[str(c) for c in grid.columns], y=list(grid.index),
+    # the layers probed as categories: one equal row each, labelled once (a few layers spread over 30 would
+    # otherwise get uneven rows on an axis ticked at every layer, its labels piled on each other)
+    fig = go.Figure(go.Heatmap(z=grid.values, x=[str(c) for c in grid.columns], y=[str(L) for L in grid.index],
                                text=hover.values, hovertemplate="%{text}<extra></extra>",
                                texttemplate="%{z:.2f}", colorbar={"title": title}, **scale))
     fig.update_layout(xaxis_title=series, yaxis_title="layer", height=120 + 36 * len(grid))
+    fig.update_yaxes(type="category")
     return fig
 
 

@@ -19,6 +19,12 @@ control probe's, on the same resample), one `ci_level`.
 
 What this interval covers: another sample of test prompts for these fitted probes. The variation of
 the probe across training sets is the fold spread (`_std`), which it does not include.
+
+Accuracy is a share of held-out prompts, so its interval (and the control probe's) is Wilson's over the R
+pooled held-out predictions (k correct of R; stats/proportion.py) instead of the bootstrap's: a probe right on
+all 64 held-out prompts would get the bootstrap interval [1.00, 1.00] (every resample is also all right),
+while Wilson's is [0.94, 1.00], what 64 prompts can say. Its `_se` stays the bootstrap's; F1, AUROC, R^2,
+MSE and selectivity keep the bootstrap interval. `stats.n_boot: 0` asks for no intervals, and gets none.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import pandas as pd
 import torch
 
 from ..stats import FunctionStat, Stats, interval_columns, summarise
+from ..stats.proportion import wilson_interval
 from .predict import decision_values
 from .result import ProbeFit
 
@@ -197,6 +204,18 @@ def summarise_probing(h: HeldOut, stats: Stats, seed: int) -> pd.DataFrame:
         part = slice(j * S, (j + 1) * S)
         for col, v in interval_columns(summary, key, stats).items():
             frame[col] = v[part]
+    if h.n_classes is not None and stats.n_boot > 0:  # accuracy: a share, Wilson's (module docstring); n_boot 0: none
+        for key, y, values in (("test_accuracy", h.y, h.values), ("control_test_accuracy", h.y_control,
+                                                                 h.control_values)):
+            if f"{key}_ci_low" in frame and values is not None:
+                frame[f"{key}_ci_low"], frame[f"{key}_ci_high"] = wilson_interval(
+                    correct(y, values, h.n_classes), values.shape[1], stats.ci_level)
     frame["n_held_out"] = h.values.shape[1]
     frame["ci_level"] = stats.ci_level
     return frame
+
+
+def correct(y: np.ndarray, values: np.ndarray, n_classes: int) -> np.ndarray:
+    """[S] how many of the R held-out rows each site's probe classifies right (decision values [S, R, K'])."""
+    yhat = (values[..., 0] > 0).astype(int) if n_classes == 2 else values.argmax(-1)
+    return (yhat == np.asarray(y)[None, :]).sum(1)

@@ -25,19 +25,24 @@ from ..models.adapter import adapt
 
 SMALL_MACS = 10e6  # per token: up to this a model is "small" (the demo: 0.8 M)
 
-ALL_COEFFICIENTS = (-1.0, -0.5, -0.25, -0.1, 0.1, 0.25, 0.5)  # the steering section's
+IOI_ROLES = ("IO", "S1", "S1+1", "S2", "S2+1", "END")  # the patching section's exact residual-stream map
+IOI_TOKENS = ("IO", "S1", "S2", "END")  # ... on a large model: the names and the last token
+ALL_COEFFICIENTS = (-1.0, -0.5, -0.25, -0.1, 0.1, 0.25, 0.5)  # the steering section's, x the residual's mean norm
 # section -> setting -> (small quick, small full, large quick, large full)
 SIZES: dict[str, dict[str, tuple[Any, Any, Any, Any]]] = {
     "lens": {"n": (8, 32, 8, 32), "jacobian_texts": (2, 16, 2, 2), "jacobian_max_length": (48, 128, 48, 128)},
     "circuits": {"n": (16, 48, 16, 24), "method": ("eap_ig", "eap_ig", "eap", "eap_ig"), "steps": (5, 5, 1, 3),
                  "faithfulness": ("mib", "mib", "coarse", "coarse"), "routes_n": (8, 16, 8, 16),
                  "budget": (0.2, 0.2, 0.05, 0.05), "search_steps": (6, 6, 4, 6)},
-    "patching": {"n": (8, 32, 16, 32), "method": ("exact", "exact", "attribution", "attribution")},
+    "patching": {"n": (8, 32, 16, 32), "method": ("exact", "exact", "attribution", "attribution"),
+                 "max_layers": (None, None, 6, 12), "positions": (IOI_ROLES, IOI_ROLES, IOI_TOKENS, IOI_TOKENS),
+                 "recheck": (0, 0, 5, 5)},
     "probing": {"greater_than_n": (96, 320, 64, 192), "ioi_n": (160, 512, 64, 192),
                 "max_layers": (None, None, 8, 12)},
-    "steering": {"n": (32, 128, 16, 32), "direction_n": (64, 256, 32, 64), "side_effects_n": (16, 64, 8, 16),
-                 "coefficients": (ALL_COEFFICIENTS, ALL_COEFFICIENTS, (-0.5, -0.1, 0.1, 0.5), ALL_COEFFICIENTS),
-                 "continuation_prompts": (3, 3, 2, 3)},
+    "steering": {"n": (32, 128, 16, 32), "direction_n": (64, 256, 32, 64), "side_effects_n": (16, 64, 6, 16),
+                 "coefficients": (ALL_COEFFICIENTS, ALL_COEFFICIENTS, (-0.1, -0.03, 0.03, 0.1),
+                                  (-0.3, -0.1, -0.03, 0.03, 0.1, 0.3)),
+                 "continuation_prompts": (3, 3, 1, 3)},
 }
 COARSE_FRACTIONS = (0.01, 0.05, 0.2, 1.0)  # the faithfulness curve of a large model: 4 of MIB's 10 fractions
 JACOBIAN_BUDGET = {True: 1.5e12, False: 4e12}  # multiply-adds, by quick

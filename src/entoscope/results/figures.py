@@ -92,7 +92,11 @@ def _integer_ticks(fig: Any) -> None:
             if (getattr(t, f"{letter}axis", None) or letter) == ref and getattr(t, letter, None) is not None:
                 values += [v for v in np.asarray(getattr(t, letter), dtype=object).ravel() if _is_number(v)]
         if values and all(float(v).is_integer() for v in values):
-            axis.update(tickmode="linear", dtick=1 if len(set(values)) <= 30 else None, tickformat="d")
+            distinct = sorted({int(v) for v in values})
+            if len(distinct) <= 30 and distinct != list(range(distinct[0], distinct[-1] + 1)):
+                axis.update(tickmode="array", tickvals=distinct, tickformat="d")  # a few spread layers: ticked alone
+            else:
+                axis.update(tickmode="linear", dtick=1 if len(distinct) <= 30 else None, tickformat="d")
 
 
 def _is_number(v: Any) -> bool:

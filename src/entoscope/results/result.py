@@ -55,6 +55,8 @@ class Result:
         self.notes: list[tuple[str, str]] = []  # (title, text) sections on how to read the page, before the table
         self.confirmation: pd.DataFrame | None = None  # the top cells re-tested on fresh prompts (confirm.py)
         self.tables: dict[str, pd.DataFrame] = {}  # further named tables (saved as NAME.csv / NAME.parquet)
+        # those of them shown on the page, each after the note of the same title: (title, table name)
+        self.shown_tables: list[tuple[str, str]] = []
 
     @property
     def per_prompt(self) -> pd.DataFrame | None:
@@ -171,6 +173,11 @@ class Result:
             note = "".join(body for t, body in sections if t == title)
             sections = [(t, body) for t, body in sections if t != title]
             sections.insert(len(sections) - 1, (title, note + table_html(self.confirmation)))
+        for title, name in self.shown_tables:  # e.g. patching's exact re-check (patching/recheck.py)
+            frame = self.tables[name]
+            note = "".join(body for t, body in sections if t == title)
+            sections = [(t, body) for t, body in sections if t != title]
+            sections.insert(len(sections) - 1, (title, note + table_html(frame)))
         summary = {k: self.manifest.get(k) for k in ("operation", "config", "timings", "created")} \
             if self.manifest else None
         self.js_relpath = rel  # for pages save_extra writes beside index.html

@@ -42,18 +42,38 @@ def _band(fig: Any, sub: pd.DataFrame, column: str, colour: str, name: str, row:
                              "%{customdata[1]:.4g}]<extra></extra>", customdata=np.stack([low, high], 1)), **where)
 
 
+def coefficient_title(t: pd.DataFrame) -> str:
+    """The coefficient axis: what a coefficient multiplies (scale.py)."""
+    mode = str(t["mode"].iloc[0])
+    if "residual_norm" in t and np.isfinite(float(t["residual_norm"].iloc[0])):
+        return f"coefficient c ({mode}; x R = {float(t['residual_norm'].iloc[0]):.3g}, the site's mean activation norm)"
+    c, written = t["coefficient"].abs().to_numpy(float), t.get("written_norm")
+    if written is not None and "direction_norm" in t and (c > 0).any():
+        unit = float(written.to_numpy(float)[c > 0][0] / c[c > 0][0])
+        if np.isclose(unit, 1.0) and not np.isclose(float(t["direction_norm"].iloc[0]), 1.0):
+            return f"coefficient c ({mode}; x the direction's unit vector)"
+        if np.isfinite(unit):
+            return f"coefficient c ({mode}; x the direction, norm {float(t['direction_norm'].iloc[0]):.3g})"
+    return f"coefficient c ({mode})"
+
+
 def dose_response(result: Any) -> Any:
     import plotly.graph_objects as go
 
     t = result.table
     metric = str(t["metric"].iloc[0])
     fig = go.Figure()
+    if "negligible_share" in t:  # the band an effect too small to matter stays in (docs/pages.md)
+        band = float(t["negligible_share"].iloc[0]) * abs(float(t["metric_unsteered"].iloc[0]))
+        fig.add_hrect(y0=-band, y1=band, fillcolor="#bbb", opacity=0.25, line_width=0,
+                      annotation_text=f"negligible: within {float(t['negligible_share'].iloc[0]):.0%} of the "
+                      f"unsteered {metric}", annotation_position="top left")
     for which in ("direction", "random"):
         _band(fig, t[t["direction"] == which], "effect", COLOURS[which], NAMES[which])
     fig.add_hline(y=0, line={"color": "#999", "dash": "dot"})
     fig.update_layout(title=f"effect on the {metric} against the coefficient (steered - unsteered, "
                       f"{int(t['n_prompts'].iloc[0])} prompts)",
-                      xaxis_title=f"coefficient c ({t['mode'].iloc[0]})", yaxis_title=f"change in {metric}")
+                      xaxis_title=coefficient_title(t), yaxis_title=f"change in {metric}")
     return fig
 
 
@@ -91,7 +111,7 @@ def side_effects_vs_coefficient(result: Any) -> Any:
         _band(fig, sub, "kl", COLOURS[which], NAMES[which], 1, 1)
         _band(fig, sub, "loss_change", COLOURS[which], NAMES[which], 1, 2, show=False)
     fig.update_layout(title=f"side effects on {int(t['n_held_out'].iloc[0])} held-out prompts")
-    fig.update_xaxes(title_text="coefficient c")
+    fig.update_xaxes(title_text=coefficient_title(t))
     return fig
 
 
@@ -111,7 +131,7 @@ def task_scores(result: Any) -> Any:
                                      name=f"{task} ({'direction' if which == 'direction' else 'random'}; bars: "
                                      f"{_level(t)})"))
     fig.add_hline(y=0, line={"color": "#999", "dash": "dot"})
-    fig.update_layout(title="change in each built-in task's score (steered - unsteered)", xaxis_title="coefficient c",
+    fig.update_layout(title="change in each built-in task's score (steered - unsteered)", xaxis_title=coefficient_title(t),
                       yaxis_title="change in the task's score")
     return fig
 

@@ -44,6 +44,7 @@ from .generate import continue_batch, decoded
 from .interventions import PositionRule, is_identity
 from .rows import DIRECTION_SETS, SCORE, TASK, TEXT, RowSet, combine, split, tagged, without
 from .runs import BatchRows, SteerSetup, steer_batch
+from .scale import prompt_norms, scaled, typical_norm, unit_length, units_note
 from .sites import site_notes, steerable, written_sites
 from .sources import collect_sides, prompt_digest
 from .spec import DirectionSpec
@@ -102,6 +103,7 @@ class SteerContext:
     vector: np.ndarray
     random: np.ndarray
     provenance: dict[str, Any]
+    residual_norm: float | None = None  # R (units: residual_norm): the vectors are written at this length
 
 
 @register_operation
@@ -115,6 +117,8 @@ class Steering(Sharded, Operation):
     mode:          add (x + c v), set (the component along v set to c |v|), project_out (x - c (x.v^) v^).
     coefficients:  the dose-response (default by mode: add [0.25, 0.5, 1, 2], set [0, 0.5, 1, 2], project_out [1]).
     normalize:     use the unit vector (coefficients then in activation units).
+    units:         what a coefficient multiplies: "direction" (c v, as given) or "residual_norm" (c R v^, R the
+                   site's mean activation norm over the task prompts' positions, BOS left out; scale.py).
     positions:     all, last, last:K, generated, or a list of token indices and roles ([-1, S2, END]).
     metric:        the task metric read at each prompt's last token (logit_diff, prob, prob_diff, top1, ...).
     side_effects:  held-out prompts (built-in tasks, text): KL, loss change, task scores; null: none.
@@ -128,6 +132,11 @@ class Steering(Sharded, Operation):
     mode: Literal["add", "set", "project_out"] = "add"
     coefficients: list[float] | None = None
     normalize: bool = False
+    units: Literal["direction", "residual_norm"] = Field(
+        default="direction", description="what a coefficient multiplies: direction (c times the direction as "
+        "given, or its unit vector with normalize) or residual_norm (c times R along the unit vector, R the mean "
+        "L2 norm of the activation at the direction's site over the task prompts' positions, BOS left out: "
+        "c = 0.1 adds a tenth of a typical activation's length; add and set only)")
     positions: str | list[int | str] = "all"
     metric: Metric = Field(default_factory=Metric)
     answer_scoring: Literal["first_token", "single"] = "first_token"
@@ -139,6 +148,7 @@ class Steering(Sharded, Operation):
     def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[SteeringState]:
         assert data is not None
         coefficients = self._coefficients()
+        self._check_units()
         rule = PositionRule.parse(self.positions)
         spec = self.direction
         if spec.pca and spec.negative is not None:
@@ -153,7 +163,7 @@ class Steering(Sharded, Operation):
             raise DataError(f"the direction has width {direction.width}, and {act} holds vectors of width {width}",
                             code="direction_width", remedy=f"give a vector of width {width} (the site's last axis)")
         sites = written_sites(model, self.at, str(act), head, width)
-        if direction is not None:
+        if direction is not None and self.units == "direction":  # residual_norm: checked once R is measured
             check_coefficients(direction.norm, coefficients, self.mode, self.normalize, model, where="")
         notes: list[str] = []
         combined = data if tagged(data) else self._combine(model, data, direction, notes)
@@ -195,6 +205,17 @@ class Steering(Sharded, Operation):
             raise ConfigError(f"coefficients {coefficients} repeat a value", code="steering_coefficients",
                               remedy="list each coefficient once")
         return [float(c) for c in coefficients]
+
+    def _check_units(self) -> None:
+        if self.units == "direction":
+            return
+        if self.normalize:
+            raise ConfigError("normalize and units: residual_norm both set the length a coefficient of 1 writes",
+                              code="steering_units", remedy="drop normalize (residual_norm already steers along the "
+                              "unit vector), or use units: direction")
+        if self.mode == "project_out":
+            raise ConfigError("under project_out a coefficient is the share of the component removed, which has no "
+                              "units", code="steering_units", remedy="leave units at direction for project_out")
 
     def _combine(self, model: ModelAdapter, data: Dataset, direction: Direction | None, notes: list[str]) -> Dataset:
         """The run's rows (rows.py): the task, held-out sets, the direction's own prompts."""
@@ -275,13 +296,16 @@ class Steering(Sharded, Operation):
         n_dir = sum(s.n * (2 if s.name == "direction=" else 1) for s in sets if not s.steered)
         cont = self.continuations
         generated = 0 if cont is None else min(cont.prompts, tds[TASK].__len__()) * setup.n_conditions * cont.tokens
-        forward = n_steer * (1 + steered) + n_dir + generated
+        forward = n_steer * (1 + steered) + n_dir + generated + (sets[0].n if self.units == "residual_norm" else 0)
         sizes = [len(b) for b in batches]
         sizes += [rows] * max(0, -(-n_steer * steered // rows))
         notes = list(notes) + site_notes(model, setup.sites, setup.head)
         notes.append(f"direction: {self.direction.describe()}; written at {', '.join(map(str, setup.sites))} "
                      f"({self.mode}, positions {self.positions}); baseline: a random direction of the same norm "
                      f"(seed {self.seed})")
+        if self.mode != "project_out":
+            notes.append(units_note(self.units, self.normalize) + (" (one more forward per task prompt measures R)"
+                                                                   if self.units == "residual_norm" else ""))
         identity = [c for c in setup.coefficients if is_identity(self.mode, c)]
         if identity:
             notes.append(f"coefficient {identity[0]:g} changes nothing under {self.mode}: it is the unsteered run")
@@ -303,12 +327,13 @@ class Steering(Sharded, Operation):
         return prepared.state.batches  # rows of the combined sets (lists of indices, not Batch records)
 
     def phases(self, prepared: Prepared[SteeringState]) -> tuple[str, ...]:
-        return ("direction", "steer") if self.direction.made_by_run else ("steer",)
+        return ("direction",) * self.direction.made_by_run + ("norm",) * (self.units == "residual_norm") + ("steer",)
 
     def global_step(self, prepared: Prepared[SteeringState]) -> str:
         made = "the mean difference of the direction prompts' vectors" if self.direction.made_by_run \
             else "the direction"
-        return f"{made} and its random baseline (same norm, seed {self.seed})"
+        norm = "; R, the task prompts' mean activation norm at the site" if self.units == "residual_norm" else ""
+        return f"{made} and its random baseline (same norm, seed {self.seed}){norm}"
 
     def before_phase(self, prepared: Prepared[SteeringState], phase: str, merged: dict[str, Any]) -> Any:
         """Before steering: the direction (made here from the merged vectors, or the config's) and its random
@@ -317,10 +342,16 @@ class Steering(Sharded, Operation):
             return None
         st = prepared.state
         direction = st.direction if st.direction is not None else self._made(prepared, merged["direction"])
-        check_coefficients(direction.norm, st.setup.coefficients, self.mode, self.normalize, prepared.model,
-                           where=" (the direction the run made)")
+        R = None
+        if self.units == "residual_norm":
+            task = next(s for s in st.sets if s.name == TASK)
+            block = merged["norm"].read(task.lo, task.hi, ["norm_sum", "norm_count"])
+            R = typical_norm(block["norm_sum"], block["norm_count"], str(st.act))
+        check_coefficients(unit_length(self.units, False, direction.norm, R), st.setup.coefficients, self.mode,
+                           self.normalize, prepared.model, where=" (the direction the run made)"
+                           if st.direction is None else "")
         random = direction.random_like(self.seed)
-        return SteerContext(direction.vector.numpy(), random.vector.numpy(), direction.provenance)
+        return SteerContext(direction.vector.numpy(), random.vector.numpy(), direction.provenance, R)
 
     def _made(self, prepared: Prepared[SteeringState], columns: Any) -> Direction:
         st, spec = prepared.state, self.direction
@@ -356,9 +387,12 @@ class Steering(Sharded, Operation):
                     self._direction_batch(prepared, name, idx, arrays, row)
                 row += len(idx)
             return PerPrompt(examples, arrays)
+        if phase == "norm":
+            return self._norm_shard(prepared, batches, examples)
         setup = st.setup
         context: SteerContext = prepared.contexts[phase]
-        setup.vectors = torch.stack([torch.from_numpy(context.vector), torch.from_numpy(context.random)])
+        setup.vectors = scaled(torch.stack([torch.from_numpy(context.vector), torch.from_numpy(context.random)]),
+                               self.units, context.residual_norm)
         C = setup.n_conditions
         arrays = {k: np.full((n, C), np.nan) for k in ("metric", "kl", "loss")}
         cont = self.continuations
@@ -377,6 +411,21 @@ class Steering(Sharded, Operation):
                     arrays[k][row:row + len(idx)] = v
                 if cont is not None and name == TASK:
                     self._continue(prepared, setup, batch, idx, arrays["continuation"], row)
+            row += len(idx)
+        return PerPrompt(examples, arrays)
+
+    def _norm_shard(self, prepared: Prepared[SteeringState], batches: list[int], examples: list[int]) -> PerPrompt:
+        """Phase norm: each task prompt's sum of activation norms at the site and its positions (scale.py)."""
+        st = prepared.state
+        arrays = {"norm_sum": np.zeros(len(examples)), "norm_count": np.zeros(len(examples), np.int64)}
+        bos = prepared.model.bos_token_id if self.prepend_bos else None
+        row = 0
+        for bi in batches:
+            idx = st.batches[bi]
+            if st.batch_set[bi] == TASK:
+                batch = self._batch_rows(prepared, TASK, idx, bi)
+                sums, counts = prompt_norms(prepared.model, batch.tokens, batch.lengths, st.act, st.setup.head, bos)
+                arrays["norm_sum"][row:row + len(idx)], arrays["norm_count"][row:row + len(idx)] = sums, counts
             row += len(idx)
         return PerPrompt(examples, arrays)
 
@@ -427,9 +476,13 @@ class Steering(Sharded, Operation):
         random = Direction(str(st.act), torch.from_numpy(context.random), setup.head,
                            {"source": "random", "seed": self.seed})
         info = {"mode": self.mode, "site": ", ".join(map(str, setup.sites)), "metric": self.metric.type,
-                "direction_norm": direction.norm}
+                "direction_norm": direction.norm, "units": self.units,
+                **({"residual_norm": context.residual_norm} if context.residual_norm is not None else {})}
+        unit = unit_length(self.units, self.normalize, direction.norm, context.residual_norm)
         with metric_where("summary"):
             table = steering_table(columns, st.sets, setup.coefficients, info, self.stats, self.seed)
+        table.insert(table.columns.get_loc("coefficient") + 1, "written_norm",
+                     np.nan if self.mode == "project_out" else table["coefficient"].abs() * unit)
         per_prompt = None
         if self.per_prompt:
             def rows(lo: int, hi: int) -> Any:
@@ -473,7 +526,10 @@ class Steering(Sharded, Operation):
         result.manifest["direction"] = {"site": result.extra["direction"].site, "head": result.extra["direction"].head,
                                         "norm": result.extra["direction"].norm,
                                         "provenance": result.extra["direction"].provenance,
-                                        "written_at": [str(s) for s in result.extra.get("written_at", [])]}
+                                        "written_at": [str(s) for s in result.extra.get("written_at", [])],
+                                        "units": self.units}
+        if "residual_norm" in result.table:  # R, what the coefficients multiplied (scale.py)
+            result.manifest["direction"]["residual_norm"] = float(result.table["residual_norm"].iloc[0])
         return result
 
 

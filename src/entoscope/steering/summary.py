@@ -14,6 +14,11 @@ with its bootstrap interval (stats/), read from the merged per-prompt columns bl
     excludes_0         the effect's interval excludes 0
     beats_random       direction rows: the effect's interval excludes 0, and so does minus_random's, on the
                        effect's side (docs/steering.md)
+    material           the effect's interval lies wholly beyond NEGLIGIBLE (5%) of |metric_unsteered|, on one side
+    negligible         the effect's interval lies wholly within NEGLIGIBLE of |metric_unsteered| (docs/pages.md)
+    negligible_share   NEGLIGIBLE, the band's share of |metric_unsteered| (the same on every row)
+The operation adds `units`, `written_norm` (|c| times what a coefficient multiplies) and, with units
+residual_norm, `residual_norm` (R).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from ..stats import Stats, interval_columns, streamed_mean, summarise
 from .rows import SCORE, TASK, RowSet
 
 Reader = Callable[[int, int], np.ndarray]
+NEGLIGIBLE = 0.05  # an effect within 5% of the unsteered metric's size is negligible (docs/pages.md)
 
 
 def _mean(n: int, cells: int, read: Reader, stats: Stats, seed: int) -> Any:
@@ -88,7 +94,18 @@ def steering_table(columns: PromptColumns, sets: list[RowSet], coefficients: lis
     table = pd.DataFrame(cols)
     table["excludes_0"] = _excludes_zero(table, "effect")
     table["beats_random"] = beats_random(table)
+    table["negligible_share"] = NEGLIGIBLE
+    table["material"], table["negligible"] = materiality(table)
     return table
+
+
+def materiality(table: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(material, negligible) per row: the effect's interval lies wholly beyond / wholly within NEGLIGIBLE times
+    |metric_unsteered| (the band around 0 an effect too small to matter stays in)."""
+    band = table["negligible_share"].to_numpy(float) * np.abs(table["metric_unsteered"].to_numpy(float))
+    low, high = table["effect_ci_low"].to_numpy(float), table["effect_ci_high"].to_numpy(float)
+    with np.errstate(invalid="ignore"):
+        return (low > band) | (high < -band), (low > -band) & (high < band)
 
 
 def _excludes_zero(table: pd.DataFrame, name: str) -> np.ndarray:
@@ -107,10 +124,10 @@ def beats_random(table: pd.DataFrame) -> np.ndarray:
     return (table["direction"].to_numpy() == "direction") & _excludes_zero(table, "effect") & same_side
 
 
-def smallest_effective(table: pd.DataFrame) -> Any:
-    """The direction row of smallest |coefficient| whose effect interval excludes 0 (ties: the first listed), or
-    None."""
-    rows = table[(table["direction"] == "direction") & table["excludes_0"].astype(bool)]
+def smallest_effective(table: pd.DataFrame, column: str = "excludes_0") -> Any:
+    """The direction row of smallest |coefficient| whose effect interval excludes 0 (`column` "material": lies
+    beyond the negligible band) (ties: the first listed), or None."""
+    rows = table[(table["direction"] == "direction") & table[column].astype(bool)]
     if not len(rows):
         return None
     order = np.argsort(np.abs(rows["coefficient"].to_numpy(float)), kind="stable")

@@ -1,18 +1,26 @@
 """What a reader should take from a steering table, in a few sentences computed from its numbers (every
 number a quoted cell, every qualifier a rule of docs/pages.md and results/claims.py).
 
-The rules (docs/steering.md): an effect is shown when its interval excludes 0; the sentence names the
-smallest |coefficient| where it does (`smallest_effective`), the effect and the side effects there with
-their intervals, and says the direction beats its random baseline when `beats_random` holds at that
-coefficient. Where no coefficient's effect excludes 0 it says so (`none_effective`) and quotes the largest.
+The rules (docs/steering.md), material before negligible:
+- an effect is **material** at a coefficient when its interval lies wholly beyond 5% of the unsteered
+  metric's size (`material`); the takeaway then names the smallest |coefficient| where it is
+  (`smallest_material`), the effect, the random baseline's, (direction - random) and the side effects there,
+  and says the direction beats its random baseline when `beats_random` holds at that coefficient;
+- with no material effect, and every direction row's interval inside that band, the effect is
+  **negligible** (`negligible`): said first, with the largest |effect|;
+- otherwise (some interval reaches past the band but none lies beyond it) the old rule: the smallest
+  |coefficient| whose effect's interval excludes 0 (`smallest_effective`), and that no coefficient's effect is
+  material (`none_material`); or, where none excludes 0, says so (`none_effective`) and quotes the largest.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import pandas as pd
+
 from ..results.claims import Takeaway, TakeawayBuilder
-from .summary import smallest_effective
+from .summary import NEGLIGIBLE, smallest_effective
 
 KEY = "condition"
 
@@ -27,21 +35,57 @@ def steering_takeaway(result: Any) -> Takeaway | str:
     b = TakeawayBuilder(key=KEY)
     b.say(f"Steering with the {source} direction at ")
     if "direction_norm" in t:
-        b.quote(first, "direction_norm", name=f"{result.extra.get('direction_where', first['site'])} (norm", after=")", fmt=".3g", interval=False, q=False)
+        b.quote(first, "direction_norm", name=f"{result.extra.get('direction_where', first['site'])} (norm", after=")",
+                fmt=".3g", interval=False, q=False)
     else:
         b.say("the site")
-    b.say(f", mode {first['mode']}: ")
+    b.say(f", mode {first['mode']}")
+    if "residual_norm" in t and pd.notna(first.get("residual_norm")):
+        b.say(", coefficients in units of the site's mean activation norm R = ")
+        b.quote(first, "residual_norm", name=False, fmt=".3g", interval=False, q=False)
+    b.say(": ")
+    has_bands = "material" in t and "negligible" in t
+    row = smallest_effective(t, "material") if has_bands else None
+    if row is not None:
+        _effect(b, t, row, metric, material=True)
+        return b.build()
+    steered = t[t["direction"] == "direction"]
+    if has_bands and steered["negligible"].astype(bool).all():
+        _negligible(b, t, metric)
+        return b.build()
     row = smallest_effective(t)
     if row is None:
         _no_effect(b, t, metric)
         return b.build()
+    _effect(b, t, row, metric, material=False)
+    return b.build()
+
+
+def _band(b: TakeawayBuilder, t: Any, metric: str) -> None:
+    """' 5% of the unsteered <metric>': the band (the table's `negligible_share`, the same on every row)."""
+    b.say(" ")
+    b.constant(t["negligible_share"].iloc[0] if "negligible_share" in t else NEGLIGIBLE, "negligible_share",
+               fmt=".0%")
+    b.say(f" of the unsteered {metric}")
+
+
+def _effect(b: TakeawayBuilder, t: Any, row: Any, metric: str, *, material: bool) -> None:
+    first = t.iloc[0]
     c = float(row["coefficient"])
     random = t[(t["direction"] == "random") & (t["coefficient"] == c)].iloc[0]
     b.say("the ")
-    word = b.qualify("smallest coefficient", "smallest_effective")
-    b.say(f" whose effect on the {metric} has a ")
-    b.constant(first["ci_level"], "ci_level", fmt=".0%")
-    b.say(" interval excluding zero is c = ")
+    if material:
+        word = b.qualify("smallest coefficient with a material effect", "smallest_material")
+        b.say(f" on the {metric} (its ")
+        b.constant(first["ci_level"], "ci_level", fmt=".0%")
+        b.say(" interval beyond")
+        _band(b, t, metric)
+        b.say(") is c = ")
+    else:
+        word = b.qualify("smallest coefficient", "smallest_effective")
+        b.say(f" whose effect on the {metric} has a ")
+        b.constant(first["ci_level"], "ci_level", fmt=".0%")
+        b.say(" interval excluding zero is c = ")
     b.quote(row, "coefficient", name=False, fmt="g", interval=False, q=False)
     b.say(": effect ")
     effect = b.quote(row, "effect", name=False, fmt="+.3g")
@@ -58,9 +102,49 @@ def steering_takeaway(result: Any) -> Takeaway | str:
     b.say("): the direction ")
     b.qualify("beats" if beats else "does not beat", "beats_random" if beats else "not_beats_random", [effect, minus])
     b.say(" its random baseline there.")
+    if not material and "material" in t:
+        b.say(" Yet ")
+        steered = t[t["direction"] == "direction"]
+        biggest = steered.iloc[int(steered["effect"].abs().to_numpy().argmax())]
+        none = b.qualify("no coefficient's effect is material", "none_material")
+        b.say(" (none lies wholly beyond")
+        _band(b, t, metric)
+        b.say("; the ")
+        largest = b.qualify("largest", "top_by_abs", condition="direction=direction")
+        b.say(", at c = ")
+        b.quote(biggest, "coefficient", name=False, fmt="g", interval=False, q=False)
+        b.say(": ")
+        ref = b.quote(biggest, "effect", name=False, fmt="+.3g")
+        b.refer(none, [ref])
+        b.refer(largest, [ref])
+        b.say("): a larger dose, or another direction, is needed to move it visibly.")
     if "kl" in t:
         _side_effects(b, t, row, random)
-    return b.build()
+
+
+def _negligible(b: TakeawayBuilder, t: Any, metric: str) -> None:
+    steered = t[t["direction"] == "direction"]
+    biggest = steered.iloc[int(steered["effect"].abs().to_numpy().argmax())]
+    b.say("its effect on the ")
+    b.say(f"{metric} is ")
+    word = b.qualify("negligible at every coefficient", "negligible")
+    b.say(": each ")
+    b.constant(t["ci_level"].iloc[0], "ci_level", fmt=".0%")
+    b.say(" interval lies within")
+    _band(b, t, metric)
+    b.say(" (unsteered ")
+    b.quote(t.iloc[0], "metric_unsteered", name=False, fmt=".3g")
+    b.say("; the ")
+    largest = b.qualify("largest", "top_by_abs", condition="direction=direction")
+    b.say(" |effect|, at c = ")
+    b.quote(biggest, "coefficient", name=False, fmt="g", interval=False, q=False)
+    b.say(": ")
+    ref = b.quote(biggest, "effect", name=False, fmt="+.3g")
+    b.refer(word, [ref])
+    b.refer(largest, [ref])
+    b.say("; ")
+    b.constant(t["n_prompts"].iloc[0], "n_prompts", unit="prompts")
+    b.say("). Steering along it at these doses does not change what the model does on this task.")
 
 
 def _no_effect(b: TakeawayBuilder, t: Any, metric: str) -> None:
