@@ -170,12 +170,18 @@ def test_leftover_partial_folders_are_removed_but_not_a_live_writers(tmp_path):
         os.close(fd)
 
 
+def _default_sigint() -> None:
+    """Ctrl-C as a terminal delivers it, even where pytest runs as a background job (which ignores SIGINT)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 def test_ctrl_c_keeps_the_finished_sections_and_resume_goes_on(tmp_path):
     """The command line: Ctrl-C after the first sections says they are kept, `--resume` reuses them, and a
     `--resume` of the full report against the interrupted --quick one is refused before any forward."""
     cli = [sys.executable, "-m", "entoscope.cli", "report", "--model", "demo", "--out", str(tmp_path / "r")]
-    proc = subprocess.Popen(cli + ["--quick"], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cli + ["--quick"], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_sigint)
     assert proc.stdout is not None
     for got in proc.stdout:
         if "section head_scores: done" in got:

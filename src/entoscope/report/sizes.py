@@ -32,10 +32,13 @@ per model, section and `--quick`.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
+import json
 import math
 import warnings
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 from ..models.adapter import adapt
@@ -159,8 +162,13 @@ def _fit(model: Any, section: str, quick: bool) -> dict[str, Any]:
                 if not getattr(op, "tests_cells", False) or getattr(n, "key", None) is None:
                     continue
                 prepared = op.prepare_for(model, data)
+                shared = _SHARED.get()
+                if shared is not None:
+                    shared[run_key(op, data)] = prepared
                 if prepared.plan.screen is not None:
                     found.append(_screen_of(op, prepared, int(n), n.key))
+    except Exception:  # noqa: BLE001 - a run the model cannot make: the preflight refuses it and says why
+        found = []
     finally:
         _FITTING.reset(token)
     chosen: dict[str, int] = {}
@@ -186,6 +194,26 @@ def _fit(model: Any, section: str, quick: bool) -> dict[str, Any]:
                             "min_q_alone": limits["min_q_alone"], "needed_p": limits["needed_p"],
                             "blind": limits["blind"], **({"limited": f["limited"]} if "limited" in f else {})})
     return {"n": chosen, "screens": screens_out}
+
+
+_SHARED: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("report_sizes_shared", default=None)
+
+
+@contextlib.contextmanager
+def sharing_plans() -> Iterator[dict[str, Any]]:
+    """While open, the runs the screens' fit prepares are kept here by `run_key`: the preflight takes those
+    whose sizes the fit left as they were instead of preparing them again (then they are dropped)."""
+    shared: dict[str, Any] = {}
+    token = _SHARED.set(shared)
+    try:
+        yield shared
+    finally:
+        _SHARED.reset(token)
+        shared.clear()
+
+
+def run_key(op: Any, data: Any) -> str:
+    return json.dumps([op.config(), data], sort_keys=True, default=str)
 
 
 def _screen_of(op: Any, prepared: Any, base: int, key: str) -> dict[str, Any]:
