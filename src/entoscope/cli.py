@@ -322,7 +322,7 @@ def _report(args: argparse.Namespace) -> int:
     from .results.folder import check_out
 
     check_out(args.out, overwrite=args.overwrite)
-    page = build_report(_load(args), args.out, quick=args.quick, overwrite=args.overwrite)
+    page = build_report(_load(args), args.out, quick=args.quick, overwrite=args.overwrite, resume=args.resume)
     SAVED.append(str(Path(args.out)))
     print(f"report: {page}")
     failed = [n for n in json.loads((Path(args.out) / "manifest.json").read_text())["not_run"] if n["status"] == "failed"]
@@ -402,6 +402,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--out", default="runs/report", metavar="DIR", help="folder of the report")
     q.add_argument("--overwrite", action="store_true", help="replace a report already in --out")
     q.add_argument("--quick", action="store_true", help="fewer prompts per section")
+    q.add_argument("--resume", action="store_true",
+                   help="go on with the interrupted report into --out: the sections it finished are reused (their "
+                   "files checked first); refused if it was made with other settings (the same command without "
+                   "--resume also reuses them, but replaces an interrupted report of other settings)")
     q.set_defaults(handler=_report)
     q = sub.add_parser("run", help="run entries of a YAML experiment file, or repeat a saved manifest.json")
     q.add_argument("file", metavar="FILE", help="a YAML experiment file, or a saved run's manifest.json (or its folder)")
@@ -471,7 +475,11 @@ def _show_warning(message: Any, category: type, filename: str, lineno: int, file
 _default_showwarning = warnings.showwarning
 
 
-def _interrupted() -> str:
+def _interrupted(kept: str = "") -> str:
+    """What Ctrl-C leaves: the folders saved before it, and what the interrupted command kept (`kept`: the
+    KeyboardInterrupt's own words, e.g. a report's finished steps)."""
+    if kept:
+        return f"interrupted; {kept}" + (f"; saved before the interrupt: {', '.join(SAVED)}" if SAVED else "")
     if SAVED:
         return f"interrupted; saved before the interrupt: {', '.join(SAVED)}; nothing else was saved"
     return "interrupted; nothing was saved"
@@ -501,10 +509,10 @@ def main(argv: list[str] | None = None) -> int:
             args = build_parser().parse_args(argv)
         args.model_given = any(a == "--model" or a.startswith("--model=") for a in argv)
         return int(args.handler(args) or 0)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
         if debug:
             traceback.print_exc()
-        print(f"entoscope: {_interrupted()}", file=sys.stderr)
+        print(f"entoscope: {_interrupted(str(err))}", file=sys.stderr)
         return 130
     except EntoscopeError as err:
         if debug:

@@ -31,6 +31,7 @@ from ..results.page import anchor, ensure_plotly_js, table_html, write_page
 from . import sections as _sections  # noqa: F401  (registers the sections)
 from .glossary import terms_html
 from .preflight import NotRun, preflight
+from .resume import RECORDS, Checkpoints, differences, refuse_other, report_key, section_of, section_value
 from .section import Section
 from . import sizes as _sizes
 
@@ -44,7 +45,7 @@ TASK_MEANING = {
 
 
 def build_report(model: Any, out: str | Path, *, quick: bool = False, sections: list[str] | None = None,
-                 overwrite: bool = False, quiet: bool = False) -> Path:
+                 overwrite: bool = False, quiet: bool = False, resume: bool = False) -> Path:
     """Write `out/index.html` (and one sub-folder per section). Returns the page path.
 
     The report is built in a hidden sibling folder and renamed into place when complete, so an
@@ -52,28 +53,68 @@ def build_report(model: Any, out: str | Path, *, quick: bool = False, sections: 
     only with `overwrite=True`. Progress goes to stdout (`Progress`) unless `quiet` (or ENTOSCOPE_QUIET=1).
     A section the model cannot run is skipped before the first forward, and one that raises is set aside;
     the others are written either way, and the index and `manifest.json` (`not_run`) say why
-    (report/preflight.py). Ctrl-C stops the whole report and saves nothing.
+    (report/preflight.py). Interrupted (Ctrl-C, a killed process), the report keeps the steps it had
+    finished: the same call again reuses them, each checked first (report/resume.py); with `resume=True`
+    an interrupted report of other settings is refused instead of replaced.
     """
     a = adapt(model)
     final = Path(out)
-    with writing_run(final, overwrite=overwrite) as folder, a.evaluating():
-        _write_report(model, a, folder, quick, sections, quiet)
+    chosen = _chosen(sections)
+    key = report_key(a, quick, chosen)
+
+    def reuse(old: Path) -> bool:
+        theirs = Checkpoints.stored_key(old)
+        if theirs is None or theirs == key:
+            return theirs is not None
+        if resume:
+            refuse_other(old, key, theirs, final)
+        warn(f"an interrupted report of {final} was made with other settings ({differences(key, theirs)}): it is "
+             "removed and this report starts anew", code="report_restarted")
+        return False
+
+    kept = []
+    try:
+        with writing_run(final, overwrite=overwrite, reuse=reuse,
+                         keep=lambda p: Checkpoints(p, key).any_done()) as folder, a.evaluating():
+            kept.append(folder)
+            _write_report(model, a, folder, quick, chosen, Checkpoints(folder, key), quiet)
+    except KeyboardInterrupt:
+        if kept and kept[0].is_dir():
+            raise KeyboardInterrupt(f"the report's finished steps are kept (in {kept[0]}): the same command again "
+                                    "(or with --resume) goes on from there") from None
+        raise
     return final / "index.html"
 
 
+def _chosen(sections: list[str] | None) -> list[str]:
+    chosen = list(sections) if sections is not None else [s for s in SECTION_ORDER if s in names("report_section")]
+    chosen += [s for s in names("report_section") if s not in chosen and sections is None]
+    return chosen
+
+
 class Progress:
-    """The report's steps as they run: when stdout is a terminal, a progress bar naming the step; otherwise
-    (a log, a pipe, CI) one line when a step starts and one when it ends, with its time, so a log shows
-    where a long report is."""
+    """The report's steps as they run: one line when a step starts and one when it ends, with its time, so a
+    log shows where a long report is (flushed at once: a file, a pipe, CI). On a terminal the step lines are
+    written above a progress bar naming the running step: a log captured through a terminal (`script`, a
+    pseudo-terminal) still gets every finished step as a whole line. A terminal that says it is dumb
+    (TERM=dumb) gets the lines alone."""
 
     def __init__(self, steps: int, quiet: bool = False) -> None:
         self.total, self.done = steps, 0
         self.quiet = quiet or os.environ.get("ENTOSCOPE_QUIET") == "1"
         self.bar = None
-        if not self.quiet and sys.stdout.isatty():
+        if not self.quiet and sys.stdout.isatty() and os.environ.get("TERM", "") != "dumb":
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=steps, desc="report", file=sys.stdout, leave=False)
+
+    def _say(self, line: str) -> None:
+        if self.quiet:
+            return
+        if self.bar is not None:
+            self.bar.write(line, file=sys.stdout)
+        else:
+            print(line, flush=True)
 
     @contextlib.contextmanager
     def step(self, name: str) -> Iterator[None]:
@@ -81,45 +122,71 @@ class Progress:
         start = time.perf_counter()
         if self.bar is not None:
             self.bar.set_description(f"report: {name}")
-        elif not self.quiet:
-            print(f"{where}: started", flush=True)
+        else:
+            self._say(f"{where}: started")
         yield
         self.done += 1
+        self._say(f"{where}: done in {time.perf_counter() - start:.1f} s")
         if self.bar is not None:
             self.bar.update(1)
-        elif not self.quiet:
-            print(f"{where}: done in {time.perf_counter() - start:.1f} s", flush=True)
+
+    def reused(self, name: str) -> None:
+        """A step an interrupted report had finished, taken over (its files checked)."""
+        self.done += 1
+        self._say(f"report [{self.done}/{self.total}] {name}: reused (finished before the interruption)")
+        if self.bar is not None:
+            self.bar.update(1)
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
 
 
-def _write_report(model: Any, a: Any, folder: Path, quick: bool, sections: list[str] | None,
+def _write_report(model: Any, a: Any, folder: Path, quick: bool, chosen: list[str], ck: Checkpoints,
                   quiet: bool = False) -> None:
+    resumed = Checkpoints.stored_key(folder) == ck.key
+    if resumed:  # an interrupted report's folder: its finished steps are checked below, the rest goes
+        for path in folder.iterdir():
+            if path.name in chosen or path.name == RECORDS:
+                continue
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+    ck.start()
     ensure_plotly_js(folder)
-    chosen = sections if sections is not None else [s for s in SECTION_ORDER if s in names("report_section")]
-    chosen += [s for s in names("report_section") if s not in chosen and sections is None]
     functions = {name: lookup("report_section", name) for name in chosen}
+    done = {name: section_of(v) for name in chosen if (v := ck.load(f"section-{name}", folder / name)) is not None}
     progress = Progress(len(chosen) + 3, quiet)
     not_run: dict[str, NotRun] = {}
     try:
         with progress.step("checking every section (no forward)"):
             for name in chosen:
-                refused = preflight(model, name, functions[name], quick)
+                refused = None if name in done else preflight(model, name, functions[name], quick)
                 if refused is not None:
                     not_run[name] = refused
                     warn(refused.line(), code="report_section_skipped")
-        with progress.step("task scores"):
-            try:
-                scores = task_scores(model, n=32 if quick else 128)
-            except Exception as err:  # noqa: BLE001 - the sections can still be written
-                scores = {}
-                not_run["task scores"] = NotRun.of("task scores", "failed", err)
-                warn(not_run["task scores"].line(), code="report_section_failed")
+        stored = ck.load("task-scores")
+        if stored is not None:
+            scores = stored["scores"]
+            progress.reused("task scores")
+        else:
+            with progress.step("task scores"):
+                try:
+                    scores = task_scores(model, n=32 if quick else 128)
+                    ck.save("task-scores", {"scores": scores})
+                except Exception as err:  # noqa: BLE001 - the sections can still be written
+                    scores = {}
+                    not_run["task scores"] = NotRun.of("task scores", "failed", err)
+                    warn(not_run["task scores"].line(), code="report_section_failed")
         built: list[tuple[str, Section]] = []
         for name in chosen:
+            if name in done:
+                built.append((name, done[name]))
+                progress.reused(f"section {name}")
+                continue
             with progress.step(f"section {name}" + (" (skipped)" if name in not_run else "")):
+                shutil.rmtree(folder / name, ignore_errors=True)  # what an interrupted run of it had written
                 if name not in not_run:
                     try:
                         built.append((name, functions[name](model, folder / name, quick)))
@@ -127,11 +194,15 @@ def _write_report(model: Any, a: Any, folder: Path, quick: bool, sections: list[
                         not_run[name] = NotRun.of(name, "failed", err)
                         shutil.rmtree(folder / name, ignore_errors=True)
                         warn(not_run[name].line(), code="report_section_failed")
+                    else:
+                        ck.save(f"section-{name}", section_value(built[-1][1]), folder / name)
                 if name in not_run:
                     _write_not_run(folder / name, not_run[name])
                 give_back_memory()  # the next section's peak does not sit on this one's freed heap (heap.py)
         with progress.step("summary page"):
-            _write_summary(a, folder, quick, chosen, scores, built, list(not_run.values()))
+            reused = (["task scores"] if stored is not None else []) + [name for name in chosen if name in done]
+            _write_summary(a, folder, quick, chosen, scores, built, list(not_run.values()), reused)
+        ck.finish()
     finally:
         progress.close()
 
@@ -143,7 +214,8 @@ def _write_not_run(where: Path, what: NotRun) -> None:
 
 
 def _write_summary(a: Any, folder: Path, quick: bool, chosen: list[str], scores: dict[str, Any],
-                   built: list[tuple[str, Section]], not_run: list[NotRun] | None = None) -> None:
+                   built: list[tuple[str, Section]], not_run: list[NotRun] | None = None,
+                   reused: list[str] | None = None) -> None:
     from ..results.manifest import model_identity, package_versions
 
     not_run = not_run or []
@@ -154,7 +226,7 @@ def _write_summary(a: Any, folder: Path, quick: bool, chosen: list[str], scores:
         link = (f'<p class="more"><a href="{name}/index.html">{html.escape(sec.title)}: every figure and the whole '
                 "table</a></p>") if sec.own_page else ""
         parts.append((sec.title, f'<p class="takeaway">{html.escape(sec.lead)}</p>' + terms_html(sec.terms) + sec.body
-                      + link))
+                      + _screen_notes(a, name, quick) + link))
     if not_run:
         parts.append(("sections not run", "".join(f"<h3>{html.escape(n.section)}</h3>{n.html()}" for n in not_run)))
     (folder / "scores.json").write_text(json.dumps(scores, indent=2))
@@ -162,7 +234,9 @@ def _write_summary(a: Any, folder: Path, quick: bool, chosen: list[str], scores:
     manifest = {"operation": "report", "quick": quick, "sections": chosen, "model": model_identity(a),
                 "sizes": {"forward_macs_per_token": _sizes.forward_macs(a), "tier": _sizes.tier(a),
                           **{name: _sizes.sizes(a, name, quick) for name in chosen if name in _sizes.SIZES}},
+                "screens": {name: found for name in chosen if (found := _sizes.screens(a, name, quick))},
                 "versions": package_versions(), "written": [name for name, _ in built],
+                "reused": list(reused or []),
                 "not_run": [n.record() for n in not_run]}
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str), encoding="utf-8")
     lead = (f"What {a.name} does on the built-in tasks (its structure below), and which of its components carry "
@@ -171,6 +245,16 @@ def _write_summary(a: Any, folder: Path, quick: bool, chosen: list[str], scores:
     if not_run:
         lead += " Not run: " + "; ".join(f"{n.section} ({n.status}, {n.code})" for n in not_run) + " (see the end)."
     write_page(folder / "index.html", f"entoscope report: {a.name}", parts, js_relpath="plotly.min.js", lead=lead)
+
+
+def _screen_notes(a: Any, name: str, quick: bool) -> str:
+    """Where the report's time budget (or the test's resolution) left a section's screen short of the prompts
+    it needs, the reason in words (report/sizes.py `screens`)."""
+    limited = [s for s in _sizes.screens(a, name, quick) if "limited" in s]
+    return "".join(f'<p class="note">This section screens {s["cells"]:,} cells ({html.escape(s["operation"])}) on '
+                   f"{s['prompts']} prompts, fewer than its screen needs: {html.escape(s['limited'])} "
+                   f"(report/sizes.py); a cell needs p &lt;= {s['needed_p']:.2g} to be a discovery on its own and the "
+                   f"smallest p on {s['prompts']} prompts is {s['min_p']:.2g}.</p>" for s in limited)
 
 
 def _glance(built: list[tuple[str, Section]], not_run: list[NotRun], chosen: list[str]) -> str:

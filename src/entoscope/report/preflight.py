@@ -72,11 +72,13 @@ def preflight(model: Any, name: str, section: Any, quick: bool) -> NotRun | None
         return None
     from ..operation import model_bytes
 
+    from .sizes import run_key, sharing_plans
+
     try:
-        with warnings.catch_warnings():  # said again, and recorded, when the section runs
+        with warnings.catch_warnings(), sharing_plans() as fitted:  # said again, and recorded, when it runs
             warnings.simplefilter("ignore")
-            for op, data in runs(model, quick):
-                prepared = op.prepare_for(model, data)
+            for op, data in runs(model, quick):  # (sizing the section's screens prepares its runs: taken here)
+                prepared = fitted.pop(run_key(op, data), None) or op.prepare_for(model, data)
                 need = prepared.plan.peak_memory_bytes - model_bytes(prepared.model)
                 free = available_memory()
                 if free is not None and need > free:

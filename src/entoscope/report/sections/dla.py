@@ -9,6 +9,7 @@ from ...registry import register
 from ...results.page import figure_div, table_html
 from ..preflight import runs_by
 from ..section import Section, lead_of, run_saved
+from ..sizes import sizes
 
 
 COLUMNS = ["component", "kind", "mean", "mean_ci_low", "mean_ci_high", "mean_q", "significant", "n_prompts"]
@@ -17,7 +18,8 @@ COLUMNS = ["component", "kind", "mean", "mean_ci_low", "mean_ci_high", "mean_q",
 def dla_runs(model: Any, quick: bool) -> list[tuple[Any, Any]]:
     from ...circuits import DirectLogitAttribution
 
-    return [(DirectLogitAttribution(metric="logit_diff"), {"task": "ioi", "n": 8 if quick else 32, "seed": 7})]
+    data = {"task": "ioi", "n": sizes(model, "dla", quick)["n"], "seed": 7}  # prompts: report/sizes.py
+    return [(DirectLogitAttribution(metric="logit_diff"), data)]
 
 
 @register("report_section", "dla")

@@ -25,6 +25,7 @@ from ...models.adapter import adapt
 from ...registry import register
 from ..preflight import runs_by
 from ..section import Section
+from ..sizes import sizes
 from ...results.claims import Takeaway, TakeawayBuilder
 
 RELEASE = "demo"
@@ -48,7 +49,7 @@ def features_runs(model: Any, quick: bool) -> list[tuple[Any, Any]]:
         Sites(activation="resid_post", dictionary=RELEASE, over=["layer"]).resolve(adapt(model))
     except EntoscopeError:
         return []
-    n = 24 if quick else 96
+    n = sizes(model, "features", quick)["n"]
     return [(Patching(method="attribution", comparison="difference", per_prompt=False,
                       sites=Sites(activation="resid_post", dictionary=RELEASE, over=["layer", "position", "feature"],
                                   positions=positions)),
@@ -75,7 +76,7 @@ def features_section(model: Any, folder: Path, quick: bool) -> Section:
         return Section(title, "Not run: no dictionaries fit this model.",
                        f"<p>No dictionaries fit this model ({html.escape(err.code)}): the section needs the demo "
                        "model's bundled SAEs, or your own registered for this model (docs/features.md).</p>")
-    n, k = (24, 5) if quick else (96, 8)
+    n, k = sizes(model, "features", quick)["n"], 5 if quick else 8
     chosen: list[tuple[str, int]] = []
     notes: dict[tuple[str, int], TakeawayBuilder] = {}
     parts, tops = [], []

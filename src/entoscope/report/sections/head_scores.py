@@ -11,12 +11,13 @@ from ...registry import register
 from ...results.page import figure_div, table_html
 from ..preflight import runs_by
 from ..section import Section, lead_of, run_saved
+from ..sizes import sizes
 
 
 def head_scores_runs(model: Any, quick: bool) -> list[tuple[Any, Any]]:
     from ...circuits import HeadScores
 
-    data = {"task": "repeated_tokens", "n": 8 if quick else 32, "seed": 3,
+    data = {"task": "repeated_tokens", "n": sizes(model, "head_scores", quick)["n"], "seed": 3,
             "params": {"length": 20, "bos_token_id": adapt(model).bos_token_id}}
     return [(HeadScores(period=20), data)]
 
