@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from pydantic import model_validator
+from pydantic import Field, model_validator
 from torch import Tensor
 
 from ..config_model import ConfigModel
@@ -131,9 +131,10 @@ class Pooling(ConfigModel):
     """
 
 
-    type: str = "last"
-    key: str | None = None
-    occurrence: int = 0
+    type: str = Field(default="last", description="mean, max, first, last, marked, index, or a registered pooling")
+    key: str | None = Field(default=None, description="marked / index: the meta key holding each prompt's position "
+                            "(negative: from its end)")
+    occurrence: int = Field(default=0, description="marked with a token string: which match (0 = first, -1 = last)")
 
     @model_validator(mode="before")
     @classmethod
