@@ -13,7 +13,6 @@ and scripts/write_reference.py writes it into docs/reference.md (with `type_text
 from __future__ import annotations
 
 import re
-import textwrap
 import types
 import typing
 from typing import Any
@@ -75,7 +74,7 @@ def config_error(err: ValidationError, where: str) -> ConfigError:
             msg = e["msg"].removeprefix("Value error, ")
             lines.append(f"{loc}: {msg} (got {e.get('input')!r})")
     return ConfigError("; ".join(lines), code="config_invalid",
-                       remedy="fix the keys above (docs/operations.md lists every key)")
+                       remedy="fix the keys above (docs/reference.md lists every key with its type and values)")
 
 
 FIELDS_HEADING = "Fields (YAML keys, --flags on the command line; docs/reference.md):"
@@ -138,7 +137,14 @@ def fields_doc(cls: type[BaseModel]) -> str:
     for name, info in cls.model_fields.items():
         default = default_of(info)
         lines.append(f"        {name}: {type_text(info.annotation)}" + ("" if default is ... else f" = {default!r}"))
-        lines += textwrap.wrap(info.description or "", 100, initial_indent=" " * 12, subsequent_indent=" " * 12)
+        line = ""
+        for word in (info.description or "").split():  # wrapped at 100 columns (textwrap costs ms at import)
+            if line and len(line) + len(word) >= 88:
+                lines.append(" " * 12 + line)
+                line = ""
+            line = f"{line} {word}" if line else word
+        if line:
+            lines.append(" " * 12 + line)
     return "\n".join(lines)
 
 
