@@ -35,7 +35,8 @@ PAGES = {"lens": "lens.md", "parameter_lens": "lens.md", "jacobian_lens_fit": "l
          "lens_comparison": "lens.md", "coordinate_patching": "lens.md", "patching": "patching.md",
          "probing": "probing.md", "circuits": "circuits.md", "head_scores": "circuits.md", "dla": "dla_ifr.md",
          "ifr": "dla_ifr.md", "decoder_lens": "features.md", "feature_dla": "features.md",
-         "feature_graph": "features.md", "steering": "steering.md", "interchange": "interchange.md"}
+         "feature_graph": "features.md", "steering": "steering.md", "interchange": "interchange.md",
+         "inspect": "inspect.md"}
 # the registered kinds a config names by a string, and the field that takes them
 KINDS = {"metric": "`metric` (`Metric.type`)", "patch": "`Patching.patch`", "pooling": "`Probing.pooling`",
          "head_pooling": "`Probing.head_pooling`", "report_section": "`entoscope report`'s sections"}
