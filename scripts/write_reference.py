@@ -28,6 +28,7 @@ if str(ROOT / "src") not in sys.path:
 DOCS = ROOT / "docs"
 REFERENCE = DOCS / "reference.md"
 CONTENTS = "**Contents:**"
+LONG = 150  # lines: a longer page (of two sections or more) lists its sections under its first paragraph
 WIDTH = 116
 
 # the page that explains each operation (a new operation without an entry: the first page that names its class)
@@ -95,11 +96,17 @@ def contents_paragraph(text: str) -> str:
 
 
 def with_contents(text: str) -> str:
-    """The page with its `**Contents:**` paragraph (up to the next blank line) written from its ## headings."""
+    """The page with its `**Contents:**` paragraph (up to the next blank line) written from its ## headings; a page
+    of more than LONG lines and two sections without one gets it after the paragraph under its title."""
     lines = text.split("\n")
     start = next((i for i, line in enumerate(lines) if line.startswith(CONTENTS)), None)
     if start is None:
-        return text
+        if len(text.splitlines()) <= LONG or len(headings(text)) < 2 or not lines[0].startswith("# "):
+            return text
+        first = next((i for i in range(1, len(lines)) if lines[i].strip()), len(lines))
+        start = next((i for i in range(first, len(lines)) if not lines[i].strip()), len(lines))
+        lines[start:start] = ["", CONTENTS]
+        start += 1
     end = next((i for i in range(start + 1, len(lines)) if not lines[i].strip() or lines[i].startswith(("```", "#", "|"))),
                len(lines))
     rest = lines[end:] if end < len(lines) and not lines[end].strip() else [""] + lines[end:]
