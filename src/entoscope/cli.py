@@ -61,7 +61,8 @@ def _model_options(p: argparse.ArgumentParser) -> None:
                    "nnsight LanguageModel (HuggingFace's weights, traced by nnsight; pip install 'entoscope[nnsight]')")
     g.add_argument("--compat", action="store_true", help="bridge in compatibility mode (LayerNorm folded)")
     g.add_argument("--device", default=None, metavar="DEVICE", help="torch device: cpu, cuda, cuda:N, mps (default: cpu)")
-    g.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16", "float16"])
+    g.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16", "float16"],
+                   help="the dtype the weights are loaded in and the model runs in")
     g.add_argument("--device-map", default=None, metavar="YAML", help="HuggingFace device_map for a model larger than "
                    "one device: auto, balanced, or '{module: device}' (needs accelerate; not with --device)")
     g.add_argument("--cache-dir", default=None, metavar="DIR", help="wrap the model in CachedModel with this directory")
@@ -150,9 +151,11 @@ def _metavar(annotation: Any) -> str:
 
 
 def _op_parser(sub: Any, cli_name: str, op_name: str) -> None:
+    from .config_model import own_doc
+
     cls = lookup("operation", op_name)
     doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else op_name
-    p = sub.add_parser(cli_name, help=_help(doc), description=_help(cls.__doc__ or ""),
+    p = sub.add_parser(cli_name, help=_help(doc), description=_help(own_doc(cls)),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     _model_options(p)
     p.add_argument("--data", default=None, metavar="DATA", help="a task name, a file, or YAML: '{task: ioi, n: 16}'")
@@ -434,7 +437,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--lr", type=float, default=1e-3, metavar="FLOAT", help="Adam learning rate")
     q.add_argument("--out", required=True, metavar="DIR", help="folder for the translators")
     q.add_argument("--overwrite", action="store_true", help="replace a tuned lens already saved in --out")
-    q.add_argument("--quiet", action="store_true")
+    q.add_argument("--quiet", action="store_true", help="no progress bar")
     _executor_options(q)  # where the training data is collected (--resume has no effect here)
     q.set_defaults(handler=_train_lens)
     from .dictionaries import command as sae_command

@@ -44,9 +44,11 @@ class Confirm(ConfigModel):
     """k: the screen's top cells (smallest p, then largest |value|) re-tested; n: fresh prompts (default:
     as many as the screen's); seed: the fresh prompts' seed (default: the screen's seed + 1,000,003)."""
 
-    k: int = Field(default=10, ge=1, le=100_000)
-    n: int | None = Field(default=None, ge=2)
-    seed: int | None = Field(default=None, ge=0)
+    k: int = Field(default=10, ge=1, le=100_000, description="the screen's top cells re-tested (smallest p, then "
+                   "largest |value|)")
+    n: int | None = Field(default=None, ge=2, description="fresh prompts (default: as many as the screen's)")
+    seed: int | None = Field(default=None, ge=0, description="seed of the fresh prompts (default: the screen's seed "
+                             "+ 1,000,003)")
 
 
 def fresh_data(data: Any, confirm: Confirm, name: str) -> dict[str, Any]:

@@ -103,8 +103,10 @@ class Metric(ConfigModel):
     """A metric by registered name, e.g. Metric(type="logit_diff"); a plain string works in configs."""
 
 
-    type: str = "logit_diff"
-    params: dict[str, Any] = Field(default_factory=dict)
+    type: str = Field(default="logit_diff", description="a registered metric: logit_diff, logit, prob, logprob, "
+                      "prob_diff, kl, top1, or your own")
+    params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments bound to the metric's "
+                                   "function")
 
     @model_validator(mode="before")
     @classmethod

@@ -142,19 +142,29 @@ class Sites(ConfigModel):
     """
 
 
-    activation: str
-    over: list[str] = Field(default_factory=lambda: ["layer"])
-    layers: Selection = "all"
-    positions: Selection = "all"
-    heads: Selection = "all"
-    neurons: Selection = "all"
-    query_positions: Selection = "all"
-    key_positions: Selection = "all"
-    exclude: list[dict[str, int]] = Field(default_factory=list)
-    groups: list[list[dict[str, int]]] | None = None
-    coords: list[dict[str, int]] | None = None
-    dictionary: str | None = None
-    features: Selection = "all"
+    activation: str = Field(description="a kind (resid_pre, resid_post, attn_out, mlp_out, z, q, k, v, pattern, "
+                            "result, ...) or a full name with a layer (blocks.5.hook_resid_post)")
+    over: list[str] = Field(default_factory=lambda: ["layer"], description="the axes that make rows, e.g. [layer, "
+                            "position] or [layer, head]; axes left out are read whole")
+    layers: Selection = Field(default="all", description="which layers: all, an index, a list, or a range a:b "
+                              "(negative: from the end)")
+    positions: Selection = Field(default="all", description="which token positions: all, an index, a list, or a "
+                                 "range a:b, or roles (S2, END, S2+1)")
+    heads: Selection = Field(default="all", description="which heads: all, an index, a list, or a range a:b")
+    neurons: Selection = Field(default="all", description="which MLP neurons: all, an index, a list, or a range a:b")
+    query_positions: Selection = Field(default="all", description="pattern / attn_scores: which query positions")
+    key_positions: Selection = Field(default="all", description="pattern / attn_scores: which key positions")
+    exclude: list[dict[str, int]] = Field(default_factory=list, description="coordinates to drop, e.g. [{layer: 0, "
+                                          "head: 3}]")
+    groups: list[list[dict[str, int]]] | None = Field(default=None, description="rows that each read several units "
+                                                      "together, e.g. [[{layer: 1, head: 0}, {layer: 1, head: 2}]]; "
+                                                      "instead of the grid")
+    coords: list[dict[str, int]] | None = Field(default=None, description="an explicit list of single coordinates, "
+                                                "instead of the grid")
+    dictionary: str | None = Field(default=None, description="read and write in a dictionary's features: "
+                                   "demo/resid_post.1, a SAELens folder, or a release (docs/features.md)")
+    features: Selection = Field(default="all", description="with a dictionary: which features, all, an index, a "
+                                "list, or a range a:b")
 
     @field_validator("over")
     @classmethod

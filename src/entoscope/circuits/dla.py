@@ -128,12 +128,18 @@ class DirectLogitAttribution(Sharded, Operation):
 
     name = "dla"
     tests_cells = True  # p, q and significant per row (the plan's screen: operation.screen_plan)
-    metric: Literal["logit_diff", "logit"] = "logit_diff"
-    neurons: bool = False
-    neuron_layers: list[int] | None = None
-    tolerance: float | None = Field(default=None, gt=0)
-    top_k: int = Field(default=20, ge=1)
-    answer_scoring: Literal["first_token", "single"] = "first_token"
+    metric: Literal["logit_diff", "logit"] = Field(default="logit_diff", description="logit_diff (answers minus "
+                                                   "wrong answers, a mean over each set) or logit")
+    neurons: bool = Field(default=False, description="split the MLPs of neuron_layers into one row per neuron plus "
+                          "b_out")
+    neuron_layers: list[int] | None = Field(default=None, description="layers whose MLPs are split (default: all, "
+                                            "when neurons is true)")
+    tolerance: float | None = Field(default=None, gt=0, description="relative tolerance of the identity check "
+                                    "(default 1e-4; 2e-2 in half precision)")
+    top_k: int = Field(default=20, ge=1, description="components shown in the bar chart")
+    answer_scoring: Literal["first_token", "single"] = Field(default="first_token", description="an answer of "
+        "several tokens: first_token reads its first token (one shared by a correct and a wrong answer is read for "
+        "neither); single refuses it (multi_token_answer)")
 
     def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[DLAState]:
         assert data is not None

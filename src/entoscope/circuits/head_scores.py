@@ -205,10 +205,12 @@ class HeadScores(Sharded, Operation):
 
     name = "head_scores"
     tests_cells = True  # excess over chance: p, q and significant per row (the plan's screen, confirm)
-    kinds: list[HeadKind] = Field(default_factory=lambda: ["previous_token", "duplicate_token", "induction"])
-    period: int | None = Field(default=None, ge=1)
-    exclude_bos: bool = False
-    exclude_current: bool = False
+    kinds: list[HeadKind] = Field(default_factory=lambda: ["previous_token", "duplicate_token", "induction"],
+                                  description="which scores: previous_token, duplicate_token, induction")
+    period: int | None = Field(default=None, ge=1, description="repeated random sequences: the repeat period, "
+                               "targets then fixed by position; null: targets by matching tokens")
+    exclude_bos: bool = Field(default=False, description="ignore attention to position 0")
+    exclude_current: bool = Field(default=False, description="ignore attention to the query's own position")
     control: bool = Field(default=True, description="with a period: score duplicate-token and induction heads again "
                           "on control prompts whose second copy is shuffled (no token at its own place) and test "
                           "score - control (a head of the kind fails the control; docs/circuits.md)")

@@ -382,9 +382,9 @@ class InformationFlowRoutes(Sharded, Operation):
     """
 
     name = "ifr"
-    tau: float = Field(default=0.04, gt=0, lt=1)
-    granularity: Granularity = "head"
-    drawn_routes: int = Field(default=3, ge=0)
+    tau: float = Field(default=0.04, gt=0, lt=1, description="keep edges whose importance share is above tau")
+    granularity: Granularity = Field(default="head", description="head: one edge per head; token: heads summed")
+    drawn_routes: int = Field(default=3, ge=0, description="prompts whose routes the page draws (all are saved)")
 
     def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[RoutesState]:
         assert data is not None

@@ -135,7 +135,9 @@ class Circuits(Sharded, Operation):
                            "stability (0: none); the per-prompt edge scores are reused")
     stability_share: float = Field(default=0.5, gt=0, le=1, description="the stable circuit keeps the edges found in "
                                    "at least this share of the resamples")
-    answer_scoring: Literal["first_token", "single"] = "first_token"
+    answer_scoring: Literal["first_token", "single"] = Field(default="first_token", description="an answer of "
+        "several tokens: first_token reads its first token (one shared by a correct and a wrong answer is read for "
+        "neither); single refuses it (multi_token_answer)")
 
     @field_validator("faithfulness")
     @classmethod

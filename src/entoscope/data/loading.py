@@ -34,18 +34,19 @@ class DataSpec(ConfigModel):
     """
 
 
-    task: str | None = None
-    n: int | None = None
-    seed: int | None = None
-    params: dict[str, Any] = Field(default_factory=dict)
-    path: str | None = None
-    hf: str | None = None
-    split: str = "train"
-    prompt_field: str = "prompt"
-    answer_field: str | None = None
-    label_field: str | None = None
-    prompts: list[str] | None = None
-    limit: int | None = None
+    task: str | None = Field(default=None, description="a built-in task: ioi, induction, facts, greater_than, "
+                             "repeated_tokens, corpus")
+    n: int | None = Field(default=None, description="task: the number of examples")
+    seed: int | None = Field(default=None, description="task: the generator's seed")
+    params: dict[str, Any] = Field(default_factory=dict, description="task: its own options (docs/demo_model.md)")
+    path: str | None = Field(default=None, description="a local .jsonl or .csv file of records (docs/data.md)")
+    hf: str | None = Field(default=None, description="a HuggingFace datasets name (needs the hub or a local cache)")
+    split: str = Field(default="train", description="hf: the split read")
+    prompt_field: str = Field(default="prompt", description="hf: the field holding the prompt")
+    answer_field: str | None = Field(default=None, description="hf: the field holding the answer")
+    label_field: str | None = Field(default=None, description="hf: the field holding the label")
+    prompts: list[str] | None = Field(default=None, description="inline prompt strings")
+    limit: int | None = Field(default=None, description="keep the first limit examples")
 
     @model_validator(mode="after")
     def _exactly_one_source(self) -> DataSpec:

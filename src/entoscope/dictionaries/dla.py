@@ -88,10 +88,14 @@ class FeatureDLA(DirectLogitAttribution):
     """
 
     name = "feature_dla"
-    dictionary: str = "demo"
-    activation: Literal["resid_post", "mlp_out", "attn_out"] = "mlp_out"
-    layers: Selection = "all"
-    top_k_features: int = Field(default=10, ge=1)
+    dictionary: str = Field(default="demo", description="a dictionary or a release (demo: the bundled ones), as in "
+                            "Sites(dictionary=...)")
+    activation: Literal["resid_post", "mlp_out", "attn_out"] = Field(default="mlp_out", description="what the "
+        "dictionaries write: mlp_out (transcoders), attn_out, or resid_post (one layer)")
+    layers: Selection = Field(default="all", description="which layers' dictionaries (all: every layer the release "
+                              "covers)")
+    top_k_features: int = Field(default=10, ge=1, description="per prompt and dictionary, the features kept as their "
+                                "own rows of per_prompt")
 
     def not_sharded_reason(self) -> str:  # its own execute over every batch (not split into shards yet)
         return "it does not split into shards of prompts"

@@ -189,14 +189,21 @@ class FeatureGraph(Operation):
     """
 
     name = "feature_graph"
-    dictionary: str = "demo"
-    activation: str = "resid_post"
-    layers: Selection = "all"
-    method: Literal["eap", "eap_ig"] = "eap"
-    steps: int = Field(default=8, ge=1)
-    baseline: Literal["counterfactual", "zero"] = "counterfactual"
-    max_features: int = Field(default=32, ge=1)
-    metric: Literal["logit_diff", "logit"] = "logit_diff"
+    dictionary: str = Field(default="demo", description="the dictionary release (demo: the bundled ones), as in "
+                            "Sites(dictionary=...)")
+    activation: str = Field(default="resid_post", description="the site the dictionaries read and write: resid_post "
+                            "(an SAE per layer) or mlp_out (transcoders)")
+    layers: Selection = Field(default="all", description="which layers' dictionaries (all: every layer the release "
+                              "covers)")
+    method: Literal["eap", "eap_ig"] = Field(default="eap", description="eap (gradients at the prompt) or eap_ig "
+                                             "(midpoint rule over steps points)")
+    steps: int = Field(default=8, ge=1, description="eap_ig: points of the midpoint rule")
+    baseline: Literal["counterfactual", "zero"] = Field(default="counterfactual", description="counterfactual (each "
+                                                        "prompt's pair, same token length) or zero")
+    max_features: int = Field(default=32, ge=1, description="feature nodes per prompt (largest |attribution| on the "
+                              "metric)")
+    metric: Literal["logit_diff", "logit"] = Field(default="logit_diff", description="logit_diff (answers minus "
+                                                   "wrong answers) or logit, at the last position")
 
     def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[FeatureGraphState]:
         assert data is not None

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from pydantic import Field
 from torch import Tensor
 
 from .. import naming
@@ -53,11 +54,12 @@ class DecoderLens(ParameterLens):
     """
 
     name = "decoder_lens"
-    target: Literal["decoder"] = "decoder"  # type: ignore[assignment]
-    space: Literal["unembed"] = "unembed"  # type: ignore[assignment]
-    dictionary: str
-    features: Selection = "0:8"
-    through_norm: bool = True
+    target: Literal["decoder"] = Field(default="decoder", description="each feature's decoder row")  # type: ignore[assignment]
+    space: Literal["unembed"] = Field(default="unembed", description="rows scored through W_U")  # type: ignore[assignment]
+    dictionary: str = Field(description="one dictionary: demo/transcoder.1, a SAELens folder, or a registered name")
+    features: Selection = Field(default="0:8", description="which features: all, an index, a list, or a range a:b")
+    through_norm: bool = Field(default=True, description="apply the final norm's centring and weight (scale frozen) "
+                               "before W_U")
 
     def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[ParameterLensState]:
         d = get_dictionary(self.dictionary)

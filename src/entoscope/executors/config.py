@@ -24,7 +24,8 @@ from ..errors import ConfigError
 class InProcess(ConfigModel):
     """Run in this Python process: one shard, here."""
 
-    type: Literal["in_process"] = "in_process"
+    type: Literal["in_process"] = Field(default="in_process", description="in_process: one shard, in this Python "
+                                        "process")
 
     @property
     def workers(self) -> int:
@@ -50,7 +51,7 @@ class Ray(ConfigModel):
                           refused (`ray_unreachable`; executors/ray_cluster.py); default 30 s.
     """
 
-    type: Literal["ray"] = "ray"
+    type: Literal["ray"] = Field(default="ray", description="ray: shards of prompts on Ray workers (docs/scale.md)")
     address: str | None = Field(default=None, description="Ray cluster address (host:port, auto); none: a local one")
     workers: int = Field(default=2, ge=1, le=10_000, description="model replicas (Ray actors)")
     resources_per_worker: dict[str, float] = Field(default_factory=lambda: {"CPU": 1.0},

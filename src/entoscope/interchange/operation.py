@@ -99,21 +99,31 @@ class Interchange(Sharded, Operation):
     """
 
     name = "interchange"
-    variable: str | None = None
-    activation: str = "resid_post"
-    layers: Literal["all"] | list[int] = "all"
-    positions: list[int | str] = Field(default_factory=lambda: ["END"])
-    head: int | None = None
-    bases: list[str] = Field(default_factory=lambda: ["das", "mean_difference", "probe", "pca", "neurons", "random"])
-    rank: int = Field(default=1, ge=1)
-    strength: float = 1.0
-    placebo: bool = True
-    test_share: float = Field(default=0.5, gt=0, lt=1)
-    epochs: int = Field(default=10, ge=1)
-    das_batch_size: int = Field(default=32, ge=1)
-    lr: float = Field(default=1e-2, gt=0)
-    dictionary: str | None = None
-    features: list[int] = Field(default_factory=list)
+    variable: str | None = Field(default=None, description="the high-level variable (ioi: io; facts: country; "
+                                 "greater_than: yy or decade; induction: token); your own pairs name theirs")
+    activation: str = Field(default="resid_post", description="the site kind: resid_pre, resid_mid, resid_post, "
+                            "attn_out, mlp_out, mlp_post, z / result (with head), or a feature site features@KEY")
+    layers: Literal["all"] | list[int] = Field(default="all", description="the grid's layers: all, or a list")
+    positions: list[int | str] = Field(default_factory=lambda: ["END"], description="token indices or roles ([S2, "
+                                       "END]): each prompt's own token, in bases and sources alike")
+    head: int | None = Field(default=None, description="the head of a z / result site")
+    bases: list[str] = Field(default_factory=lambda: ["das", "mean_difference", "probe", "pca", "neurons", "random"],
+                             description="the subspaces compared: das, boundless_das, mean_difference, probe, pca, "
+                             "neurons, random, sae")
+    rank: int = Field(default=1, ge=1, description="r, the dimension of every basis (a fixed basis has at most what "
+                      "its construction gives)")
+    strength: float = Field(default=1.0, description="s in h' = h + s (h_src - h) B B^T")
+    placebo: bool = Field(default=True, description="beside every basis but random, a norm-matched random subspace "
+                          "of the same rank")
+    test_share: float = Field(default=0.5, gt=0, lt=1, description="the share of pairs held out: IIA is measured on "
+                              "them, bases are made from the others")
+    epochs: int = Field(default=10, ge=1, description="DAS training: passes over the training pairs")
+    das_batch_size: int = Field(default=32, ge=1, description="DAS training: pairs per Adam step")
+    lr: float = Field(default=1e-2, gt=0, description="DAS training: Adam's learning rate")
+    dictionary: str | None = Field(default=None, description="basis sae: the dictionary (a registered name or a "
+                                   "folder) whose decoder directions span it")
+    features: list[int] = Field(default_factory=list, description="basis sae: the features whose decoder directions "
+                                "span the subspace")
 
     # ------------------------------------------------------------------ prepare
     def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[InterchangeState]:

@@ -65,7 +65,8 @@ class LensComparison(JacobianSource, Operation):
     """
 
     name = "lens_comparison"
-    layers: Selection = "all"
+    layers: Selection = Field(default="all", description="the block outputs (resid_post) compared: all, an index, a "
+                              "list, or a range a:b")
     translators: str | None = Field(default=None, description="a tuned lens's folder (compared where given)")
 
     def not_sharded_reason(self) -> str:

@@ -94,7 +94,9 @@ class CoordinatePatching(JacobianSource, Sharded, Operation):
     k: int = Field(default=25, ge=1, description="at most k lens vectors per decomposition")
     metric: Metric = Field(default_factory=Metric, description="read at the answer position of the edited, control "
                            "and unedited runs (kl: to the unedited run)")
-    answer_scoring: Literal["first_token", "single"] = "first_token"
+    answer_scoring: Literal["first_token", "single"] = Field(default="first_token", description="an answer of "
+        "several tokens: first_token reads its first token (one shared by a correct and a wrong answer is read for "
+        "neither); single refuses it (multi_token_answer)")
 
     def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[CoordinateState]:
         assert data is not None

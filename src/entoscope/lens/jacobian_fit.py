@@ -81,12 +81,18 @@ class JacobianLensFit(Sharded, Operation):
     """
 
     name = "jacobian_lens_fit"
-    layers: list[int] | None = None
-    skip_first: int = Field(default=16, ge=0)
-    max_length: int = Field(default=128, ge=2)
-    dim_chunk: int | None = Field(default=None, ge=1)
-    corpus: str | None = None
-    save: str | None = None
+    layers: list[int] | None = Field(default=None, description="source layers (block outputs resid_post.l); default "
+                                     "every layer but the last")
+    skip_first: int = Field(default=16, ge=0, description="leading positions left out of the average (attention "
+                            "sinks; TransformerLens's default 16)")
+    max_length: int = Field(default=128, ge=2, description="prompts are cut to this many tokens (and to the model's "
+                            "context)")
+    dim_chunk: int | None = Field(default=None, ge=1, description="one-hot cotangents per batched backward; default "
+                                  "8 (fewer where memory_budget_mb says so)")
+    corpus: str | None = Field(default=None, description="the provenance name the lens records (a merge refuses "
+                               "lenses whose names differ); default the data's name and parameters")
+    save: str | None = Field(default=None, description="where to write the lens: a .pt file, or a folder that gets "
+                             "lens.pt (for YAML and the CLI)")
 
     def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[FitState]:
         assert data is not None

@@ -74,13 +74,22 @@ class Lens(Sharded, Operation):
     """
 
     name = "lens"
-    method: Literal["logit", "tuned", "jacobian"] = "logit"
-    sites: Sites = Field(default_factory=lambda: Sites(activation="resid_post", over=["layer", "position"]))
-    top_k: int = Field(default=5, ge=1, le=100)
-    component_scale: ComponentScale = "residual"
-    translators: str | None = None
-    lens: str | None = None
-    answer_scoring: Literal["first_token", "single"] = "first_token"
+    method: Literal["logit", "tuned", "jacobian"] = Field(default="logit", description="logit (nostalgebraist 2020), "
+        "tuned (Belrose et al. 2023; needs translators) or jacobian (Gurnee et al. 2026; needs lens)")
+    sites: Sites = Field(default_factory=lambda: Sites(activation="resid_post", over=["layer", "position"]),
+                         description="what to decode; default every layer's resid_post at every position (without a "
+                         "position axis: each prompt's last token)")
+    top_k: int = Field(default=5, ge=1, le=100, description="top tokens reported per site")
+    component_scale: ComponentScale = Field(default="residual", description="the final norm's frozen scale for a "
+                                            "component (attn_out, mlp_out, result, ...): residual (its layer's "
+                                            "stream), final (the last stream: DLA's), or recompute (its own)")
+    translators: str | None = Field(default=None, description="folder of a trained tuned lens (entoscope train-lens, "
+                                    "or the tuned-lens package's)")
+    lens: str | None = Field(default=None, description="a Jacobian lens: its .pt file (ours, TransformerLens 4.3's "
+                             "or the reference package's) or its folder")
+    answer_scoring: Literal["first_token", "single"] = Field(default="first_token", description="an answer of "
+        "several tokens: first_token reads its first token (one shared by a correct and a wrong answer is read for "
+        "neither); single refuses it (multi_token_answer)")
 
     def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[LensState]:
         assert data is not None

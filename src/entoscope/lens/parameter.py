@@ -55,14 +55,19 @@ class ParameterLens(Operation):
 
     name = "parameter_lens"
     needs_data = False
-    target: Literal["neuron_out", "neuron_in", "ov", "embedding"] = "neuron_out"
-    space: Literal["unembed", "embed"] = "unembed"
-    layers: Selection = "all"
-    heads: Selection = "all"
-    neurons: Selection = "0:8"
-    tokens: list[str] | None = None
-    n_singular: int = Field(default=3, ge=1)
-    top_k: int = Field(default=10, ge=1)
+    target: Literal["neuron_out", "neuron_in", "ov", "embedding"] = Field(default="neuron_out", description="the "
+        "weights read: neuron_out (W_out rows), neuron_in (W_in columns), ov (W_E[t] W_V W_O, or the OV singular "
+        "directions) or embedding (W_E rows)")
+    space: Literal["unembed", "embed"] = Field(default="unembed", description="score against every token through "
+                                               "unembed (v @ W_U) or embed (v @ W_E^T)")
+    layers: Selection = Field(default="all", description="which layers: all, an index, a list, or a range a:b")
+    heads: Selection = Field(default="all", description="which heads (ov): all, an index, a list, or a range a:b")
+    neurons: Selection = Field(default="0:8", description="which neurons (neuron_out, neuron_in): all, an index, a "
+                               "list, or a range a:b")
+    tokens: list[str] | None = Field(default=None, description="input tokens for ov and embedding")
+    n_singular: int = Field(default=3, ge=1, description="ov without tokens: the OV singular directions read per "
+                            "head")
+    top_k: int = Field(default=10, ge=1, description="tokens listed at each end (top and bottom)")
 
     def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[ParameterLensState]:
         s = model.structure

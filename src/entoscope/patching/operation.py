@@ -106,23 +106,46 @@ class Patching(Sharded, Operation):
 
     name = "patching"
     tests_cells = True  # p, q and significant per row (the plan's screen: operation.screen_plan)
-    method: Literal["exact", "attribution", "integrated_gradients"] = "exact"
-    direction: Literal["denoising", "noising"] = "denoising"
-    sites: Sites = Field(default_factory=lambda: Sites(activation="resid_pre", over=["layer", "position"]))
-    metric: Metric = Field(default_factory=Metric)
-    comparison: Literal["normalized", "difference", "absolute"] = "normalized"
-    patch: str = "source"
-    patch_params: dict[str, Any] = Field(default_factory=dict)
-    source_position: int | None = None
-    align: Literal["none", "start", "end"] = "none"
-    kv_mode: Literal["group", "query_head"] = "group"
-    ig_steps: int = Field(default=16, ge=1, le=4096)
-    ig_rule: Literal["left", "right", "midpoint"] = "midpoint"
-    prefix_reuse: Literal["auto", "positions", "layers", "off"] = "auto"
-    answer_scoring: Literal["first_token", "single"] = "first_token"
-    aggregate: Literal["ratio_of_means", "mean_of_ratios"] = "ratio_of_means"
-    min_gap: float = Field(default=1e-6, ge=0)
-    per_prompt: bool = True
+    method: Literal["exact", "attribution", "integrated_gradients"] = Field(default="exact", description="exact: run "
+        "each patched model; attribution: gradient x activation difference (Nanda 2023); integrated_gradients: "
+        "ig_steps points on the straight path")
+    direction: Literal["denoising", "noising"] = Field(default="denoising", description="denoising: run the corrupt "
+                                                       "prompt and patch in clean values; noising: run clean, patch "
+                                                       "in corrupt")
+    sites: Sites = Field(default_factory=lambda: Sites(activation="resid_pre", over=["layer", "position"]),
+                         description="what to patch: a Sites grid (layer x position, layer x head, ...), groups "
+                         "patched together, or coordinates")
+    metric: Metric = Field(default_factory=Metric, description="read at each prompt's answer position: logit_diff, "
+                           "logit, prob, logprob, prob_diff, kl (to the unpatched run), top1, or a registered metric")
+    comparison: Literal["normalized", "difference", "absolute"] = Field(default="normalized", description="the "
+        "table's value: normalized (0 = no effect, 1 = full recovery), difference, or absolute")
+    patch: str = Field(default="source", description="the value written: source, zero, mean, resample, scaled, "
+                       "noise, or a registered patch value")
+    patch_params: dict[str, Any] = Field(default_factory=dict, description="options of the patch value (mean: "
+                                         "per_position; scaled: factor, of; noise: std)")
+    source_position: int | None = Field(default=None, description="cross-position patching: every unit reads its "
+                                        "value at this position of the source run (negative: from its end)")
+    align: Literal["none", "start", "end"] = Field(default="none", description="pairs of different token lengths: "
+                                                   "none refuses them; start / end align positions on the first / "
+                                                   "last tokens")
+    kv_mode: Literal["group", "query_head"] = Field(default="group", description="grouped-query attention: a k/v "
+                                                    "site picked by query head patches its whole key/value group "
+                                                    "(group) or only that head's copy (query_head, exact only)")
+    ig_steps: int = Field(default=16, ge=1, le=4096, description="integrated gradients: points along the path from "
+                          "the base to the source activation")
+    ig_rule: Literal["left", "right", "midpoint"] = Field(default="midpoint", description="integrated gradients: "
+        "where each point sits in its step (left, right, midpoint)")
+    prefix_reuse: Literal["auto", "positions", "layers", "off"] = Field(default="auto", description="start patched "
+        "runs at the first changed layer (and position): auto, positions, layers, or off")
+    answer_scoring: Literal["first_token", "single"] = Field(default="first_token", description="an answer of "
+        "several tokens: first_token reads its first token (one shared by a correct and a wrong answer is read for "
+        "neither); single refuses it (multi_token_answer)")
+    aggregate: Literal["ratio_of_means", "mean_of_ratios"] = Field(default="ratio_of_means", description="normalized "
+        "over the dataset: ratio_of_means ((mean patched - mean base) / (mean source - mean base)) or mean_of_ratios "
+        "(over the non-degenerate pairs)")
+    min_gap: float = Field(default=1e-6, ge=0, description="a pair with |m_source - m_base| <= min_gap has no "
+                           "normalised value")
+    per_prompt: bool = Field(default=True, description="keep the per-prompt table (result.per_prompt)")
 
     # ------------------------------------------------------------------ prepare: every check, and the plan
     def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[PatchingState]:

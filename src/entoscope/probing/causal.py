@@ -63,11 +63,17 @@ class CausalCheck(ConfigModel):
     """
 
 
-    sites: Literal["best", "all"] | list[str] = "best"
-    top: int = Field(default=1, ge=1)
-    metric: Metric = Field(default_factory=Metric)
-    random_baseline: bool = True
-    answer_scoring: Literal["first_token", "single"] = "first_token"
+    sites: Literal["best", "all"] | list[str] = Field(default="best", description="best (the top sites by "
+                                                      "selectivity, or by held-out score without a control), all, or "
+                                                      "a list of site labels")
+    top: int = Field(default=1, ge=1, description="how many sites best takes")
+    metric: Metric = Field(default_factory=Metric, description="the task metric at each prompt's last token (needs "
+                           "answers)")
+    random_baseline: bool = Field(default=True, description="also remove a seeded random direction of the same rank "
+                                  "at each site")
+    answer_scoring: Literal["first_token", "single"] = Field(default="first_token", description="an answer of "
+        "several tokens: first_token reads its first token (one shared by a correct and a wrong answer is read for "
+        "neither); single refuses it (multi_token_answer)")
 
     def n_sites(self, n_units: int) -> int:
         if self.sites == "best":

@@ -89,25 +89,44 @@ class Probing(Sharded, Operation):
     """
 
     name = "probing"
-    sites: Sites = Field(default_factory=lambda: Sites(activation="resid_post", over=["layer"]))
-    pooling: Pooling | None = None
-    head_pooling: str = "concat"
-    labels: str = "label"
-    task: Literal["auto", "classification", "regression"] = "auto"
-    max_classes: int = Field(default=32, ge=2)
-    split: Literal["holdout", "kfold"] = "holdout"
-    k: int = Field(default=5, ge=3)
-    val_fraction: float = Field(default=0.2, gt=0, lt=1)
-    test_fraction: float = Field(default=0.2, gt=0, lt=1)
-    C_grid: list[float] | None = None
-    alpha_grid: list[float] | None = None
-    control: Literal["shuffle", "groups"] | None = "shuffle"
-    group_by: str | None = None
-    causal_check: CausalCheck | None = None
-    fit_device: str | None = None
-    precision: Literal["float64", "float32"] = "float64"
-    lens_top_k: int = Field(default=5, ge=0, le=50)
-    per_prompt: bool = True
+    sites: Sites = Field(default_factory=lambda: Sites(activation="resid_post", over=["layer"]), description="where "
+                         "to read (default every layer's resid_post); with a position axis each row reads its "
+                         "position, else pooling reduces the positions")
+    pooling: Pooling | None = Field(default=None, description="positions pooled without a position axis: mean, max, "
+                                    "first, last (default), marked / index ({type, key, occurrence}), or a "
+                                    "registered pooling")
+    head_pooling: str = Field(default="concat", description="per-head kinds read without a head axis: concat, mean, "
+                              "sum, or a registered one")
+    labels: str = Field(default="label", description="label (each example's label) or a meta key (meta.order or "
+                        "order)")
+    task: Literal["auto", "classification", "regression"] = Field(default="auto", description="auto (strings, bools "
+        "and integers with at most max_classes values: classification; other numbers: regression), classification "
+        "(logistic) or regression (ridge)")
+    max_classes: int = Field(default=32, ge=2, description="auto: integer labels with at most this many values are "
+                             "classes")
+    split: Literal["holdout", "kfold"] = Field(default="holdout", description="holdout (train / val / test "
+                                               "fractions) or kfold (k folds: test, validation, training)")
+    k: int = Field(default=5, ge=3, description="kfold: the number of folds")
+    val_fraction: float = Field(default=0.2, gt=0, lt=1, description="holdout: the share of examples that chooses "
+                                "the regularisation")
+    test_fraction: float = Field(default=0.2, gt=0, lt=1, description="holdout: the share of examples held out for "
+                                 "the test scores")
+    C_grid: list[float] | None = Field(default=None, description="classification: inverse regularisation strengths "
+                                       "tried per site on validation rows; default 1e-4 ... 1e2")
+    alpha_grid: list[float] | None = Field(default=None, description="regression: ridge penalties tried per site on "
+                                           "validation rows; default 1e5 ... 1e-2")
+    control: Literal["shuffle", "groups"] | None = Field(default="shuffle", description="shuffle (permuted labels), "
+        "groups (one random label per value of meta group_by: Hewitt & Liang 2019) or null")
+    group_by: str | None = Field(default=None, description="control groups: the meta key whose values share one "
+                                 "random label")
+    causal_check: CausalCheck | None = Field(default=None, description="ablate the probe directions in the forward "
+                                             "pass and read the task metric ({sites, top, metric, random_baseline})")
+    fit_device: str | None = Field(default=None, description="where probes are fitted (default: the model's device)")
+    precision: Literal["float64", "float32"] = Field(default="float64", description="the probes' fitting precision: "
+                                                     "float64 or float32")
+    lens_top_k: int = Field(default=5, ge=0, le=50, description="binary / regression probes at residual sites: the "
+                            "tokens each direction promotes and suppresses through W_U (0: off)")
+    per_prompt: bool = Field(default=True, description="keep every held-out prediction")
 
     # ------------------------------------------------------------------ prepare: every check, and the plan
     def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[ProbingState]:

@@ -142,9 +142,10 @@ class Pooling(ConfigModel):
     bos_in_mean: mean: count a leading BOS in the mean (default: left out, as steering's read_at mean).
     """
 
-    type: str = "last"
-    key: str | None = None
-    occurrence: int = 0
+    type: str = Field(default="last", description="mean, max, first, last, marked, index, or a registered pooling")
+    key: str | None = Field(default=None, description="marked / index: the meta key holding each prompt's position "
+                            "(negative: from its end)")
+    occurrence: int = Field(default=0, description="marked with a token string: which match (0 = first, -1 = last)")
     bos_in_mean: bool = Field(default=False, description="mean: count a leading BOS (position 0 holding the BOS "
                               "token) in the mean (default: left out, as steering's read_at mean)")
 

@@ -51,13 +51,20 @@ class Stats(ConfigModel):
                       data, not n_boot, limit (2^-(n-1) on n prompts). False: the floor stays.
     """
 
-    n_boot: int = Field(default=1000, ge=0, le=100_000)
-    ci_level: float = Field(default=0.95, gt=0, lt=1)
-    ci_method: Literal["bca", "expanded_percentile", "percentile"] = "bca"
-    degenerate_share: float = Field(default=0.1, ge=0, lt=1)
-    influence_share: float = Field(default=0.5, gt=0)
-    fdr: float = Field(default=0.05, gt=0, lt=1)
-    refine_p: bool = True
+    n_boot: int = Field(default=1000, ge=0, le=100_000, description="bootstrap resamples of the prompts (0: no "
+                        "intervals); at least 2 / (1 - ci_level); 1,000 or more for reported intervals")
+    ci_level: float = Field(default=0.95, gt=0, lt=1, description="coverage of every interval, strictly between 0 "
+                            "and 1")
+    ci_method: Literal["bca", "expanded_percentile", "percentile"] = Field(default="bca", description="bca (Efron "
+        "1987, at Hesterberg 2015's expanded levels), expanded_percentile or percentile; the p-values follow it")
+    degenerate_share: float = Field(default=0.1, ge=0, lt=1, description="a pair whose clean-corrupt gap is below "
+                                    "this share of the median |gap| is degenerate (left out of per-pair ratios)")
+    influence_share: float = Field(default=0.5, gt=0, description="a cell that moves by more than this share when "
+                                   "its most influential prompt is left out is flagged fragile")
+    fdr: float = Field(default=0.05, gt=0, lt=1, description="level of the Benjamini-Hochberg procedure behind the "
+                       "significant column")
+    refine_p: bool = Field(default=True, description="replace a p at the interval's floor by the sign-flip test's p "
+                           "of the per-prompt values")
 
     @model_validator(mode="after")
     def _enough_resamples(self) -> Stats:

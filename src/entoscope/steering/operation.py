@@ -63,20 +63,24 @@ class SideEffects(ConfigModel):
     text:  more held-out text (a data spec): KL and loss change only.
     KL(steered || unsteered) and the loss change are averaged over every held-out prompt (tasks and text)."""
 
-    tasks: list[str] = Field(default_factory=lambda: list(TASK_METRICS))
-    n: int = Field(default=32, ge=1, le=100_000)
-    seed: int = 1729
-    text: DataSpec | None = None
+    tasks: list[str] = Field(default_factory=lambda: list(TASK_METRICS), description="built-in tasks whose score's "
+                             "change is measured (ioi: logit difference; facts, induction: top-1 accuracy; "
+                             "greater_than: probability difference)")
+    n: int = Field(default=32, ge=1, le=100_000, description="held-out prompts per task")
+    seed: int = Field(default=1729, description="seed of the held-out prompts")
+    text: DataSpec | None = Field(default=None, description="more held-out text (a data spec): KL and loss change "
+                                  "only")
 
 
 class Continuations(ConfigModel):
     """Continuations of the first `prompts` task prompts, `tokens` new tokens each, steered and unsteered.
     sample: false is greedy; true draws from softmax(logits / temperature), seeded."""
 
-    prompts: int = Field(default=3, ge=1, le=64)
-    tokens: int = Field(default=12, ge=1, le=256)
-    sample: bool = False
-    temperature: float = Field(default=1.0, gt=0)
+    prompts: int = Field(default=3, ge=1, le=64, description="how many of the first task prompts are continued")
+    tokens: int = Field(default=12, ge=1, le=256, description="new tokens per continuation")
+    sample: bool = Field(default=False, description="false: greedy; true: drawn from softmax(logits / temperature), "
+                         "seeded")
+    temperature: float = Field(default=1.0, gt=0, description="the sampling temperature (sample: true)")
 
 
 @dataclass(frozen=True)
@@ -127,22 +131,34 @@ class Steering(Sharded, Operation):
     """
 
     name = "steering"
-    direction: DirectionSpec
-    at: str | list[str] | None = None
-    mode: Literal["add", "set", "project_out"] = "add"
-    coefficients: list[float] | None = None
-    normalize: bool = False
+    direction: DirectionSpec = Field(description="where the vector comes from: {source: mean_difference | probe | "
+                                     "feature | file | vector, ...}, or an es.Direction in Python")
+    at: str | list[str] | None = Field(default=None, description="where it is written (default its own site): a "
+                                       "site, a list of sites, or residual (every point the residual stream is read; "
+                                       "Arditi et al. 2024)")
+    mode: Literal["add", "set", "project_out"] = Field(default="add", description="add (x + c v), set (the component "
+                                                       "along v set to c |v|) or project_out (x - c (x.v^) v^)")
+    coefficients: list[float] | None = Field(default=None, description="the dose-response's c values (default by "
+                                             "mode: add [0.25, 0.5, 1, 2], set [0, 0.5, 1, 2], project_out [1])")
+    normalize: bool = Field(default=False, description="use the unit vector (coefficients then in activation units)")
     units: Literal["direction", "residual_norm"] = Field(
         default="direction", description="what a coefficient multiplies: direction (c times the direction as "
         "given, or its unit vector with normalize) or residual_norm (c times R along the unit vector, R the mean "
         "L2 norm of the activation at the direction's site over the task prompts' positions, BOS left out: "
         "c = 0.1 adds a tenth of a typical activation's length; add and set only)")
-    positions: str | list[int | str] = "all"
-    metric: Metric = Field(default_factory=Metric)
-    answer_scoring: Literal["first_token", "single"] = "first_token"
-    side_effects: SideEffects | None = Field(default_factory=SideEffects)
-    continuations: Continuations | None = None
-    per_prompt: bool = True
+    positions: str | list[int | str] = Field(default="all", description="all, last, last:K, generated, or a list of "
+                                             "token indices and roles ([-1, S2, END])")
+    metric: Metric = Field(default_factory=Metric, description="the task metric at each prompt's last token "
+                           "(logit_diff, prob, prob_diff, top1, ...)")
+    answer_scoring: Literal["first_token", "single"] = Field(default="first_token", description="an answer of "
+        "several tokens: first_token reads its first token (one shared by a correct and a wrong answer is read for "
+        "neither); single refuses it (multi_token_answer)")
+    side_effects: SideEffects | None = Field(default_factory=SideEffects, description="held-out prompts (built-in "
+                                             "tasks, text): KL, loss change, task scores; null: none")
+    continuations: Continuations | None = Field(default=None, description="steered and unsteered continuations of "
+                                                "the first prompts ({prompts, tokens, sample, temperature}); null: "
+                                                "none")
+    per_prompt: bool = Field(default=True, description="keep the per-prompt table")
 
     # ------------------------------------------------------------------ prepare: every check, and the plan
     def prepare(self, model: ModelAdapter, data: Dataset | None) -> Prepared[SteeringState]:

@@ -31,7 +31,8 @@ NEEDS = {"mean_difference": ("data",), "probe": ("path", "site"), "feature": ("d
 class DirectionSpec(ConfigModel):
     """Where the steering direction comes from (see the module docstring)."""
 
-    source: Literal["mean_difference", "probe", "feature", "file", "vector"]
+    source: Literal["mean_difference", "probe", "feature", "file", "vector"] = Field(description="mean_difference "
+        "(made by the run from data), probe, feature, file, or vector")
     site: str | None = Field(default=None, description="canonical site name (resid_pre.2); a feature's is its "
                              "dictionary's")
     head: int | None = Field(default=None, ge=0, description="the head (kv head for k / v) of a per-head site")
@@ -43,15 +44,19 @@ class DirectionSpec(ConfigModel):
                               "the mean (default: left out)")
     pca: bool = Field(default=False, description="mean_difference: the top principal component of the paired "
                       "differences")
-    path: str | None = None
+    path: str | None = Field(default=None, description="probe: a Probing run's directions.safetensors; file: a .npy "
+                             "or .safetensors file")
     probe_site: str | None = Field(default=None, description="probe: the probed site's label (the table's site)")
     class_index: int | None = Field(default=None, ge=0, description="probe: which class's direction (multi-class)")
-    dictionary: str | None = None
-    feature: int | None = Field(default=None, ge=0)
+    dictionary: str | None = Field(default=None, description="feature: the dictionary (demo/resid_post.1, a folder, "
+                                   "a registered name)")
+    feature: int | None = Field(default=None, ge=0, description="feature: the feature's index")
     key: str | None = Field(default=None, description="file: the tensor's name in a .safetensors file")
     row: int | None = Field(default=None, description="file: the row of a 2-D array")
-    values: list[float] | None = None
-    provenance: dict[str, Any] = Field(default_factory=dict)
+    values: list[float] | None = Field(default=None, description="vector: the direction's values (what an "
+                                       "es.Direction made in Python becomes)")
+    provenance: dict[str, Any] = Field(default_factory=dict, description="vector: where the values came from, kept "
+                                       "in the manifest")
 
     @model_validator(mode="before")
     @classmethod
