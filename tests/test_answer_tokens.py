@@ -217,6 +217,26 @@ def test_answers_cut_to_their_first_token_are_counted_in_the_plan_a_warning_and_
     assert not [n for n in es.Patching().plan(model, same).notes if "answer_first_token" in n]
 
 
+def test_answers_meant_to_be_read_by_their_first_token_are_not_warned_about(digits):
+    """greater-than on a digit tokenizer reads first digits by design (its metric), so the report's own task
+    raises no answer_first_token warning; the same answers without the meta key do (two tokens each, counted
+    here with the tokenizer itself)."""
+    import warnings
+
+    data = tasks.greater_than(n=4, seed=1, tokenizer=digits.tokenizer)
+    assert all(len(digits.tokenizer.encode(a, add_special_tokens=False)) == 2 for e in data for a in e.answers)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        notes = es.Patching().plan(digits, data).notes
+    assert not [w for w in caught if "answer_first_token" in str(w.message)]
+    assert not [n for n in notes if "answer_first_token" in n]
+    plain = Dataset("x", tuple(Example(e.prompt, counterfactual=e.counterfactual, answers=e.answers,
+                                       wrong_answers=e.wrong_answers) for e in data))
+    total = sum(len(e.answers) + len(e.wrong_answers) for e in data)
+    with pytest.warns(EntoscopeWarning, match=rf"{total} of {total} answers \(in 4 of 4 examples\)"):
+        es.Patching().plan(digits, plain)
+
+
 def test_an_answer_written_as_a_special_token_the_tokenizer_lacks_is_refused(demo):
     """'<|unknown|>' is not a token of the demo's tokenizer, which splits it ('<' first): refused, not read as '<'.
     '<|endoftext|>', which it has (its special tokens), is one token and read as itself."""

@@ -192,11 +192,17 @@ def _refuse_special(model: ModelAdapter, text: str, ids: list[int], index: int) 
                     + ", or the answer's plain text")
 
 
+FIRST_TOKEN_BY_DESIGN = "first_token_by_design"  # an example's meta key: its answers are meant to be read by
+# their first token (e.g. greater-than's first digit on a digit tokenizer), so no answer_first_token warning
+
+
 def warn_cut_answers(model: ModelAdapter, data: Dataset, answers: list[list[tuple[int, ...]]],
                      wrong: list[list[tuple[int, ...]]]) -> int:
     """Warn (answer_first_token) when answers of several tokens are read by their first token (the default
-    reading), saying how many; returns that count (0: no warning)."""
-    cut = [(i, q) for i, rows in enumerate(zip(answers, wrong)) for side in rows for q in side if len(q) > 1]
+    reading), saying how many; returns that count (0: no warning). Examples whose meta holds
+    `first_token_by_design` (the reading is their metric, as greater-than's on a digit tokenizer) are left out."""
+    cut = [(i, q) for i, rows in enumerate(zip(answers, wrong)) for side in rows for q in side if len(q) > 1
+           and not (data[i].meta or {}).get(FIRST_TOKEN_BY_DESIGN)]
     if not cut:
         return 0
     total = sum(len(a) + len(w) for a, w in zip(answers, wrong))

@@ -28,6 +28,7 @@ from typing import Any
 
 from entoscope.data.examples import Dataset, Example
 from entoscope.data.tasks import vocab
+from entoscope.data.tokenized import FIRST_TOKEN_BY_DESIGN
 from entoscope.data.tasks._common import TaskParamError, TaskVocabularyError, encode, single_tokens, tokenizer_name
 
 TEMPLATES: tuple[str, ...] = (
@@ -84,7 +85,8 @@ def greater_than(n: int = 64, seed: int = 0, tokenizer: Any = None) -> Dataset:
 
     answers: the two-digit numbers greater than the start year's ("33".."99" for 1732), wrong_answers:
     those not greater ("00".."32"); one token each, or two on a digit tokenizer (module docstring). counterfactual: the same sentence with the start year ending in
-    "01". meta: noun, century, yy, start_year, template.
+    "01". meta: noun, century, yy, start_year, template, and first_token_by_design (a digit tokenizer's
+    first-digit reading is this task's metric, so no answer_first_token warning: data/tokenized.py).
     """
     if n < 0:
         raise TaskParamError(f"greater_than: n must be >= 0, got {n}")
@@ -110,7 +112,8 @@ def greater_than(n: int = 64, seed: int = 0, tokenizer: Any = None) -> Dataset:
                 answers=answers,
                 wrong_answers=wrong,
                 label=yy,
-                meta={"noun": noun, "century": century, "yy": yy, "start_year": century * 100 + yy, "template": t},
+                meta={"noun": noun, "century": century, "yy": yy, "start_year": century * 100 + yy, "template": t,
+                      FIRST_TOKEN_BY_DESIGN: "the first digit: the decade-level comparison (module docstring)"},
             )
         )
     return Dataset(
