@@ -272,7 +272,9 @@ CASES: dict[str, dict[str, Case]] = {
         # no lens given: a Jacobian lens is fitted in the run, so every model kind runs it in its own basis
         "fitted": Case(lambda s: es.LensComparison(fit_data=[FIT_TEXT] * 2, fit_skip_first=2, fit_max_length=10,
                                                    stats=FAST, seed=s, batch_size=4), pairs, ids=("lens", "layer"),
-                       random=("kl_mean_ci_low",)),
+                       random=("kl_mean_ci_low",), descriptive={
+                           "fit_texts": "the texts the Jacobian lens was fitted on (a count; blank on the logit lens)",
+                           "split_half_change": JACOBIAN_DESCRIPTIVE["split_half_change"]}),
     },
     "coordinate_patching": {
         "fitted": Case(lambda s: es.CoordinatePatching(fit_data=[FIT_TEXT] * 2, fit_skip_first=2, fit_max_length=10,
