@@ -224,5 +224,10 @@ def test_every_number_and_word_of_both_takeaways_is_read_back_from_the_saved_tab
                 elif c["rule"] in ("most", "not_most"):
                     held = all(r["value"] >= 0.5 and r["low"] > 0.5 for r in refs)
                     assert held == (c["rule"] == "most")
+                elif c["rule"] in ("settled", "unsettled"):  # docs/lens.md: every layer's split-half change < 0.1
+                    frame = pd.read_csv(folder / refs[0]["source"])
+                    worst = frame["split_half_change"].max()
+                    assert refs[0]["value"] == pytest.approx(worst)
+                    assert (worst < 0.1) == (c["rule"] == "settled")
                 else:
                     raise AssertionError(f"a rule this test does not know: {c['rule']}")
