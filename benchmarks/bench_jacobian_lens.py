@@ -7,7 +7,7 @@ chunk, then d_model/8 plain backward calls; elementwise activations backpropagat
 TransformerLens: per prompt a forward of dim_batch=8 copies over every position, then d_model/8 backward passes.
 Both matrices are compared: the largest absolute difference must be at most 1e-4 x max(1, largest entry)
 (float32 rounding; entries are O(1)). Times: CPU seconds (time.process_time) and wall seconds, after a warm-up
-fit of each (a short text, one layer: the once-per-model checks and the allocator, outside both timings).
+fit of each (4 tokens, one layer: the once-per-model checks and the allocator, outside both timings).
 With --rounds 2 the fits run in the order TransformerLens, entoscope, entoscope, TransformerLens and the ratio
 is of the summed times (a load that drifts during the run weighs on both alike).
 
@@ -59,10 +59,10 @@ def side_by_side(model: Any, data: Any, layers: list[int] | None, max_length: in
 
     texts = [ex.prompt for ex in data]
     n_layers = model.cfg.n_layers
-    es.JacobianLens.fit(model, data[:1], layers=[n_layers - 2], max_length=skip_first + 4, skip_first=skip_first,
-                        quiet=True)
-    TLJacobianLens.fit(model, texts[:1], corpus="c", source_layers=[n_layers - 2], max_seq_len=skip_first + 4,
-                       skip_first_positions=skip_first, show_progress=False)
+    # warm-up: one layer, 4 tokens (the once-per-model checks, the allocator), outside both timings
+    es.JacobianLens.fit(model, data[:1], layers=[n_layers - 2], max_length=4, skip_first=1, quiet=True)
+    TLJacobianLens.fit(model, texts[:1], corpus="c", source_layers=[n_layers - 2], max_seq_len=4,
+                       skip_first_positions=1, show_progress=False)
 
     def tl() -> Any:
         return TLJacobianLens.fit(model, texts, corpus="c", source_layers=layers, max_seq_len=max_length,
@@ -87,6 +87,34 @@ def side_by_side(model: Any, data: Any, layers: list[int] | None, max_length: in
                                                                                       theirs.n_prompts)}
 
 
+def matmul_floor(model: Any, data: Any, layers: list[int], max_length: int, skip_first: int) -> dict[str, float]:
+    """What the backward's matrix products alone take: per vector-Jacobian product and graph position, one
+    multiply-add per weight of the blocks after the first source layer (the linear layers' input gradients;
+    the attention's own products, a few percent, left out), at this machine's sgemm rate measured here
+    (a [8 x 43 rows, d_model] x [d_model, d_mlp] product, best of 5). entoscope's graph holds positions
+    skip_first..len-2 of each prompt, TransformerLens's every position."""
+    import torch
+
+    from entoscope.models.adapter import adapt
+
+    a = adapt(model)
+    s = a.structure
+    first = min(layers) if layers else 0
+    per_position = sum(p.numel() for L in range(first + 1, s.n_layers) for p in model.blocks[L].parameters()
+                       if p.dim() == 2)
+    lengths = [min(len(a.tokenize(ex.prompt)), max_length) for ex in data]
+    ours = sum(max(0, n - 1 - skip_first) for n in lengths) * s.d_model * per_position
+    theirs = sum(lengths) * s.d_model * per_position
+    x, w = torch.randn(8 * 43, s.d_model), torch.randn(s.d_model, s.d_mlp)
+    best = float("inf")
+    for _ in range(5):
+        c = time.process_time()
+        x @ w
+        best = min(best, time.process_time() - c)
+    rate = x.shape[0] * s.d_model * s.d_mlp / best
+    return {"rate": rate / 1e9, "tl": theirs / rate, "es": ours / rate}
+
+
 def report(what: str, out: dict[str, Any]) -> None:
     t = out["times"]
     tl_cpu, tl_wall = sum(c for c, _ in t["tl"]), sum(w for _, w in t["tl"])
@@ -102,6 +130,12 @@ def report(what: str, out: dict[str, Any]) -> None:
     print(f"  ratio (TL time / entoscope time): {tl_cpu / es_cpu:.2f}x CPU, {tl_wall / es_wall:.2f}x wall")
     print(f"  largest |J_entoscope - J_TL| {out['diff']:.2e} (largest entry {out['scale']:.2f}); prompts "
           f"{out['n_prompts'][0]} = {out['n_prompts'][1]}; tolerance {1e-4 * max(1.0, out['scale']):.1e}")
+    if "floor" in out:
+        f = out["floor"]
+        print(f"  matrix-product floor (the backward's linear layers at {f['rate']:.0f} GMAC/s): TransformerLens "
+              f"{f['tl']:.1f} CPU s, entoscope {f['es']:.1f} CPU s ({f['tl'] / f['es']:.2f}x: the positions in "
+              f"the graph); measured over floor: TransformerLens {tl_cpu / len(t['tl']) / f['tl']:.2f}x, "
+              f"entoscope {es_cpu / len(t['es']) / f['es']:.2f}x")
     assert out["n_prompts"][0] == out["n_prompts"][1], "the two fits kept different prompts"
     assert out["diff"] <= 1e-4 * max(1.0, out["scale"]), "the matrices differ"
 
@@ -148,6 +182,7 @@ def main() -> None:
     data = es.tasks.get("corpus", n=n, seed=1)
     out = side_by_side(model, data, layers, length, args.skip_first, rounds)
     src = out["lens"].source_layers
+    out["floor"] = matmul_floor(model, data, src, length, args.skip_first)
     report(f"Jacobian lens fit, {name}: {n} corpus text(s) cut to {length} tokens, skip_first {args.skip_first}, "
            f"layers {src if len(src) <= 6 else f'{src[0]}..{src[-1]}'}, {threads} thread(s), {rounds} round(s)", out)
 
