@@ -168,3 +168,74 @@ def test_a_norm_of_another_formula_keeps_its_own_backward():
         assert n == 1 and type(y.grad_fn).__name__ != "_ClosedFormBackward"
         (got,) = torch.autograd.grad(y, x2, cot)
     torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+def _norm_inputs(model, ids) -> list[tuple[nn.Module, torch.Tensor]]:
+    """Every norm module of `model` that a forward of `ids` runs (HuggingFace's RMS norms, torch's LayerNorm, and a
+    bridge's wrappers of them, which may run the original or compute the norm themselves), with its input there:
+    the model's own activations, not random ones."""
+    seen: dict[nn.Module, torch.Tensor] = {}
+
+    def keep(module, args):
+        if args and isinstance(args[0], torch.Tensor):
+            seen.setdefault(module, args[0].detach().clone())
+
+    norms = [m for m in model.modules() if type(m).__name__.endswith(("RMSNorm", "LayerNorm", "NormalizationBridge"))]
+    handles = [m.register_forward_pre_hook(keep) for m in norms]
+    try:
+        with torch.no_grad():
+            adapt(model).run(torch.tensor([ids]), [])
+    finally:
+        for h in handles:
+            h.remove()
+    return [(m, seen[m]) for m in norms if m in seen]
+
+
+def check_norms_against_their_own_autograd(model, ids) -> int:
+    """Inside folded_norms: each norm's output and two vector-Jacobian products on its real input equal autograd
+    of the module's own forward outside it; RMS norms (class ...RMSNorm) take the closed form, LayerNorms
+    (centred, and with a bias) keep their own backward; a bridge's wrapper gives its original's (or its own
+    formula's) gradient either way. Returns how many RMS norms were folded."""
+    found = _norm_inputs(model, ids)
+    assert found, "no norm module ran: the test would check nothing"
+    g = torch.Generator().manual_seed(7)
+    wants = []
+    for m, x in found:  # autograd of the module's own forward, before any fold
+        cots = torch.randn((2, *x.shape), generator=g)
+        x1 = x.clone().requires_grad_()
+        with torch.enable_grad():
+            y = m(x1)
+            wants.append((y.detach(), [torch.autograd.grad(y, x1, c, retain_graph=True)[0] for c in cots], cots))
+    folded = 0
+    with jf.frozen(model), folded_norms(model):
+        for (m, x), (want_y, want_dx, cots) in zip(found, wants):
+            x2 = x.clone().requires_grad_()
+            with torch.enable_grad():
+                y = m(x2)
+                got_dx = [torch.autograd.grad(y, x2, c, retain_graph=True)[0] for c in cots]
+            rms = type(m).__name__.endswith("RMSNorm")
+            if not type(m).__name__.endswith("Bridge"):
+                assert (type(y.grad_fn).__name__ == "_ClosedFormBackward") == rms, type(m).__name__
+                folded += rms
+            torch.testing.assert_close(y, want_y, atol=0, rtol=0)
+            for a, b in zip(got_dx, want_dx):
+                scale = float(b.abs().max())
+                torch.testing.assert_close(a, b, atol=1e-5 * max(1.0, scale), rtol=1e-4)
+    return folded
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "gemma3"])
+def test_the_tiny_models_norms_fold_to_their_own_backward_on_their_own_activations(family):
+    model = get_tiny(family, "bridge", False)
+    ids = [0] + torch.randint(1, 300, (11,), generator=torch.Generator().manual_seed(3)).tolist()
+    folded = check_norms_against_their_own_autograd(model, ids)
+    # GPT-2's are LayerNorms (none folded); Llama's two per block and the final one, Gemma 3's more
+    assert folded == 0 if family == "gpt2" else folded >= 2 * model.cfg.n_layers + 1
+
+
+def test_the_demo_models_layer_norms_keep_their_own_backward():
+    import entoscope as es
+
+    demo = es.load_model("demo")
+    a = adapt(demo)
+    assert check_norms_against_their_own_autograd(demo, a.tokenize("When Mary and John went to the store")) == 0

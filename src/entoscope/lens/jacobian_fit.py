@@ -56,7 +56,7 @@ from .normfold import folded_norms
 from .pointwise import folded_activations
 
 
-ROWS_PER_BACKWARD = 32  # prompts x cotangents in one vmapped backward, unless batch_size says otherwise
+ROWS_PER_BACKWARD = 32  # prompt copies (prompts x dim_chunk) in one backward call, unless batch_size says otherwise
 
 
 @dataclass(frozen=True)
@@ -77,8 +77,8 @@ class JacobianLensFit(Sharded, Operation):
     layers:     source layers (block outputs, resid_post.l); default every layer but the last.
     skip_first: leading positions left out of the average (attention sinks; TransformerLens's default 16).
     max_length: prompts are cut to this many tokens (and to the model's context).
-    dim_chunk:  one-hot cotangents per batched backward; default 8 (fewer where the memory budget says so);
-                the default batch holds at most 32 / dim_chunk prompts.
+    dim_chunk:  copies of each prompt per backward call, each carrying one one-hot cotangent; default 8 (fewer
+                where the memory budget says so); the default batch holds at most 32 / dim_chunk prompts.
     corpus:     the provenance name recorded in the lens (a merge refuses lenses whose names differ);
                 default the dataset's name and parameters.
     save:       where to write the lens (a .pt file, or a folder that gets lens.pt), for YAML and the CLI.
