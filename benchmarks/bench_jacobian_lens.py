@@ -3,7 +3,8 @@ same script, on the same model, texts, source layers and positions, one thread.
 
 entoscope: per batch of prompts one forward of 8 copies of each prompt over positions skip_first.. only (the
 earlier ones a frozen key/value prefix), copy k carrying the one-hot cotangent of output dimension k of its
-chunk, then d_model/8 plain backward calls; elementwise activations backpropagate as one multiply.
+chunk, then d_model/8 plain backward calls; elementwise activations backpropagate as one multiply, RMS norms
+by their closed form.
 TransformerLens: per prompt a forward of dim_batch=8 copies over every position, then d_model/8 backward passes.
 Both matrices are compared: the largest absolute difference must be at most 1e-4 x max(1, largest entry)
 (float32 rounding; entries are O(1)). Times: CPU seconds (time.process_time) and wall seconds, after a warm-up
