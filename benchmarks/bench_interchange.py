@@ -2,10 +2,15 @@
 
     python benchmarks/bench_interchange.py              # demo model, 3 layers x 3 roles, 1 thread
     python benchmarks/bench_interchange.py --quick      # 8 prompts, 2 epochs: a smoke run
+    python benchmarks/bench_interchange.py --smollm2    # SmolLM2-135M (real), layers 8 16 24, 16 prompts, 10 epochs
+    /work/bin/heavy --big python benchmarks/bench_interchange.py --shape llama-3.2-1b --layers 8 --epochs 5
+                                                        # Llama 3.2 1B's shape, random weights (benchmarks/shapes.py)
 
-Model: the bundled demo model (3 layers, d_model 128) as a TransformerBridge. Data: ioi, n prompts (2n pairs:
+Model: the bundled demo model (3 layers, d_model 128) as a TransformerBridge; with --smollm2 the real
+SmolLM2-135M folder (~/.cache/entoscope/real-models/smollm2-135m); with --shape a real model's shape with
+random weights (its IIA means nothing; the time is the real model's). Data: ioi, n prompts (2n pairs:
 each prompt and its name-swapped copy, both directions); half train DAS, half measure IIA. Grid: resid_post
-at layers 0, 1, 2 x roles S1, S2, END (9 cells); DAS rank r, the same epochs, batch size, learning rate and
+at the layers (demo: 0, 1, 2) x roles S1, S2, END; DAS rank r, the same epochs, batch size, learning rate and
 seed both ways.
 
 Compared, in this one process, on the same intra-op threads (the same work both ways: per cell a DAS subspace
@@ -32,7 +37,7 @@ from common import set_threads  # noqa: E402
 ROLES = ["S1", "S2", "END"]
 
 
-def per_cell(model, adapter, pairs, td, held, rank, epochs, batch, lr, seed):
+def per_cell(model, adapter, pairs, td, held, layers, rank, epochs, batch, lr, seed):
     """(a): one fit_das call per cell, its IIA on the held-out pairs by TransformerLens's own intervened_logits."""
     import numpy as np
     import torch
@@ -56,7 +61,7 @@ def per_cell(model, adapter, pairs, td, held, rank, epochs, batch, lr, seed):
     out = {}
     for role in ROLES:
         pos = roles.positions[:, roles.index(role)] if role != "END" else lengths - 1
-        for layer in range(3):
+        for layer in layers:
             hook = adapter.hook_name(f"resid_post.{layer}")
             b, s = pairs.base, pairs.source
             fit = fit_das(model, hook, tokens[b[train]], tokens[s[train]], targets[train], task_logits, rank=rank,
@@ -71,12 +76,21 @@ def per_cell(model, adapter, pairs, td, held, rank, epochs, batch, lr, seed):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--prompts", type=int, default=32)
-    ap.add_argument("--epochs", type=int, default=20)  # fit_das's default
+    ap.add_argument("--prompts", type=int, default=None, help="ioi prompts (default 32; 16 on SmolLM2 or a shape)")
+    ap.add_argument("--epochs", type=int, default=None, help="DAS epochs (default 20, fit_das's; 10 on SmolLM2 "
+                    "or a shape)")
     ap.add_argument("--rank", type=int, default=4)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--smollm2", action="store_true", help="the real SmolLM2-135M folder")
+    ap.add_argument("--shape", help="a shape of benchmarks/shapes.py with random weights, e.g. llama-3.2-1b")
+    ap.add_argument("--layers", type=int, nargs="+", default=None,
+                    help="the grid's layers (default 0 1 2 on the demo model, 8 16 24 on SmolLM2, the middle one "
+                         "on a shape)")
     args = ap.parse_args()
+    big = args.smollm2 or args.shape
+    args.prompts = args.prompts or (16 if big else 32)
+    args.epochs = args.epochs or (10 if big else 20)
     if args.quick:
         args.prompts, args.epochs = 8, 2
     set_threads(args.threads)
@@ -85,10 +99,20 @@ def main() -> None:
     from entoscope.interchange.causal import build_pairs, split
     from entoscope.models.adapter import adapt
 
-    model = es.load_model("demo")
+    if args.smollm2:
+        from pathlib import Path
+
+        model, name = es.load_model(str(Path.home() / ".cache/entoscope/real-models/smollm2-135m")), "SmolLM2-135M"
+    elif args.shape:
+        import shapes  # benchmarks/shapes.py: real models' shapes with random weights
+
+        model, name = shapes.build(args.shape, "float32"), f"{shapes.shape_name(args.shape)} shape (random weights)"
+    else:
+        model, name = es.load_model("demo"), "demo model"
+    layers = args.layers or ([8, 16, 24] if args.smollm2 else [model.cfg.n_layers // 2] if args.shape else [0, 1, 2])
     adapter = adapt(model)
     data = es.tasks.ioi(n=args.prompts, seed=0)
-    op = es.Interchange(activation="resid_post", layers=[0, 1, 2], positions=ROLES, bases=["das"], placebo=False,
+    op = es.Interchange(activation="resid_post", layers=layers, positions=ROLES, bases=["das"], placebo=False,
                         rank=args.rank, epochs=args.epochs, das_batch_size=16, lr=0.05, seed=0)
     op.plan(model, data)  # the once-per-model checks, outside both timings
     pairs = build_pairs(data, None)
@@ -96,14 +120,14 @@ def main() -> None:
     held = split(pairs, op.test_share, op.seed)
 
     c0, w0 = time.process_time(), time.perf_counter()
-    theirs = per_cell(model, adapter, pairs, td, held, args.rank, args.epochs, 16, 0.05, 0)
+    theirs = per_cell(model, adapter, pairs, td, held, layers, args.rank, args.epochs, 16, 0.05, 0)
     ca, wa = time.process_time() - c0, time.perf_counter() - w0
     c0, w0 = time.process_time(), time.perf_counter()
     result = op.run(model, data, quiet=True)
     cb, wb = time.process_time() - c0, time.perf_counter() - w0
     t = result.table.set_index(["site", "basis"])
-    print(f"{len(pairs)} pairs ({int(held.sum())} held out), 9 cells, rank {args.rank}, {args.epochs} epochs, "
-          f"{args.threads} thread(s)")
+    print(f"{name}: {len(pairs)} pairs ({int(held.sum())} held out), {len(layers) * len(ROLES)} cells (layers "
+          f"{layers} x {ROLES}), rank {args.rank}, {args.epochs} epochs, {args.threads} thread(s)")
     print(f"(a) fit_das per cell: CPU {ca:.1f} s, wall {wa:.1f} s")
     print(f"(b) es.Interchange:   CPU {cb:.1f} s, wall {wb:.1f} s")
     print(f"ratio (a)/(b): CPU {ca / cb:.2f}x, wall {wa / wb:.2f}x")

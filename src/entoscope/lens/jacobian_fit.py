@@ -7,16 +7,20 @@ of at most `max_length` tokens and each source layer l, row i of the prompt's ma
 
 with V = positions skip_first .. len-2 (the first `skip_first` and the last skipped); prompts are
 averaged with equal weight. Causal attention makes a cotangent planted at every target position give,
-at source t, exactly the sum over targets t' >= t. How it is computed here: ONE forward of a batch of
-prompts with the graph rooted at the earliest source block's output (weights frozen), then batched
-vector-Jacobian products, `torch.autograd.grad(..., is_grads_batched=True)`, `dim_chunk` one-hot
-cotangents at a time (ceil(d_model / dim_chunk) backward calls per batch), instead of TransformerLens's
-forward of `dim_batch` copies of one prompt per prompt and d_model / dim_batch backward calls. Two savings
-leave the numbers as they are (to float32 rounding): positions before skip_first are neither sources nor
-targets and (causal attention) receive no gradient that reaches one, so where the model can start part-way
-(models/partial.py) the graph holds positions skip_first.. only, attending to the earlier ones through a
-frozen key/value prefix; and elementwise activation modules backpropagate as one multiply by their
-derivative (lens/pointwise.py) instead of replaying a formula's chain of ops on every backward call.
+at source t, exactly the sum over targets t' >= t. How it is computed here: per batch of prompts ONE
+forward of `dim_chunk` copies of each prompt with the graph rooted at the earliest source block's output
+(weights frozen), copy k carrying the one-hot cotangent of output dimension start + k, then plain
+`torch.autograd.grad` calls (ceil(d_model / dim_chunk) per batch); TransformerLens does the same per prompt
+(`dim_batch` copies) over every position. Copies rather than one forward with batched cotangents
+(`is_grads_batched`, vmap): at SmolLM2's size vmap's batching rules (copies before each attention matmul,
+per-row loops where an op has none) cost more than the forward of the copies saves (bench_jacobian_lens.py).
+Three savings leave the numbers as they are (to float32 rounding): positions before skip_first are neither
+sources nor targets and (causal attention) receive no gradient that reaches one, so where the model can
+start part-way (models/partial.py) the graph holds positions skip_first.. only, attending to the earlier ones
+through a frozen key/value prefix; elementwise activation modules backpropagate as one multiply by their
+derivative (lens/pointwise.py) and RMS norms by their closed-form vector-Jacobian product (lens/normfold.py)
+instead of replaying a formula's chain of ops on every backward call. At real sizes the backward's matrix
+products are most of the time, and the positions left out are the saving that remains (docs/speed.md).
 
 Shards return float64 sums of their prompts' matrices, split by the prompt's index parity (even / odd);
 the merge adds them in shard order and divides by the prompt count once, so a sharded fit equals the
@@ -48,10 +52,11 @@ from ..models.partial import prefix_reads, prefix_support, record_past, slice_st
 from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
 from ..results.result import Result
 from .jacobian import ESTIMATOR, JacobianLens, _revision, prompt_hash
+from .normfold import folded_norms
 from .pointwise import folded_activations
 
 
-ROWS_PER_BACKWARD = 32  # prompts x cotangents in one vmapped backward, unless batch_size says otherwise
+ROWS_PER_BACKWARD = 32  # prompt copies (prompts x dim_chunk) in one backward call, unless batch_size says otherwise
 
 
 @dataclass(frozen=True)
@@ -73,8 +78,8 @@ class JacobianLensFit(Sharded, Operation):
     layers:     source layers (block outputs, resid_post.l); default every layer but the last.
     skip_first: leading positions left out of the average (attention sinks; TransformerLens's default 16).
     max_length: prompts are cut to this many tokens (and to the model's context).
-    dim_chunk:  one-hot cotangents per batched backward; default 8 (fewer where the memory budget says so);
-                the default batch holds at most 32 / dim_chunk prompts.
+    dim_chunk:  copies of each prompt per backward call, each carrying one one-hot cotangent; default 8 (fewer
+                where the memory budget says so); the default batch holds at most 32 / dim_chunk prompts.
     corpus:     the provenance name recorded in the lens (a merge refuses lenses whose names differ);
                 default the dataset's name and parameters.
     save:       where to write the lens (a .pt file, or a folder that gets lens.pt), for YAML and the CLI.
@@ -122,40 +127,44 @@ class JacobianLensFit(Sharded, Operation):
         kept_data = Dataset(data.name, tuple(data[i] for i in kept), data.description, data.params)
         ids = [ids[i] for i in kept]
         T = max(map(len, ids))
-        # memory: the saved forward of one prompt, and per cotangent its backward and the source gradients
-        act = 4 * T * s.n_layers * (12 * s.d_model + 3 * s.d_mlp + 2 * s.n_heads * T)
-        per_cot = act + 4 * T * s.d_model * (len(layers) + 1)
+        suffix = self.skip_first > 0 and prefix_support(model) == "positions"
+        # memory: per copy of a prompt, its saved forward over the graph's blocks (those after the first source
+        # layer; every block on the full forward) and positions, and its source gradients
+        blocks, Tg = (s.n_layers - 1 - layers[0], T - self.skip_first) if suffix else (s.n_layers, T)
+        act = 4 * Tg * blocks * (12 * s.d_model + 3 * s.d_mlp + 2 * s.n_heads * T)
+        per_cot = act + 4 * Tg * s.d_model * (len(layers) + 1)
         budget = int(self.memory_budget_mb * 2**20)
-        # default 8 cotangents per call and at most 32 prompt-cotangent rows per backward: wider vmapped
-        # backwards measured slower on one CPU thread (their gradients outgrow the cache; bench_jacobian_lens.py)
+        # default 8 copies per prompt and at most 32 prompt copies per backward: wider backwards measured
+        # slower on one CPU thread (their gradients outgrow the cache; bench_jacobian_lens.py)
         chunk = self.dim_chunk or max(1, min(8, s.d_model, budget // (2 * per_cot)))
         chunk = min(chunk, s.d_model)
         n_chunks = -(-s.d_model // chunk)
         chunk = -(-s.d_model // n_chunks)  # equal chunks
-        bs = self.choose_batch_size(act + chunk * per_cot, len(ids), cap=max(1, ROWS_PER_BACKWARD // chunk))
+        bs = self.choose_batch_size(chunk * per_cot, len(ids), cap=max(1, ROWS_PER_BACKWARD // chunk))
         batches = []
         for idx in length_batches([len(t) for t in ids], bs):
             tokens, lens = pad([ids[i] for i in idx], pad_id(model))
             batches.append(Batch(idx, tokens, lens))
         corpus = self.corpus or _corpus_name(data)
-        suffix = self.skip_first > 0 and prefix_support(model) == "positions"
-        # per prompt: the graph's run, and with the frozen prefix a run without gradients before it; a bridge
-        # also walks the blocks once more to record their keys and values (record_past)
-        passes = 1 if not suffix else 3 if model.structure.backend == "bridge" else 2
-        notes = [f"each backward carries {chunk} one-hot cotangents: {s.d_model} vector-Jacobian products per "
-                 f"prompt ({n_chunks} backward calls per batch)",
+        # per prompt: the graph's run of `chunk` copies, and with the frozen prefix a run without gradients
+        # before it (of the prompt itself); a bridge also walks the blocks once more to record their keys and
+        # values (record_past)
+        passes = chunk if not suffix else chunk + (2 if model.structure.backend == "bridge" else 1)
+        notes = [f"each backward runs {chunk} copies of each prompt, copy k carrying the one-hot cotangent of "
+                 f"output dimension k of its chunk: {s.d_model} vector-Jacobian products per prompt "
+                 f"({n_chunks} backward calls per batch)",
                  f"positions {self.skip_first}.. and each prompt's last left out of the average",
                  f"the backward graph holds positions {self.skip_first}.. only (a frozen key/value prefix"
-                 f" recorded without gradients: {passes} passes per prompt)"
+                 f" recorded without gradients: {passes} prompt passes per prompt)"
                  if suffix else
                  "the backward graph holds every position (this model cannot start part-way at a position)"]
         if max_length < self.max_length:
             notes.append(f"max_length cut to the model's context, {max_length}")
         mats = 2 * len(layers) * s.d_model ** 2 * 8
         plan = Plan(self.name, rows=len(layers), forward_passes=len(ids) * passes,
-                    backward_passes=len(ids) * n_chunks,
+                    backward_passes=len(ids) * n_chunks * chunk,
                     batch_sizes=[len(b) for b in batches], examples=len(ids), files=[],
-                    peak_memory_bytes=model_bytes(model) + bs * (act + chunk * per_cot) + 2 * mats, notes=notes)
+                    peak_memory_bytes=model_bytes(model) + bs * chunk * per_cot + 2 * mats, notes=notes)
         return Prepared(model, kept_data, plan, FitState(batches, layers, chunk, max_length, corpus,
                                                          tuple(prompt_hash(t) for t in ids)))
 
@@ -166,7 +175,7 @@ class JacobianLensFit(Sharded, Operation):
         total = {k: np.zeros((len(st.layers), d, d)) for k in ("even", "odd")}
         mine = [st.batches[i] for i in batches]
         counts = []
-        with frozen(model.module), folded_activations(model.module):
+        with frozen(model.module), folded_activations(model.module), folded_norms(model.module):
             for b in progress(mine, total=len(mine), desc="Jacobian lens", quiet=quiet):
                 per_prompt = prompt_jacobians(model, b.tokens, b.lengths, st.layers, self.skip_first, st.dim_chunk)
                 parity = torch.tensor(b.index) % 2
@@ -206,33 +215,42 @@ class JacobianLensFit(Sharded, Operation):
 
 def prompt_jacobians(model: ModelAdapter, tokens: Tensor, lengths: Tensor, layers: list[int], skip_first: int,
                      dim_chunk: int) -> Tensor:
-    """Each prompt's matrices [B, len(layers), d_model, d_model] (float32): one forward, batched VJPs.
-    The model's weights must not require gradients (`frozen`): the graph is rooted at resid_post.layers[0].
+    """Each prompt's matrices [B, len(layers), d_model, d_model] (float32): one forward of `dim_chunk` copies of
+    each prompt, then plain backward calls, copy k carrying the one-hot cotangent of output dimension
+    start + k. The model's weights must not require gradients (`frozen`): the graph is rooted at
+    resid_post.layers[0].
 
     Causal attention: positions before `skip_first` are neither sources nor targets, and no later position's
     gradient reaches them. Where the model can start part-way (`prefix_support` "positions"), the graph holds
     positions skip_first.. only, blocks layers[0]+1.. attending to the earlier positions through a frozen
-    key/value prefix recorded without gradients; elsewhere it holds every position."""
+    key/value prefix recorded without gradients (once per prompt, not per copy); elsewhere it holds every
+    position."""
     x = tokens[:, :-1]  # the last position is neither a source nor a target, and (causal) changes no other
+    B = len(x)
+    copies = torch.arange(B, device=x.device).repeat(dim_chunk)  # row k * B + b: copy k of prompt b
     if skip_first > 0 and prefix_support(model) == "positions":
-        first, final, sources = _suffix_graph(model, x, layers, skip_first)
+        first, final, sources = _suffix_graph(model, x, copies, layers, skip_first)
     else:
-        first, final, sources = 0, *_full_graph(model, x, layers)
-    B, T, d = final.shape
+        first, final, sources = 0, *_full_graph(model, x[copies], layers)
+    T, d = final.shape[1:]
     pos = first + torch.arange(T, device=final.device)
     lengths = lengths.to(final.device)
     valid = (pos[None, :] >= skip_first) & (pos[None, :] < lengths[:, None] - 1)  # [B, T]
     weights = (valid / valid.sum(1, keepdim=True)).to(final.dtype)  # the mean over source positions
+    planted = valid.to(final.dtype).repeat(dim_chunk, 1)  # [R, T]: each copy's cotangent at its targets
+    copy_of_row = torch.arange(dim_chunk, device=final.device).repeat_interleave(B)  # [R]
     result = torch.zeros(B, len(layers), d, d)
+    cot = torch.zeros_like(final)
     starts = list(range(0, d, dim_chunk))
     for n_done, start in enumerate(starts):
-        c = min(dim_chunk, d - start)
-        cot = torch.zeros(c, B, T, d, dtype=final.dtype, device=final.device)
-        cot[torch.arange(c), :, :, start + torch.arange(c)] = valid.to(final.dtype)
-        grads = torch.autograd.grad(final, sources, cot, retain_graph=n_done < len(starts) - 1,
-                                    is_grads_batched=True)
-        for i, g in enumerate(grads):  # [c, B, T, d] -> rows start..start+c of every prompt's matrix
-            result[:, i, start:start + c] = torch.einsum("cbtd,bt->bcd", g, weights).float().cpu()
+        c = min(dim_chunk, d - start)  # the last chunk's extra copies get no cotangent
+        cot.zero_()
+        rows = torch.arange(c * B, device=final.device)
+        cot[rows, :, start + copy_of_row[:c * B]] = planted[:c * B]
+        grads = torch.autograd.grad(final, sources, cot, retain_graph=n_done < len(starts) - 1)
+        for i, g in enumerate(grads):  # [R, T, d] -> rows start..start+c of every prompt's matrix
+            per_copy = g.view(dim_chunk, B, T, d)[:c]
+            result[:, i, start:start + c] = torch.einsum("cbtd,bt->bcd", per_copy, weights).float().cpu()
     return result
 
 
@@ -245,15 +263,17 @@ def _full_graph(model: ModelAdapter, x: Tensor, layers: list[int]) -> tuple[Tens
     return out.acts[target], [out.acts[a] for a in reads[:-1]]
 
 
-def _suffix_graph(model: ModelAdapter, x: Tensor, layers: list[int], position: int) -> tuple[int, Tensor, list[Tensor]]:
-    """Blocks layers[0]+1.. on positions `position`.. with the earlier positions' keys/values frozen (recorded by
-    a run without gradients): (position, the last block's output, the sources), positions position.. only."""
+def _suffix_graph(model: ModelAdapter, x: Tensor, copies: Tensor, layers: list[int],
+                  position: int) -> tuple[int, Tensor, list[Tensor]]:
+    """Blocks layers[0]+1.. on positions `position`.. of the rows `copies` (indices into x) with the earlier
+    positions' keys/values frozen (recorded by a run of x without gradients): (position, the last block's
+    output, the sources), positions position.. only."""
     n = model.structure.n_layers
     layer = layers[0] + 1  # resid_pre of that block is resid_post of layers[0]
     with torch.no_grad():
         acts = dict(model.run(x, prefix_reads(model, [layer], positions=True), logits=False).acts)
         record_past(model, acts, layer)
-    start = slice_start(acts, torch.arange(len(x), device=model.device), layer, position, n)
+    start = slice_start(acts, copies.to(model.device), layer, position, n)
     start.resid = start.resid.detach().requires_grad_(True)
     kept: dict[int, Tensor] = {}
 
