@@ -79,7 +79,7 @@ def _executor_options(p: argparse.ArgumentParser) -> None:
             continue
         default = info.get_default(call_default_factory=True)
         g.add_argument(f"--{field.replace('_', '-')}", dest=f"ex_{field}", default=None,
-                       metavar=_metavar(info.annotation),
+                       metavar="SIZE" if field == "memory" else _metavar(info.annotation),
                        help=_help((info.description or "") + f" (Ray) [default: {default!r}]"))
     g.add_argument("--resume", action="store_true", help="skip the shards already saved in --out (OUT/shards) by an "
                    "interrupted run of the same command")
@@ -167,7 +167,7 @@ def _op_parser(sub: Any, cli_name: str, op_name: str) -> None:
         if hasattr(default, "model_dump"):
             default = default.model_dump(exclude_defaults=True) or default.model_dump()
         g.add_argument(f"--{field.replace('_', '-')}", dest=f"cfg_{field}", default=None,
-                       metavar=_metavar(info.annotation),
+                       metavar="SIZE" if field == "memory" else _metavar(info.annotation),
                        help=_help((info.description or "") + f" [default: {default!r}]"))
     p.set_defaults(handler=_run_op, op_name=op_name)
 
@@ -317,8 +317,11 @@ def _report(args: argparse.Namespace) -> int:
     from .report import build_report
     from .results.folder import check_out
 
+    from .memory import parse_size
+
     check_out(args.out, overwrite=args.overwrite)
-    page = build_report(_load(args), args.out, quick=args.quick, overwrite=args.overwrite)
+    parse_size(args.memory, "--memory")  # refused before the model loads
+    page = build_report(_load(args), args.out, quick=args.quick, overwrite=args.overwrite, memory=args.memory)
     SAVED.append(str(Path(args.out)))
     print(f"report: {page}")
     failed = [n for n in json.loads((Path(args.out) / "manifest.json").read_text())["not_run"] if n["status"] == "failed"]
@@ -398,6 +401,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--out", default="runs/report", metavar="DIR", help="folder of the report")
     q.add_argument("--overwrite", action="store_true", help="replace a report already in --out")
     q.add_argument("--quick", action="store_true", help="fewer prompts per section")
+    q.add_argument("--memory", default="auto", metavar="SIZE",
+                   help="memory each section may take above the loaded model (12GB, 512MiB; auto: 90%% of what the "
+                   "model's device has free); a section that cannot fit is skipped before its first forward")
     q.set_defaults(handler=_report)
     q = sub.add_parser("run", help="run entries of a YAML experiment file, or repeat a saved manifest.json")
     q.add_argument("file", metavar="FILE", help="a YAML experiment file, or a saved run's manifest.json (or its folder)")

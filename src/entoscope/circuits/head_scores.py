@@ -55,9 +55,10 @@ from ..data.tokenized import Batch, make_batches, pad_id, tokenize_data
 from ..errors import ConfigError, DataError, warn
 from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
+from ..models.footprint import FIXED
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
-from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
+from ..operation import Operation, Plan, Prepared, progress, register_operation
 from ..results.lazy import LazyTable
 from ..results.result import Result
 from ..stats import Stats, interval_columns, streamed_mean, summarise
@@ -184,7 +185,7 @@ class HeadScores(Sharded, Operation):
         batches = make_batches(td, bs, pad_id(model))
         plan = Plan(self.name, rows=s.n_layers * s.n_heads * len(self.kinds), forward_passes=len(td),
                     backward_passes=0, batch_sizes=[len(b) for b in batches], examples=len(td),
-                    peak_memory_bytes=model_bytes(model) + bs * per_example)
+                    peak_memory_bytes=FIXED + bs * per_example)
         return Prepared(model, data, plan, HeadScoresState(batches, tuple(offsets)))
 
     # sharded (docs/scale.md): a shard returns its prompts' scores; summarise has every prompt's

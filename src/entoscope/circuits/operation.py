@@ -28,10 +28,11 @@ from ..executors.columns import PromptColumns
 from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
 from ..metrics import Metric
+from ..models.footprint import FIXED
 from ..models.adapter import ModelAdapter
 from ..models.partial import prefix_support
 from ..models.split_inputs import check_split_once, refuse_unsplittable
-from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
+from ..operation import Operation, Plan, Prepared, progress, register_operation
 from ..results.page import figure_div, write_page
 from ..results.result import Result
 from ..stats import Summary, significance_columns, streamed_mean, summarise
@@ -169,7 +170,7 @@ class Circuits(Sharded, Operation):
             rows = max(bs, min(ROWS_PER_PASS, bs * (self.steps + 1)) // bs * bs)
         plan = Plan(self.name, rows=graph.n_edges, forward_passes=fwd, backward_passes=bwd,
                     batch_sizes=[len(b) for b in batches], examples=len(td),
-                    peak_memory_bytes=model_bytes(model) + bs * per_example + (rows - bs) * activations, notes=notes,
+                    peak_memory_bytes=FIXED + bs * per_example + (rows - bs) * activations, notes=notes,
                     files=["table.csv", "table.parquet", "index.html", "manifest.json", "circuit.json",
                            "circuit.graphml", "circuit.html", "summary.json"]
                     + (["faithfulness.csv"] if self.faithfulness and self.method != "acdc" else [])

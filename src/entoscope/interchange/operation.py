@@ -30,10 +30,11 @@ from ..errors import ConfigError, DataError, SiteError
 from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
 from ..models import features
+from ..models.footprint import FIXED
 from ..models.adapter import Intervention, ModelAdapter
 from ..models.names import ActName
 from ..models.partial import prefix_reads, prefix_support, record_past
-from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
+from ..operation import Operation, Plan, Prepared, progress, register_operation
 from ..results.result import Result
 from ..sites import position_text, resolve_positions, role_ref
 from ..steering.sites import steerable
@@ -231,7 +232,7 @@ class Interchange(Sharded, Operation):
             notes.append("the bridge's key/value prefix: each cached base runs the blocks once more (record_past)")
         if not st.start:
             notes.append("this model cannot start part-way: every training and evaluation run is a full forward")
-        peak = model_bytes(model) + ROWS_PER_FORWARD * per_example
+        peak = FIXED + ROWS_PER_FORWARD * per_example
         return Plan(self.name, rows=n_cells * (1 + len(st.conditions)), forward_passes=forward,
                     backward_passes=backward, batch_sizes=[len(b) for b in st.batches], peak_memory_bytes=int(peak),
                     notes=notes, examples=len(st.td), files=["table.csv", "table.parquet", "index.html",

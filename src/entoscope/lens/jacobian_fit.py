@@ -42,10 +42,11 @@ from ..data.tokenized import Batch, length_batches, pad, pad_id
 from ..errors import ConfigError, DataError, warn
 from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
+from ..models.footprint import FIXED
 from ..models.adapter import Intervention, ModelAdapter
 from ..models.names import ActName
 from ..models.partial import prefix_reads, prefix_support, record_past, slice_start
-from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
+from ..operation import Operation, Plan, Prepared, progress, register_operation
 from ..results.result import Result
 from .jacobian import ESTIMATOR, JacobianLens
 from .pointwise import folded_activations
@@ -114,7 +115,7 @@ class JacobianLensFit(Sharded, Operation):
         # memory: the saved forward of one prompt, and per cotangent its backward and the source gradients
         act = 4 * T * s.n_layers * (12 * s.d_model + 3 * s.d_mlp + 2 * s.n_heads * T)
         per_cot = act + 4 * T * s.d_model * (len(layers) + 1)
-        budget = int(self.memory_budget_mb * 2**20)
+        budget = self.budget_bytes
         # default 8 cotangents per call and at most 32 prompt-cotangent rows per backward: wider vmapped
         # backwards measured slower on one CPU thread (their gradients outgrow the cache; bench_jacobian_lens.py)
         chunk = self.dim_chunk or max(1, min(8, s.d_model, budget // (2 * per_cot)))
@@ -144,7 +145,7 @@ class JacobianLensFit(Sharded, Operation):
         plan = Plan(self.name, rows=len(layers), forward_passes=len(ids) * passes,
                     backward_passes=len(ids) * n_chunks,
                     batch_sizes=[len(b) for b in batches], examples=len(ids), files=[],
-                    peak_memory_bytes=model_bytes(model) + bs * (act + chunk * per_cot) + 2 * mats, notes=notes)
+                    peak_memory_bytes=FIXED + bs * (act + chunk * per_cot) + 2 * mats, notes=notes)
         return Prepared(model, kept_data, plan, FitState(batches, layers, chunk, max_length, corpus))
 
     def execute_shard(self, prepared: Prepared[FitState], phase: str, batches: list[int], *,

@@ -31,8 +31,9 @@ from ..data.tokenized import Batch, make_batches, pad_id
 from ..errors import ConfigError, DataError
 from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt, as_numpy
+from ..models.footprint import FIXED
 from ..models.adapter import ModelAdapter
-from ..operation import Operation, Plan, Prepared, model_bytes, register_operation
+from ..operation import Operation, Plan, Prepared, register_operation
 from ..results.result import Result
 from ..sites import Sites
 from .causal import (CausalCheck, causal_intervals, check_units, chosen_sites, fold_testing_each, run_causal_check,
@@ -165,7 +166,7 @@ class Probing(Sharded, Operation):
                          f"{per_site} pass(es) over the prompts ({', '.join(parts)})")
         plan = Plan(self.name, rows=len(cs.units), forward_passes=forwards, backward_passes=0,
                     batch_sizes=[len(b) for b in batches], examples=N,
-                    peak_memory_bytes=model_bytes(model) + bs * per_example + 4 * N * sum(sizes) + fit_bytes,
+                    peak_memory_bytes=FIXED + bs * per_example + 4 * N * sum(sizes) + fit_bytes,
                     files=FILES + (["causal_per_prompt.csv"] if check else []), notes=notes)
         return Prepared(model, data, plan, ProbingState(cs, batches, labels, task, groups, grid, metric_fn))
 

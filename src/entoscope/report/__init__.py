@@ -44,7 +44,7 @@ TASK_MEANING = {
 
 
 def build_report(model: Any, out: str | Path, *, quick: bool = False, sections: list[str] | None = None,
-                 overwrite: bool = False, quiet: bool = False) -> Path:
+                 overwrite: bool = False, quiet: bool = False, memory: Any = "auto") -> Path:
     """Write `out/index.html` (and one sub-folder per section). Returns the page path.
 
     The report is built in a hidden sibling folder and renamed into place when complete, so an
@@ -52,11 +52,16 @@ def build_report(model: Any, out: str | Path, *, quick: bool = False, sections: 
     only with `overwrite=True`. Progress goes to stdout (`Progress`) unless `quiet` (or ENTOSCOPE_QUIET=1).
     A section the model cannot run is skipped before the first forward, and one that raises is set aside;
     the others are written either way, and the index and `manifest.json` (`not_run`) say why
-    (report/preflight.py). Ctrl-C stops the whole report and saves nothing.
+    (report/preflight.py). Ctrl-C stops the whole report and saves nothing. `memory` is every section's memory
+    budget above the loaded model (a size such as 12GB, or "auto": what the model's device has free; memory.py):
+    a section that cannot fit it is skipped before its first forward (code memory_budget).
     """
+    from ..memory import budget_scope, parse_size
+
+    parse_size(memory)  # a value that is not a size is refused before anything is written
     a = adapt(model)
     final = Path(out)
-    with writing_run(final, overwrite=overwrite) as folder, a.evaluating():
+    with writing_run(final, overwrite=overwrite) as folder, a.evaluating(), budget_scope(memory, a.device):
         _write_report(model, a, folder, quick, sections, quiet)
     return final / "index.html"
 

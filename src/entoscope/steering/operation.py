@@ -32,9 +32,10 @@ from ..evaluate import TASK_METRICS  # each built-in task's score, as entoscope 
 from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
 from ..metrics import Metric, check_metric_runs, metric_where
+from ..models.footprint import FIXED
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
-from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
+from ..operation import Operation, Plan, Prepared, progress, register_operation
 from ..results.lazy import LazyTable
 from ..results.result import Result
 from .collect import READ_AT, difference
@@ -265,7 +266,7 @@ class Steering(Sharded, Operation):
     def _rows_per_forward(self, model: ModelAdapter, T: int) -> int:
         if self.batch_size is not None:
             return self.batch_size
-        budget = int(self.memory_budget_mb * 2**20 / 2)
+        budget = self.budget_bytes // 2
         return max(1, min(1024, budget // max(1, _bytes_per_example(model, T))))
 
     def _plan(self, model: ModelAdapter, sets: list[RowSet], tds: dict[str, TokenizedData], setup: SteerSetup,
@@ -291,7 +292,7 @@ class Steering(Sharded, Operation):
         held = [s for s in sets if s.held_out]
         notes.append(f"rows: {sets[0].n} task prompts, {sum(s.n for s in held)} held-out prompts "
                      f"({', '.join(f'{s.name} {s.n}' for s in held) or 'none'})")
-        peak = model_bytes(model) + max(sizes) * per_example
+        peak = FIXED + max(sizes) * per_example
         files = ["table.csv", "table.parquet"] + (["per_prompt.csv", "per_prompt.parquet"] if self.per_prompt else []) \
             + ["direction.safetensors", "index.html", "manifest.json"]
         return Plan(self.name, rows=2 * len(setup.coefficients), forward_passes=forward, backward_passes=0,
