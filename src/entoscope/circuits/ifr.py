@@ -396,7 +396,7 @@ class InformationFlowRoutes(Sharded, Operation):
         H = s.n_heads if self.granularity == "head" else 1
         acts = s.n_layers * (4 * T * s.d_model + T * s.n_kv_heads * s.d_head + s.n_heads * T * T) + T * s.d_vocab
         per_example = 4 * (acts + s.n_layers * (T * H * T + 6 * T) * 2)  # the reads; importances and edge masks
-        max_floats = min(2**25, max(2**20, self.budget_bytes // 32))  # attention parts per chunk
+        max_floats = min(2**25, max(2**20, self.budget_bytes // 32))  # attention parts per chunk; ~2 alive at once
         bs = self.choose_batch_size(per_example, len(td))
         batches = make_batches(td, bs, pad_id(model))
         notes = [f"edges kept when importance > tau = {self.tau:g}; granularity {self.granularity!r}",
@@ -405,7 +405,7 @@ class InformationFlowRoutes(Sharded, Operation):
             notes.append("parallel blocks: attention and MLP read the same node resid_pre.l")
         plan = Plan(self.name, rows=s.n_layers * (H + 1), forward_passes=len(td), backward_passes=0,
                     batch_sizes=[len(b) for b in batches], examples=len(td),
-                    peak_memory_bytes=FIXED + bs * per_example + 12 * min(max_floats, bs * T * T * H * s.d_model // 2),
+                    peak_memory_bytes=FIXED + bs * per_example + 8 * min(max_floats, bs * T * T * H * s.d_model // 2),
                     notes=notes, files=["table.csv", "table.parquet", "per_prompt.csv", "per_prompt.parquet", "index.html",
                            "graphs/*.graphml", "graphs/*.json", "manifest.json"])
         return Prepared(model, data, plan, RoutesState(batches, max_floats))
