@@ -234,7 +234,10 @@ class Interchange(Sharded, Operation):
             notes.append("this model cannot start part-way: every training and evaluation run is a full forward")
         fp, T = Footprint(model), max(st.td.lengths)  # a batch of prompts, or ROWS_PER_FORWARD rows at the answer
         rows = ROWS_PER_FORWARD * (fp.forward(1, T, logit_rows=1) + fp.vocab(1, 2))
-        peak = FIXED + max(max(len(b) for b in st.batches) * per_example, rows)
+        L = model.structure.n_layers  # DAS's steps: a batch run from the earliest layer (started part-way) and back
+        first = min((c.layer for c in st.cells), default=0) if st.start else 0
+        training = fp.saved(min(self.das_batch_size, max(1, n_train)), T) * (L - first) // L if das else 0
+        peak = FIXED + max(max(len(b) for b in st.batches) * per_example, rows, training)
         return Plan(self.name, rows=n_cells * (1 + len(st.conditions)), forward_passes=forward,
                     backward_passes=backward, batch_sizes=[len(b) for b in st.batches], peak_memory_bytes=int(peak),
                     notes=notes, examples=len(st.td), files=["table.csv", "table.parquet", "index.html",

@@ -278,7 +278,7 @@ class Steering(Sharded, Operation):
         generated = 0 if cont is None else min(cont.prompts, tds[TASK].__len__()) * setup.n_conditions * cont.tokens
         forward = n_steer * (1 + steered) + n_dir + generated
         sizes = [len(b) for b in batches]
-        sizes += [rows] * max(0, -(-n_steer * steered // rows))
+        sizes += [min(rows, n_steer * steered - i) for i in range(0, n_steer * steered, rows)]
         notes = list(notes) + site_notes(model, setup.sites, setup.head)
         notes.append(f"direction: {self.direction.describe()}; written at {', '.join(map(str, setup.sites))} "
                      f"({self.mode}, positions {self.positions}); baseline: a random direction of the same norm "
@@ -293,7 +293,8 @@ class Steering(Sharded, Operation):
         notes.append(f"rows: {sets[0].n} task prompts, {sum(s.n for s in held)} held-out prompts "
                      f"({', '.join(f'{s.name} {s.n}' for s in held) or 'none'})")
         T = max(max(td.lengths) for td in tds.values())
-        peak = FIXED + max(max(len(b) for b in batches) * per_example, rows * _row_bytes(model, T))
+        peak = FIXED + max(max(len(b) for b in batches) * per_example, max(sizes[len(batches):], default=0)
+                           * _row_bytes(model, T))
         files = ["table.csv", "table.parquet"] + (["per_prompt.csv", "per_prompt.parquet"] if self.per_prompt else []) \
             + ["direction.safetensors", "index.html", "manifest.json"]
         return Plan(self.name, rows=2 * len(setup.coefficients), forward_passes=forward, backward_passes=0,
