@@ -244,3 +244,20 @@ def test_the_saved_for_backward_estimate_on_the_real_models(real_folder, frozen)
     per_token, per_square = saved_rates(a.structure, 4, frozen)
     estimate = 16 * per_token + 256 * per_square
     assert 0.75 <= estimate / _saved_bytes(a, 16, frozen) <= 1.25
+
+
+# ---------------------------------------------------------------------------------------------- the time estimate
+def test_the_plans_time_comes_from_one_calibration_forward(demo_model):
+    """calibrate = plan + one forward (and one forward with its backward where the plan counts backwards);
+    plan alone runs none."""
+    data = {"task": "ioi", "n": 8}
+    es.Patching(method="attribution").plan(demo_model, data)  # the one-time capability probes made
+    calls = _counting(demo_model)
+    plain = es.Patching(method="attribution").plan(demo_model, data)
+    assert calls == [] and plain.seconds is None
+    plan = es.Patching(method="attribution").calibrate(demo_model, data)
+    assert len(calls) == 2 and plan.backward_passes > 0
+    assert plan.seconds > 0 and "time              ~" in str(plan) and "calibration" not in plan.notes
+    calls.clear()
+    dla = es.DirectLogitAttribution().calibrate(demo_model, data)
+    assert len(calls) == 1 and dla.backward_passes == 0 and dla.seconds > 0

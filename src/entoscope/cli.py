@@ -158,7 +158,7 @@ def _op_parser(sub: Any, cli_name: str, op_name: str) -> None:
     p.add_argument("--data", default=None, metavar="DATA", help="a task name, a file, or YAML: '{task: ioi, n: 16}'")
     p.add_argument("--out", default=None, metavar="DIR", help="save the result into this folder")
     p.add_argument("--overwrite", action="store_true", help="replace a run already saved in --out")
-    p.add_argument("--plan", action="store_true", help="print the plan and run nothing")
+    p.add_argument("--plan", action="store_true", help="print the plan (passes, batches, peak memory, and the time estimated from one calibration forward) and run nothing else")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     _executor_options(p)
     g = p.add_argument_group(f"{op_name} config (values are YAML)")
@@ -210,8 +210,8 @@ def _execute(op: Any, spec: Any, args: argparse.Namespace, out: str | None, reco
         _check_before_load(op, spec if records is None else None)
         model = _load(args, source)
     data = records if records is not None else spec
-    if args.plan:
-        print(op.plan(model, data, executor=executor))
+    if args.plan:  # the plan, and its time from one calibration forward
+        print(op.calibrate(model, data, executor=executor))
         return None
     result = op.run(model, data, executor=executor, quiet=args.quiet, shards_dir=shards_dir, resume=resume)
     if warned:  # warnings raised before the run (re-running a manifest) belong in its record too
@@ -413,7 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--overwrite", action="store_true", help="replace runs already saved there")
     q.add_argument("--allow-model-change", action="store_true",
                    help="re-run a manifest although the model's weights differ from the recorded fingerprint")
-    q.add_argument("--plan", action="store_true", help="print the plan and run nothing")
+    q.add_argument("--plan", action="store_true", help="print the plan (passes, batches, peak memory, and the time estimated from one calibration forward) and run nothing else")
     q.add_argument("--quiet", action="store_true", help="no progress bar")
     _executor_options(q)
     q.set_defaults(handler=_run_file)

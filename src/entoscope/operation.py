@@ -234,6 +234,14 @@ class Operation(ConfigModel):
                         confirm_k=None if self.confirm is None else self.confirm.k)
         return prepared
 
+    def calibrate(self, model: Any, data: Any = None, *, executor: Any = None) -> Plan:
+        """`plan`, with its time estimated from one calibration forward (calibration.py: the model passes the
+        plan counts); what `entoscope ... --plan` prints. Unlike `plan`, it runs the model once (twice with a
+        backward)."""
+        from .calibration import calibrate_plan
+
+        return calibrate_plan(self.plan(model, data, executor=executor), model, data, self.prepend_bos)
+
     def _refuse_budget(self, adapter: ModelAdapter, dataset: Dataset | None, need: int) -> None:
         """Refuse a plan whose peak exceeds the budget (memory_budget), naming the smallest budget that would do:
         the peak of the plan prepared with every size at its smallest (a budget of one byte)."""
