@@ -80,7 +80,7 @@ def _executor_options(p: argparse.ArgumentParser) -> None:
             continue
         default = info.get_default(call_default_factory=True)
         g.add_argument(f"--{field.replace('_', '-')}", dest=f"ex_{field}", default=None,
-                       metavar=_metavar(info.annotation),
+                       metavar="SIZE" if field == "memory" else _metavar(info.annotation),
                        help=_help((info.description or "") + f" (Ray) [default: {default!r}]"))
     g.add_argument("--resume", action="store_true", help="skip the shards already saved in --out (OUT/shards) by an "
                    "interrupted run of the same command")
@@ -161,7 +161,7 @@ def _op_parser(sub: Any, cli_name: str, op_name: str) -> None:
     p.add_argument("--data", default=None, metavar="DATA", help="a task name, a file, or YAML: '{task: ioi, n: 16}'")
     p.add_argument("--out", default=None, metavar="DIR", help="save the result into this folder")
     p.add_argument("--overwrite", action="store_true", help="replace a run already saved in --out")
-    p.add_argument("--plan", action="store_true", help="print the plan and run nothing")
+    p.add_argument("--plan", action="store_true", help="print the plan (passes, batches, peak memory, and the time estimated from one calibration forward) and run nothing else")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     _executor_options(p)
     g = p.add_argument_group(f"{op_name} config (values are YAML)")
@@ -172,7 +172,7 @@ def _op_parser(sub: Any, cli_name: str, op_name: str) -> None:
             default = default.model_dump(exclude_defaults=True) or default.model_dump()
         said = " [required]" if info.is_required() else f" [default: {default!r}]"
         g.add_argument(f"--{field.replace('_', '-')}", dest=f"cfg_{field}", default=None,
-                       metavar="TEXT" if field in text else _metavar(info.annotation),
+                       metavar="SIZE" if field == "memory" else "TEXT" if field in text else _metavar(info.annotation),
                        help=_help((info.description or "") + (" (taken as written, not as YAML)" if field in text
                                                               else "") + said))
     p.set_defaults(handler=_run_op, op_name=op_name)
@@ -217,8 +217,8 @@ def _execute(op: Any, spec: Any, args: argparse.Namespace, out: str | None, reco
         _check_before_load(op, spec if records is None else None)
         model = _load(args, source)
     data = records if records is not None else spec
-    if args.plan:
-        print(op.plan(model, data, executor=executor))
+    if args.plan:  # the plan, and its time from one calibration forward
+        print(op.calibrate(model, data, executor=executor))
         return None
     result = op.run(model, data, executor=executor, quiet=args.quiet, shards_dir=shards_dir, resume=resume)
     if warned:  # warnings raised before the run (re-running a manifest) belong in its record too
@@ -324,8 +324,12 @@ def _report(args: argparse.Namespace) -> int:
     from .report import build_report
     from .results.folder import check_out
 
+    from .memory import parse_size
+
     check_out(args.out, overwrite=args.overwrite)
-    page = build_report(_load(args), args.out, quick=args.quick, overwrite=args.overwrite, resume=args.resume)
+    parse_size(args.memory, "--memory")  # refused before the model loads
+    page = build_report(_load(args), args.out, quick=args.quick, overwrite=args.overwrite, resume=args.resume,
+                        memory=args.memory)
     SAVED.append(str(Path(args.out)))
     print(f"report: {page}")
     failed = [n for n in json.loads((Path(args.out) / "manifest.json").read_text())["not_run"] if n["status"] == "failed"]
@@ -409,6 +413,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="go on with the interrupted report into --out: the sections it finished are reused (their "
                    "files checked first); refused if it was made with other settings (the same command without "
                    "--resume also reuses them, but replaces an interrupted report of other settings)")
+    q.add_argument("--memory", default="auto", metavar="SIZE",
+                   help="memory each section may take above the loaded model (12GB, 512MiB; auto: 90%% of what the "
+                   "model's device has free); a section that cannot fit is skipped before its first forward")
     q.set_defaults(handler=_report)
     q = sub.add_parser("run", help="run entries of a YAML experiment file, or repeat a saved manifest.json")
     q.add_argument("file", metavar="FILE", help="a YAML experiment file, or a saved run's manifest.json (or its folder)")
@@ -418,7 +425,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--overwrite", action="store_true", help="replace runs already saved there")
     q.add_argument("--allow-model-change", action="store_true",
                    help="re-run a manifest although the model's weights differ from the recorded fingerprint")
-    q.add_argument("--plan", action="store_true", help="print the plan and run nothing")
+    q.add_argument("--plan", action="store_true", help="print the plan (passes, batches, peak memory, and the time estimated from one calibration forward) and run nothing else")
     q.add_argument("--quiet", action="store_true", help="no progress bar")
     _executor_options(q)
     q.set_defaults(handler=_run_file)

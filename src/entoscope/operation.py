@@ -18,17 +18,18 @@ from __future__ import annotations
 
 import time
 from abc import abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from pydantic import Field, PrivateAttr
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from .config_model import ConfigModel
 from .data.examples import Dataset
 from .data.loading import load_data
 from .errors import ConfigError, recording_warnings, warn
 from .executors.contract import Sharded
+from .heap import steady_heap
 from .models.adapter import ModelAdapter, adapt
 from .prepared import Plan, Prepared
 from .registry import register
@@ -52,8 +53,13 @@ class Operation(ConfigModel):
     text_fields: ClassVar[tuple[str, ...]] = ()  # fields the command line takes as written, not as YAML (prompts)
 
     batch_size: int | None = Field(default=None, ge=1, description="prompts per forward pass; default: "
-                                   "chosen from memory_budget_mb")
-    memory_budget_mb: float = Field(default=2048, gt=0, description="memory the batches may take")
+                                   "the largest that keeps the run within memory")
+    memory: int | str = Field(default="auto", description="memory the run may take above the loaded model: a size "
+                              "(12GB, 512MiB, bytes) or auto (90% of what the model's device has free); batches and "
+                              "chunks are sized to it, and a run that cannot fit is refused before any forward "
+                              "(memory_budget)")
+    memory_budget_mb: float | None = Field(default=None, gt=0, description="deprecated: the memory budget in MiB "
+                                           "(read as memory: <N>MiB); use memory")
     prepend_bos: bool = Field(default=True, description="prepend the BOS token to text prompts")
     seed: int = Field(default=0, ge=0, le=2**63 - 1, description="seed of every random choice the operation makes")
     stats: Stats = Field(default_factory=Stats, description="intervals and robust aggregation over prompts "
@@ -61,6 +67,33 @@ class Operation(ConfigModel):
     confirm: Confirm | None = Field(default=None, description="re-test the screen's top k cells on n fresh prompts "
                                     "of the same task ({k: 10, n: 32}; tables tested against 0 only)")
     _screen_cells: int | None = PrivateAttr(default=None)  # a confirmation run: its k cells are what BH counts
+    _budget: int | None = PrivateAttr(default=None)  # memory resolved to bytes by prepare_for (memory.py)
+
+    @field_validator("memory", mode="before")
+    @classmethod
+    def _memory_size(cls, value: Any) -> Any:
+        from .memory import AUTO, parse_size
+
+        size = parse_size(value)  # a value that is not a size is refused here
+        if size is None:
+            return AUTO
+        return value.strip() if isinstance(value, str) else size
+
+    @model_validator(mode="after")
+    def _memory_alias(self) -> Operation:
+        """memory_budget_mb (before memory existed; saved manifests hold it) read as memory in MiB."""
+        mb = self.memory_budget_mb
+        if mb is None:
+            return self
+        from .memory import parse_size
+
+        given = int(mb * 2**20)
+        if self.memory != "auto" and parse_size(self.memory) != given:
+            raise ConfigError(f"memory {self.memory!r} and memory_budget_mb {mb:g} disagree",
+                              code="config_invalid", remedy="give memory only (memory_budget_mb is its old name)")
+        object.__setattr__(self, "memory", given)
+        object.__setattr__(self, "memory_budget_mb", None)
+        return self
 
     # ------------------------------------------------------------------ public life
     def plan(self, model: Any, data: Any = None, *, executor: Any = None) -> Plan:
@@ -92,7 +125,7 @@ class Operation(ConfigModel):
                 plan.executor, plan.shards, plan.workers = "ray", len(shards), executor.workers
                 passes = plan.forward_passes + plan.backward_passes
                 plan.passes_per_worker = -(-passes * busiest // max(1, plan.examples or 1))
-                plan.memory_per_worker_bytes = plan.peak_memory_bytes
+                plan.memory_per_worker_bytes = plan.model_bytes + plan.peak_memory_bytes
         plan.notes += [f"warning [{w['code']}]: {w['message']}" + (f" ({w['count']} times)" if w["count"] > 1 else "")
                        for w in warned]
         return plan
@@ -130,6 +163,8 @@ class Operation(ConfigModel):
             t1 = time.perf_counter()
             with prepared.model.evaluating():
                 if sharding is not None:
+                    if executor.type != "in_process" and self.memory == "auto":  # every worker sizes as the driver did
+                        sharding = self.model_copy(update={"memory": self._budget})
                     result, info = run_sharded(sharding, prepared, executor, spec, quiet=quiet,
                                                shards_dir=shards_dir, resume=resume)
                 else:
@@ -215,10 +250,12 @@ class Operation(ConfigModel):
     def prepare_for(self, model: Any, data: Any) -> Prepared[Any]:
         """`prepare` on what the user passed: the model adapted (`adapt`) and the data loaded (`load_data`).
         `plan` and `run` start here, and so does each Ray worker, on its own replica of the model."""
+        steady_heap()  # a run's resident peak follows its live tensors (heap.py)
         rough = self.stats.rough_intervals()
         if rough:
             warn(rough, code="few_resamples")
         adapter = adapt(model)
+        self._budget = self.memory_budget(adapter)
         dataset = None
         if data is not None:
             dataset = load_data(data, tokenizer=adapter.tokenizer)
@@ -226,10 +263,36 @@ class Operation(ConfigModel):
             raise ConfigError(f"{self.name} needs data", code="data_missing",
                               remedy="pass data: a task ({task: ioi, n: 16}), a file, or prompts")
         prepared = self.prepare(adapter, dataset)
+        if prepared.plan.peak_memory_bytes > self._budget:  # sizes at their smallest and still over: refused
+            self._refuse_budget(adapter, dataset, prepared.plan.peak_memory_bytes)
+        prepared.plan.memory_budget_bytes = self._budget
+        prepared.plan.model_bytes = model_bytes(adapter)
         if self.tests_cells:
             screen_plan(prepared.plan, self.stats, cells=self._screen_cells,
                         confirm_k=None if self.confirm is None else self.confirm.k)
         return prepared
+
+    def calibrate(self, model: Any, data: Any = None, *, executor: Any = None) -> Plan:
+        """`plan`, with its time estimated from one calibration forward (calibration.py: the model passes the
+        plan counts); what `entoscope ... --plan` prints. Unlike `plan`, it runs the model once (twice with a
+        backward)."""
+        from .calibration import calibrate_plan
+
+        return calibrate_plan(self.plan(model, data, executor=executor), model, data, self.prepend_bos)
+
+    def _refuse_budget(self, adapter: ModelAdapter, dataset: Dataset | None, need: int) -> None:
+        """Refuse a plan whose peak exceeds the budget (memory_budget), naming the smallest budget that would do:
+        the peak of the plan prepared with every size at its smallest (a budget of one byte)."""
+        from .memory import MemoryBudgetError, refuse
+
+        budget, smallest = self._budget or 0, need
+        tiny = self.model_copy(update={"memory": 1, "batch_size": None})
+        tiny._budget = 1
+        try:
+            smallest = min(need, tiny.prepare(adapter, dataset).plan.peak_memory_bytes)
+        except MemoryBudgetError as err:
+            smallest = min(need, err.smallest)
+        refuse(self.name, smallest, budget, "its smallest batches")
 
     # ------------------------------------------------------------------ to implement
     @abstractmethod
@@ -251,15 +314,35 @@ class Operation(ConfigModel):
         return self if isinstance(self, Sharded) and not self.not_sharded_reason() else None
 
     # ------------------------------------------------------------------ helpers for subclasses
-    def choose_batch_size(self, bytes_per_example: int, n_examples: int, cap: int = 64) -> int:
-        """batch_size if given, else what the memory budget allows (a sharded operation: enough batches to
-        shard, executors.shards.batch_cap)."""
-        from .executors.shards import batch_cap
+    def memory_budget(self, model: ModelAdapter) -> int:
+        """This run's budget in bytes (memory.py): `memory` as given, or what the model's device has free."""
+        from .memory import resolve
 
+        return resolve(self.memory, model.device)
+
+    @property
+    def budget_bytes(self) -> int:
+        """The budget prepare_for resolved (a prepare called directly resolves it on the CPU's free memory)."""
+        if self._budget is None:
+            from .memory import resolve
+
+            self._budget = resolve(self.memory)
+        return self._budget
+
+    def choose_batch_size(self, bytes_per_example: int, n_examples: int, cap: int = 64, *, fixed: int = 0,
+                          peak_of: Callable[[int], int] | None = None, unit: str = "prompt") -> int:
+        """batch_size if given (refused when its estimate exceeds the budget), else the largest batch whose
+        estimated peak, `peak_of(rows)` (default fixed + rows x bytes_per_example), stays within the memory
+        budget (memory.fit_rows; refused with the smallest budget when one row does not fit); a sharded
+        operation's is cut to give enough batches to shard (executors.shards.batch_cap)."""
+        from .executors.shards import batch_cap
+        from .memory import check_within, fit_rows
+
+        peak = peak_of or (lambda rows: fixed + rows * bytes_per_example)
         if self.batch_size is not None:
+            check_within(self.name, peak(self.batch_size), self.budget_bytes, f"batch_size {self.batch_size}")
             return self.batch_size
-        budget = int(self.memory_budget_mb * 2**20)
-        size = max(1, min(cap, n_examples, budget // max(1, bytes_per_example)))
+        size = fit_rows(peak, self.budget_bytes, min(cap, max(1, n_examples)), what=self.name, unit=unit)
         return size if self.not_sharded_reason() else batch_cap(size, n_examples)
 
     def config(self) -> dict[str, Any]:

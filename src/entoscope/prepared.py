@@ -22,6 +22,8 @@ S = TypeVar("S")
 class Plan:
     """What a run will cost, worked out without running the model.
 
+    peak_memory_bytes: the run's peak above the loaded model (its batches, caches, vocabulary-sized tensors,
+    statistics: what `memory` budgets; memory.py), estimated; model_bytes: the loaded model's weights.
     rows: the table's rows. forward_passes: prompt forwards (one prompt, or one copy of it, through the blocks
     it runs: a batch of B prompts is B; a run started part-way is one per prompt). backward_passes: prompt
     backwards. Where a number depends on the run's values the plan gives an upper bound and its notes say so
@@ -43,6 +45,10 @@ class Plan:
     memory_per_worker_bytes: int | None = None
     global_step: str = ""  # what runs on the driver between sharded phases
     screen: dict[str, Any] | None = None  # what a table tested against 0 can show (stats/signflip.screen_limits)
+    memory_budget_bytes: int | None = None  # the budget the sizes were chosen in (memory.py)
+    model_bytes: int = 0  # the loaded model's weights (not in peak_memory_bytes)
+    seconds: float | None = None  # the run's time, estimated from a calibration forward (Operation.calibrate)
+    calibration: str = ""  # what the time estimate was calibrated on
 
     def __str__(self) -> str:
         sizes = sorted(set(self.batch_sizes))
@@ -53,7 +59,9 @@ class Plan:
             f"  forward passes    {self.forward_passes} (batched: {len(self.batch_sizes)} batches of "
             f"{', '.join(map(str, sizes)) or '-'})",
             f"  backward passes   {self.backward_passes}",
-            f"  peak memory       ~{self.peak_memory_bytes / 2**20:.1f} MiB (estimate)",
+            f"  peak memory       ~{self.peak_memory_bytes / 2**20:.1f} MiB above the loaded model (estimate)"
+            + (f"; budget {self.memory_budget_bytes / 2**20:,.0f} MiB" if self.memory_budget_bytes else ""),
+            f"  model weights     {self.model_bytes / 2**20:,.1f} MiB",
             f"  files             {', '.join(self.files)}",
         ]
         if self.executor != "in-process":
@@ -61,6 +69,8 @@ class Plan:
             lines += [f"  executor          {self.executor}: {self.shards} shards over {self.workers} workers",
                       f"  passes/worker     ~{self.passes_per_worker} (the busiest worker, forward + backward)",
                       f"  memory/worker     ~{memory:.1f} MiB (its replica and its batches)"]
+        if self.seconds is not None:
+            lines.append(f"  time              ~{_duration(self.seconds)} (estimate: {self.calibration})")
         if self.global_step:
             lines.append(f"  on the driver     {self.global_step}")
         lines += [f"  note: {n}" for n in self.notes]
@@ -68,6 +78,14 @@ class Plan:
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 @dataclass

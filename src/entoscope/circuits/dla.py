@@ -34,6 +34,7 @@ table's rows (`mean_q`) and `significant` (q <= stats.fdr). `std` and `mean_abs`
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -55,15 +56,17 @@ from ..metrics import at_positions
 from ..metrics import logit as logit_metric
 from ..metrics import logit_diff as logit_diff_metric
 from ..models.adapter import ModelAdapter
+from ..models.footprint import FIXED, Footprint
 from ..models.guards import require_linear_logits
 from ..models.names import ActName
 from ..models.weights import Norm
-from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
+from ..operation import Operation, Plan, Prepared, progress, register_operation
+from ..results.figures import interval_note, metric_unit, noted
 from ..results.lazy import LazyDict, LazyTable
 from ..results.result import Result
-from ..results.figures import interval_note, metric_unit, noted
 from ..stats import Stats, ci_text, interval_columns, streamed_mean, summarise
 from ..stats.columns import hover_value, interval_bars, level_text
+from ..stats.footprint import summary_bytes
 from ..stats.moments import column_moments
 from .decompose import Component, component_dots, components, decomposition_reads
 from .scores_takeaway import TOP_SHARE_FILE, dla_takeaway, top_share
@@ -166,9 +169,9 @@ class DirectLogitAttribution(Sharded, Operation):
                                 remedy="give each example wrong_answers, or use metric: logit")
         comps = components(s, split)
         T = max(td.lengths)
-        per_example = 4 * T * (s.n_layers * (2 * s.d_model + (s.d_mlp if split else 0)) + 2 * s.d_model + s.d_vocab)
-        per_example += 8 * len(comps) * 2
-        bs = self.choose_batch_size(per_example, len(td))
+        peak = dla_footprint(model, decomposition_reads(s, split) + [ActName("final_scale")], len(comps), len(td), T,
+                             bool(split), self.stats)
+        bs = self.choose_batch_size(0, len(td), peak_of=peak)
         batches = make_batches(td, bs, pad_id(model))
         tol = self.tolerance if self.tolerance is not None else default_tolerance(model.unembedding_dtype)
         notes = [f"identity checked per prompt: |sum of rows + constant - model's {self.metric}| <= "
@@ -176,7 +179,7 @@ class DirectLogitAttribution(Sharded, Operation):
                  "final norm scale frozen at its value on the final residual stream (apply_ln_to_stack)"]
         plan = Plan(self.name, rows=len(comps), forward_passes=len(td), backward_passes=0,
                     batch_sizes=[len(b) for b in batches], examples=len(td),
-                    peak_memory_bytes=model_bytes(model) + bs * per_example, notes=notes,
+                    peak_memory_bytes=peak(bs), notes=notes,
                     files=["table.csv", "table.parquet", "per_prompt.csv", "per_prompt.parquet", "index.html",
                            "identity.csv", "manifest.json"])
         return Prepared(model, data, plan, DLAState(batches, comps, split, len(td), tol))
@@ -189,7 +192,7 @@ class DirectLogitAttribution(Sharded, Operation):
         mine = [st.batches[i] for i in batches]
         parts: dict[str, list[Tensor]] = {"contrib": [], "value": [], "constant": [], "sum": []}
         for batch in progress(mine, total=len(mine), desc="dla", quiet=quiet):
-            out = model.run(batch.tokens, reads)
+            out = model.run(batch.tokens, reads, logits_at=batch.last)  # the answer position's logits only
             with torch.no_grad():
                 rows, const, value = self._attribute(model, out.acts, out.logits, batch, st.split)
             parts["contrib"].append(rows.T.cpu())
@@ -218,7 +221,8 @@ class DirectLogitAttribution(Sharded, Operation):
 
     def _attribute(self, model: ModelAdapter, acts: dict[ActName, Tensor], logits: Tensor, batch: Any,
                    split: list[int]) -> tuple[Tensor, Tensor, Tensor]:
-        """(rows [C, B], constant [B], the model's own value [B]) for one batch, in float64."""
+        """(rows [C, B], constant [B], the model's own value [B]) for one batch, in float64; logits [B, V] at each
+        prompt's last position (the run keeps the last position's only)."""
         wrong = batch.wrong_answers if self.metric == "logit_diff" else None
         return attribute(model, acts, logits, batch.last, batch.answers, wrong, split)
 
@@ -233,14 +237,15 @@ def attribute(model: ModelAdapter, acts: dict[ActName, Tensor], logits: Tensor, 
               wrong: Tensor | None, split: list[int] | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """(rows [C, B], constant [B], the model's own value [B]) in float64: each component's direct contribution
     to the logit difference (`wrong` given) or the answers' logit (`wrong` None) at positions `last` [B], read
-    from a run's `acts` (`decomposition_reads` + final_scale) and its `logits` [B, T, V] (the module docstring)."""
+    from a run's `acts` (`decomposition_reads` + final_scale) and its `logits`: [B, T, V], or [B, V] already at
+    `last` (the module docstring)."""
     u, b_U_part = answer_direction(model, answers, wrong)
     norm = model.weights.final_norm
     scale = acts[ActName("final_scale")][torch.arange(len(last)), last.to(logits.device)]  # [B, 1]
     direction = frozen_norm_direction(norm, u, scale.to(torch.float64))
     rows = component_dots(model, acts, last, direction, split or [])
     constant = b_U_part if norm.bias is None else u @ norm.bias.to(torch.float64) + b_U_part
-    final = at_positions(logits, last).to(torch.float64)
+    final = (at_positions(logits, last) if logits.dim() == 3 else logits).to(torch.float64)
     answers = answers.to(final.device)
     if wrong is not None:
         value = logit_diff_metric(final, answers, wrong.to(final.device))
@@ -270,6 +275,18 @@ def check_identity(ident: dict[str, Tensor], tol: float, metric: str) -> pd.Data
             "layout, or hooks changing activations); for a model run in reduced precision pass a larger "
             "tolerance")
     return frame
+
+
+def dla_footprint(model: ModelAdapter, reads: list[ActName], C: int, n: int, T: int, split: bool,
+                  stats: Stats) -> Callable[[int], int]:
+    """peak(B) above the loaded model (memory.py): per prompt of a batch the activations read and a forward with
+    the last position's logits; every prompt's C contributions (float64); with neurons split, one layer's W_out in
+    float64 while its neurons are dotted; when the table is made, the statistics' chunks."""
+    fp, s = Footprint(model), model.structure
+    per_example = fp.act(reads, 1, T) + fp.forward(1, T, logit_rows=1)
+    values = n * (C + 3) * 8 * 2
+    w_out = 8 * s.d_mlp * s.d_model if split else 0
+    return lambda B: FIXED + values + max(w_out + B * per_example, summary_bytes(n, C, stats))
 
 
 class DLAResult(Result):

@@ -55,8 +55,8 @@ The control (what the takeaway names heads by, `passes`): a head of a kind would
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -73,15 +73,16 @@ from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
 from ..metrics import readable
 from ..models.adapter import ModelAdapter
+from ..models.footprint import FIXED
 from ..models.names import ActName
-from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
+from ..operation import Operation, Plan, Prepared, progress, register_operation
 from ..results.claims import clears, most
 from ..results.lazy import LazyTable
 from ..results.result import Result
 from ..stats import Stats, interval_columns, streamed_mean, summarise
 from ..stats.columns import hover_value, level_text
-from .head_figures import SCALE_TITLE
 from ..stats.moments import column_moments
+from .head_figures import SCALE_TITLE
 from .scores_takeaway import head_scores_takeaway
 
 HeadKind = Literal["previous_token", "duplicate_token", "induction"]
@@ -245,7 +246,7 @@ class HeadScores(Sharded, Operation):
         plan = Plan(self.name, rows=s.n_layers * s.n_heads * len(self.kinds), forward_passes=len(td) * (2 if controls
                                                                                                        else 1),
                     backward_passes=0, batch_sizes=[len(b) for b in batches], examples=len(td),
-                    peak_memory_bytes=model_bytes(model) + bs * per_example, notes=notes)
+                    peak_memory_bytes=FIXED + bs * per_example, notes=notes)
         return Prepared(model, data, plan, HeadScoresState(batches, tuple(offsets), controls))
 
     # sharded (docs/scale.md): a shard returns its prompts' scores; summarise has every prompt's

@@ -56,13 +56,14 @@ from ..data.examples import Dataset
 from ..data.tokenized import Batch, make_batches, pad_id, tokenize_data
 from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
-from ..results.lazy import LazyTable
 from ..metrics import readable
 from ..models.adapter import ModelAdapter
+from ..models.footprint import FIXED
 from ..models.names import ActName
 from ..models.post_norms import post_scale_reads, through_post_norm
 from ..models.structure import Structure
-from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
+from ..operation import Operation, Plan, Prepared, progress, register_operation
+from ..results.lazy import LazyTable
 from ..results.result import Result
 from .ifr_table import RouteGraphs, component_stats, component_table, edge_frame
 from .route_links import LinkGraph
@@ -393,9 +394,8 @@ class InformationFlowRoutes(Sharded, Operation):
         T = max(td.lengths)
         H = s.n_heads if self.granularity == "head" else 1
         acts = s.n_layers * (4 * T * s.d_model + T * s.n_kv_heads * s.d_head + s.n_heads * T * T) + T * s.d_vocab
-        importances = s.n_layers * (T * H * T + 6 * T) * 2  # importances and kept-edge masks
-        per_example = 4 * (acts + importances)
-        max_floats = max(2**20, int(self.memory_budget_mb * 2**20 / 4 / 8))  # attention parts per chunk
+        per_example = 4 * (acts + s.n_layers * (T * H * T + 6 * T) * 2)  # the reads; importances and edge masks
+        max_floats = min(2**25, max(2**20, self.budget_bytes // 32))  # attention parts per chunk; ~2 alive at once
         bs = self.choose_batch_size(per_example, len(td))
         batches = make_batches(td, bs, pad_id(model))
         notes = [f"edges kept when importance > tau = {self.tau:g}; granularity {self.granularity!r}",
@@ -404,8 +404,8 @@ class InformationFlowRoutes(Sharded, Operation):
             notes.append("parallel blocks: attention and MLP read the same node resid_pre.l")
         plan = Plan(self.name, rows=s.n_layers * (H + 1), forward_passes=len(td), backward_passes=0,
                     batch_sizes=[len(b) for b in batches], examples=len(td),
-                    peak_memory_bytes=model_bytes(model) + bs * per_example + 3 * 4 * max_floats, notes=notes,
-                    files=["table.csv", "table.parquet", "per_prompt.csv", "per_prompt.parquet", "index.html",
+                    peak_memory_bytes=FIXED + bs * per_example + 8 * min(max_floats, bs * T * T * H * s.d_model // 2),
+                    notes=notes, files=["table.csv", "table.parquet", "per_prompt.csv", "per_prompt.parquet", "index.html",
                            "graphs/*.graphml", "graphs/*.json", "manifest.json"])
         return Prepared(model, data, plan, RoutesState(batches, max_floats))
 

@@ -27,22 +27,36 @@ from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
 from ..metrics import Metric
 from ..models.adapter import ModelAdapter
+from ..models.footprint import FIXED
 from ..models.partial import prefix_support
 from ..models.split_inputs import check_split_once, refuse_unsplittable
-from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
+from ..operation import (
+    Operation,
+    Plan,
+    Prepared,
+    progress,
+    register_operation,
+)
 from ..results.result import Result
 from ..stats import Summary, significance_columns, streamed_mean, summarise
 from .acdc import acdc
+from .circuit_result import CircuitResult, _figures
 from .eap import Rule, edge_scores_per_prompt
 from .edge_patching import EdgePatcher
-from .faithfulness import (MIB_FRACTIONS, above, curve_circuits, curve_table, faithfulness, faithfulness_summary,
-                           top_n)
+from .faithfulness import (
+    MIB_FRACTIONS,
+    above,
+    curve_circuits,
+    curve_table,
+    faithfulness,
+    faithfulness_summary,
+    top_n,
+)
+from .graph import Circuit, ComponentGraph
 from .search import SearchOutcome, next_n, search_rows, start_points
 from .search import outcome as search_outcome
 from .stability import Stability, circuit_stability
 from .takeaway import circuit_blank_note, circuit_takeaway
-from .circuit_result import CircuitResult, _figures
-from .graph import Circuit, ComponentGraph
 
 Method = Literal["eap", "eap_ig", "exact", "acdc"]
 ROWS_PER_PASS = 32  # EAP-IG: prompts x integration points in one forward/backward pass
@@ -195,7 +209,7 @@ class Circuits(Sharded, Operation):
             rows = max(bs, min(ROWS_PER_PASS, bs * (self.steps + 1)) // bs * bs)
         plan = Plan(self.name, rows=graph.n_edges, forward_passes=fwd, backward_passes=bwd,
                     batch_sizes=[len(b) for b in batches], examples=len(td),
-                    peak_memory_bytes=model_bytes(model) + bs * per_example + (rows - bs) * activations, notes=notes,
+                    peak_memory_bytes=FIXED + bs * per_example + (rows - bs) * activations, notes=notes,
                     files=["table.csv", "table.parquet", "index.html", "manifest.json", "circuit.json",
                            "circuit.graphml", "circuit.html", "summary.json"]
                     + (["faithfulness.csv"] if self.faithfulness and self.method != "acdc" else [])

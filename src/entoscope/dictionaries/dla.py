@@ -140,7 +140,7 @@ class FeatureDLA(DirectLogitAttribution):
         active: list[list[tuple[Tensor, Tensor, Tensor]]] = [[] for _ in bases]  # (prompts, features, rows)
         ident = {x: torch.zeros(n, dtype=torch.float64) for x in ("value", "constant", "sum", "decoder_bias")}
         for batch in progress(st.batches, total=len(st.batches), desc="feature dla", quiet=quiet):
-            out = model.run(batch.tokens, reads)
+            out = model.run(batch.tokens, reads, logits_at=batch.last)  # the answer position's logits only
             idx = torch.tensor(batch.index)
             with torch.no_grad():
                 rows, constant, value = self._attribute(model, out.acts, out.logits, batch, [])

@@ -71,7 +71,6 @@ from ..operation import (
     Operation,
     Plan,
     Prepared,
-    model_bytes,
     progress,
     register_operation,
 )
@@ -235,7 +234,7 @@ class FeatureGraph(Operation):
         cf = int(self.baseline == "counterfactual")
         plan = Plan(self.name, rows=rows, forward_passes=len(td) * (2 + cf + points * K),
                     backward_passes=len(td) * (1 + points * K),
-                    batch_sizes=[K] * len(td), examples=len(td), peak_memory_bytes=model_bytes(model) + per_pass,
+                    batch_sizes=[K] * len(td), examples=len(td), peak_memory_bytes=per_pass,
                     notes=[f"sites: {', '.join(f'{x.hook_out} <- {x.key}' for x in sites)}",
                            f"{self.method}, baseline {self.baseline}; {self.max_features} feature nodes per prompt",
                            "rows: at most (the features kept in some prompt, one node per dictionary's error, "

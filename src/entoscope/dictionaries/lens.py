@@ -28,7 +28,7 @@ from ..errors import DictionaryError
 from ..lens.parameter import ParameterLens, ParameterLensState
 from ..models.adapter import ModelAdapter
 from ..models.names import parse_name
-from ..operation import Plan, Prepared, model_bytes, register_operation
+from ..operation import Plan, Prepared, register_operation
 from ..sites import Selection, Sites
 from ..models.dictionaries.catalog import get_dictionary
 
@@ -73,7 +73,7 @@ class DecoderLens(ParameterLens):
         units = [{"dictionary": self.dictionary, "feature": u.get("feature")} for u in resolved.units]
         s = model.structure
         plan = Plan(self.name, rows=len(units), forward_passes=0, backward_passes=0, batch_sizes=[],
-                    peak_memory_bytes=model_bytes(model) + 4 * len(units) * (s.d_vocab + s.d_model))
+                    peak_memory_bytes=4 * len(units) * (s.d_vocab + s.d_model))
         return Prepared(model, data, plan, ParameterLensState(units))
 
     def reading(self) -> str:

@@ -25,9 +25,10 @@ from ..data.examples import Dataset, Example
 from ..data.tokenized import tokenize_data
 from ..errors import ConfigError, EntoscopeError, warn
 from ..models.adapter import ModelAdapter
+from ..models.footprint import FIXED
 from ..models.guards import require_linear_logits
 from ..models.names import ActName
-from ..operation import Operation, Plan, Prepared, model_bytes, register_operation
+from ..operation import Operation, Plan, Prepared, register_operation
 from .patch import STAND_IN, patching_op, prepare_patching, run_patching
 from .result import InspectResult
 from .views import attention_table, dla_reads, dla_table, lens_table, predictions_table
@@ -122,7 +123,7 @@ class Inspect(Operation):
         forward = 1
         if cf_tokens is not None:
             cf_forward = ans is None
-            op = patching_op("logit_diff" if wrong or ans is None else "logit", self.batch_size, self.memory_budget_mb,
+            op = patching_op("logit_diff" if wrong or ans is None else "logit", self.batch_size, self.budget_bytes,
                              self.prepend_bos, self.answer_scoring)
             prepared = prepare_patching(model, op, tokens, cf_tokens, ans or [STAND_IN], wrong or
                                         ([] if ans is not None else [STAND_IN + 1]))
@@ -141,7 +142,7 @@ class Inspect(Operation):
         files += ["patching.csv", "patching.parquet"] if patching else []
         plan = Plan(self.name, rows=T, forward_passes=forward, backward_passes=0,
                     batch_sizes=[1] + ([1] if cf_forward else []) + (patching[1].plan.batch_sizes if patching else []),
-                    peak_memory_bytes=model_bytes(model) + per_run, examples=1, notes=notes,
+                    peak_memory_bytes=FIXED + per_run, examples=1, notes=notes,
                     files=files + ["index.html", "manifest.json"])
         state = InspectState(tokens, cf_tokens, ans, wrong, reads, lens, dla, patching, cf_forward, notes)
         return Prepared(model, None, plan, state)
@@ -180,7 +181,7 @@ class Inspect(Operation):
                         last = torch.tensor([len(st.cf_tokens) - 1])
                         top = int(model.run(torch.tensor([st.cf_tokens]), logits_at=last).logits[0].argmax())
                     wrong = None if top == answers[0] else [top]
-                op = patching_op("logit_diff" if wrong else "logit", self.batch_size, self.memory_budget_mb,
+                op = patching_op("logit_diff" if wrong else "logit", self.batch_size, self.budget_bytes,
                                  self.prepend_bos, self.answer_scoring)
                 patch_prepared = prepare_patching(model, op, st.tokens, st.cf_tokens, answers, wrong or [])
             tables["patching"], terms = run_patching(op, patch_prepared, vocab, st.tokens, st.cf_tokens, quiet)

@@ -31,12 +31,12 @@ from ..stats import Stats
 STAND_IN = 0  # the answer id a plan uses before the model's own prediction is known (the schedule ignores it)
 
 
-def patching_op(metric: str, batch_size: int | None, memory_budget_mb: float, prepend_bos: bool,
+def patching_op(metric: str, batch_size: int | None, memory: int | str, prepend_bos: bool,
                 answer_scoring: str) -> Patching:
     """The patching operation one inspection runs (no intervals: one pair has nothing to resample)."""
     return Patching(method="exact", sites=Sites(activation="resid_pre", over=["layer", "position"]),
                     metric=Metric(type=metric), comparison="difference", stats=Stats(n_boot=0), per_prompt=False,
-                    batch_size=batch_size, memory_budget_mb=memory_budget_mb, prepend_bos=prepend_bos,
+                    batch_size=batch_size, memory=memory, prepend_bos=prepend_bos,
                     answer_scoring=answer_scoring)  # type: ignore[arg-type]
 
 

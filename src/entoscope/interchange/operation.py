@@ -31,10 +31,11 @@ from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
 from ..metrics import readable
 from ..models import features
+from ..models.footprint import FIXED, Footprint
 from ..models.adapter import Intervention, ModelAdapter
 from ..models.names import ActName
 from ..models.partial import prefix_reads, prefix_support, record_past
-from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
+from ..operation import Operation, Plan, Prepared, progress, register_operation
 from ..results.result import Result
 from ..sites import position_text, resolve_positions, role_ref
 from ..steering.sites import steerable
@@ -255,7 +256,12 @@ class Interchange(Sharded, Operation):
             notes.append("the bridge's key/value prefix: each cached base runs the blocks once more (record_past)")
         if not st.start:
             notes.append("this model cannot start part-way: every training and evaluation run is a full forward")
-        peak = model_bytes(model) + ROWS_PER_FORWARD * per_example
+        fp, T = Footprint(model), max(st.td.lengths)  # a batch of prompts, or ROWS_PER_FORWARD rows at the answer
+        rows = ROWS_PER_FORWARD * (fp.forward(1, T, logit_rows=1) + fp.vocab(1, 2))
+        L = model.structure.n_layers  # DAS's steps: a batch run from the earliest layer (started part-way) and back
+        first = min((c.layer for c in st.cells), default=0) if st.start else 0
+        training = fp.saved(min(self.das_batch_size, max(1, n_train)), T) * (L - first) // L if das else 0
+        peak = FIXED + max(max(len(b) for b in st.batches) * per_example, rows, training)
         return Plan(self.name, rows=n_cells * (1 + len(st.conditions)), forward_passes=forward,
                     backward_passes=backward, batch_sizes=[len(b) for b in st.batches], peak_memory_bytes=int(peak),
                     notes=notes, examples=len(st.td), files=["table.csv", "table.parquet", "index.html",
@@ -459,5 +465,6 @@ def _cache(model: ModelAdapter, st: InterchangeState, tokens: torch.Tensor) -> d
 
 
 def _bytes_per_example(model: ModelAdapter, T: int) -> int:
-    s = model.structure
-    return T * FLOAT * (s.d_model * 12 + s.d_mlp * 3 + s.n_heads * T * 3) + 3 * T * s.d_vocab * FLOAT
+    """Bytes one prompt holds in a forward (models/footprint.py): logits at every position and a float32 copy."""
+    fp = Footprint(model)
+    return fp.forward(1, T) + fp.vocab(T)

@@ -76,7 +76,7 @@ class LensComparison(JacobianSource, Operation):
         assert data is not None
         sites = Sites(activation="resid_post", over=["layer"], layers=self.layers)
         common = dict(sites=sites, top_k=1, stats=self.stats, seed=self.seed, batch_size=self.batch_size,
-                      memory_budget_mb=self.memory_budget_mb, prepend_bos=self.prepend_bos)
+                      memory=self.memory, prepend_bos=self.prepend_bos)
         logit = Lens(**common)
         runs = [("logit", logit, logit.prepare(model, data))]
         if self.translators:

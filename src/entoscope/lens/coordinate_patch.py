@@ -46,7 +46,7 @@ from ..executors.shards import PerPrompt
 from ..metrics import Metric, check_metric_runs, metric_where, readable
 from ..models.adapter import Intervention, ModelAdapter
 from ..models.names import ActName
-from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
+from ..operation import Operation, Plan, Prepared, progress, register_operation
 from ..results.result import Result
 from ..sites import Sites, SiteSet, absolute_positions
 from .coordinate_summary import coordinate_result
@@ -136,7 +136,7 @@ class CoordinatePatching(JacobianSource, Sharded, Operation):
         atoms = 8 * s.d_vocab * s.d_model * 2  # one layer's lens vectors in float64 and their product
         plan = Plan(self.name, rows=U, forward_passes=E * (1 + 2 * U) + source.forward_passes,
                     backward_passes=source.backward_passes, batch_sizes=[len(b) for b in batches], examples=E,
-                    peak_memory_bytes=model_bytes(model) + bs * per_example + atoms, notes=notes)
+                    peak_memory_bytes=bs * per_example + atoms, notes=notes)
         return Prepared(model, data, plan, CoordinateState(td, siteset, rows, batches, source))
 
     # ------------------------------------------------------------------ sharded (docs/scale.md)

@@ -46,10 +46,11 @@ from ..data.tokenized import Batch, length_batches, pad, pad_id
 from ..errors import ConfigError, DataError, warn
 from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
+from ..models.footprint import FIXED
 from ..models.adapter import Intervention, ModelAdapter
 from ..models.names import ActName
 from ..models.partial import prefix_reads, prefix_support, record_past, slice_start
-from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
+from ..operation import Operation, Plan, Prepared, progress, register_operation
 from ..results.result import Result
 from .jacobian import ESTIMATOR, JacobianLens, _revision, prompt_hash
 from .normfold import folded_norms
@@ -92,8 +93,8 @@ class JacobianLensFit(Sharded, Operation):
                             "sinks; TransformerLens's default 16)")
     max_length: int = Field(default=128, ge=2, description="prompts are cut to this many tokens (and to the model's "
                             "context)")
-    dim_chunk: int | None = Field(default=None, ge=1, description="one-hot cotangents per batched backward; default "
-                                  "8 (fewer where memory_budget_mb says so)")
+    dim_chunk: int | None = Field(default=None, ge=1, description="copies of each prompt (one one-hot cotangent each) per backward; default "
+                                  "8 (fewer where the memory budget says so)")
     corpus: str | None = Field(default=None, description="the provenance name the lens records (a merge refuses "
                                "lenses whose names differ); default the data's name and parameters")
     save: str | None = Field(default=None, description="where to write the lens: a .pt file, or a folder that gets "
@@ -133,7 +134,7 @@ class JacobianLensFit(Sharded, Operation):
         blocks, Tg = (s.n_layers - 1 - layers[0], T - self.skip_first) if suffix else (s.n_layers, T)
         act = 4 * Tg * blocks * (12 * s.d_model + 3 * s.d_mlp + 2 * s.n_heads * T)
         per_cot = act + 4 * Tg * s.d_model * (len(layers) + 1)
-        budget = int(self.memory_budget_mb * 2**20)
+        budget = self.budget_bytes
         # default 8 copies per prompt and at most 32 prompt copies per backward: wider backwards measured
         # slower on one CPU thread (their gradients outgrow the cache; bench_jacobian_lens.py)
         chunk = self.dim_chunk or max(1, min(8, s.d_model, budget // (2 * per_cot)))
@@ -164,7 +165,7 @@ class JacobianLensFit(Sharded, Operation):
         plan = Plan(self.name, rows=len(layers), forward_passes=len(ids) * passes,
                     backward_passes=len(ids) * n_chunks * chunk,
                     batch_sizes=[len(b) for b in batches], examples=len(ids), files=[],
-                    peak_memory_bytes=model_bytes(model) + bs * chunk * per_cot + 2 * mats, notes=notes)
+                    peak_memory_bytes=FIXED + bs * chunk * per_cot + 2 * mats, notes=notes)
         return Prepared(model, kept_data, plan, FitState(batches, layers, chunk, max_length, corpus,
                                                          tuple(prompt_hash(t) for t in ids)))
 

@@ -81,7 +81,7 @@ def prepare_source(op: JacobianSource, model: ModelAdapter, *, required: bool, l
     from .jacobian_fit import JacobianLensFit
 
     fit = JacobianLensFit(layers=layers, skip_first=op.fit_skip_first, max_length=op.fit_max_length,
-                          memory_budget_mb=getattr(op, "memory_budget_mb", 2048),
+                          memory=getattr(op, "memory", "auto"),
                           prepend_bos=getattr(op, "prepend_bos", True))
     # texts are only text: built without the model's tokenizer, so a task's answer words need not be one token
     data = load_data(op.fit_data)

@@ -11,6 +11,7 @@ there and in docs/lens.md). One batched run per batch of prompts; one matmul per
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any, Literal
 
 import numpy as np
@@ -26,15 +27,17 @@ from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
 from ..metrics import readable
 from ..models.adapter import ModelAdapter
+from ..models.footprint import FIXED, Footprint
 from ..models.names import ActName
 from ..models.vocabulary import Vocabulary
-from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
+from ..operation import Operation, Plan, Prepared, progress, register_operation
 from ..results.result import Result
 from ..sites import Sites, SiteSet, absolute_positions, position_text
 from ..results.lazy import LazyTable
 from ..results.figures import interval_note, noted
 from ..stats import Stats, error_arrays, interval_columns, share_interval, streamed_mean, summarise
 from ..stats.columns import hover_value, interval_bars, level_text
+from ..stats.footprint import summary_bytes
 from ..stats.moments import column_moments
 from .project import (COMPONENTS, RESIDUAL_STATES, ComponentScale, check_lens_kind, decode_components,
                       decode_states, residual_after, to_residual_basis)
@@ -118,8 +121,8 @@ class Lens(Sharded, Operation):
         s = model.structure
         T = max(td.lengths)
         chunk = _unit_chunk(len(rows), s.d_vocab)
-        per_example = 4 * T * (len(reads) * s.d_model * 4 + s.d_vocab) + 4 * chunk * s.d_vocab * 3
-        bs = self.choose_batch_size(per_example, len(td))
+        peak = lens_footprint(model, reads, len(rows), len(td), T, chunk, self.top_k, self.stats)
+        bs = self.choose_batch_size(0, len(td), peak_of=peak)
         batches = make_batches(td, bs, pad_id(model))
         notes = [siteset.note] if siteset.note else []
         if "pos" not in siteset.over:
@@ -128,7 +131,7 @@ class Lens(Sharded, Operation):
             notes.append(f"components normalised with component_scale={self.component_scale!r}")
         plan = Plan(self.name, rows=len(rows), forward_passes=len(td), backward_passes=0,
                     batch_sizes=[len(b) for b in batches], examples=len(td),
-                    peak_memory_bytes=model_bytes(model) + bs * per_example, notes=notes)
+                    peak_memory_bytes=peak(bs), notes=notes)
         return Prepared(model, data, plan, LensState(td, siteset, rows, reads, batches, lens, chunk))
 
     # sharded (docs/scale.md): a shard returns its prompts' rows and its sum of the decoded distributions
@@ -215,6 +218,22 @@ class Lens(Sharded, Operation):
 
 
 # ---------------------------------------------------------------------- helpers
+def lens_footprint(model: ModelAdapter, reads: list[ActName], U: int, n: int, T: int, chunk: int, k: int,
+                   stats: Stats) -> Callable[[int], int]:
+    """peak(B): the bytes a lens run with batches of B prompts takes above the loaded model (memory.py). While it
+    decodes: the sum of the decoded distributions [U, V] (float64), every prompt's values, and per prompt of the
+    batch its forward with the logits at every position, the final distribution's log-probabilities and
+    probabilities, the activations read and its share of a chunk of decoded sites ([chunk, B, V], a few float32
+    copies); when the table is made: that sum twice (the mean) and the statistics' chunks."""
+    fp = Footprint(model)
+    V = model.structure.d_vocab
+    per_example = (fp.forward(1, T) + fp.act(reads, 1, T) + fp.vocab(T, 2 + (fp.f != 4))
+                   + fp.vocab(chunk, 8))
+    sums, values = U * V * 8, n * U * (2 * k + 6) * 8
+    table = 2 * sums + summary_bytes(n, 5 * U, stats)
+    return lambda B: FIXED + max(sums + values + B * per_example, table)
+
+
 def _unit_chunk(n_rows: int, d_vocab: int, budget_floats: int = 2**24) -> int:
     """Sites decoded per matmul: bounded so [sites, batch, vocab] stays ~ budget_floats x 4 bytes / batch."""
     return max(1, min(n_rows, budget_floats // (64 * d_vocab)))

@@ -31,7 +31,7 @@ from .. import naming
 from ..data.examples import Dataset
 from ..errors import ConfigError
 from ..models.adapter import ModelAdapter
-from ..operation import Operation, Plan, Prepared, model_bytes, register_operation
+from ..operation import Operation, Plan, Prepared, register_operation
 from ..results.result import Result
 from ..sites import Selection, Sites
 from .parameter_takeaway import SPACES, parameter_takeaway
@@ -90,7 +90,7 @@ class ParameterLens(Operation):
         else:
             units = [{"token": t} for t in token_ids]
         plan = Plan(self.name, rows=len(units), forward_passes=0, backward_passes=0, batch_sizes=[],
-                    peak_memory_bytes=model_bytes(model) + 4 * len(units) * (s.d_vocab + s.d_model))
+                    peak_memory_bytes=4 * len(units) * (s.d_vocab + s.d_model))
         return Prepared(model, data, plan, ParameterLensState(units))
 
     def vectors(self, model: ModelAdapter, units: list[dict[str, Any]]) -> Tensor:

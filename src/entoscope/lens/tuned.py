@@ -34,7 +34,7 @@ from ..executors.shards import PerPrompt
 from ..files import read_tensors
 from ..models.adapter import ModelAdapter, adapt
 from ..models.names import ActName
-from ..operation import Operation, Plan, Prepared, model_bytes, progress
+from ..operation import Operation, Plan, Prepared, progress
 from ..results.result import Result
 from .project import decode_states
 
@@ -215,7 +215,7 @@ class LensTrainingData(Sharded, Operation):
         per_example = 4 * T * (s.n_layers * s.d_model + s.d_vocab) * 2
         plan = Plan(self.name, rows=len(td), forward_passes=len(td), backward_passes=0,
                     batch_sizes=[len(b) for b in batches], examples=len(td),
-                    peak_memory_bytes=model_bytes(model) + len(td) * per_example, files=[])
+                    peak_memory_bytes=len(td) * per_example, files=[])
         return Prepared(model, data, plan, LensTrainingState(batches, T))
 
     def execute_shard(self, prepared: Prepared[LensTrainingState], phase: str, batches: list[int], *,

@@ -27,11 +27,12 @@ from ..errors import ConfigError, DataError, SiteError
 from ..executors.columns import PromptColumns
 from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt, batch_cap
+from ..memory import largest
 from ..metrics import ANSWER_LOGITS_ONLY, Metric, check_metric_runs, metric_where
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
 from ..models.partial import has_taps, prefix_note, prefix_reads, prefix_support, start_paths
-from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
+from ..operation import Operation, Plan, Prepared, progress, register_operation
 from ..results.lazy import LazyDict, LazyTable
 from ..results.result import Result
 from ..sites import Sites, SiteSet, resolve_positions
@@ -39,13 +40,13 @@ from .attribution import attribution_chunk, ig_chunk
 from .compare import pair_values, prompt_table, site_table
 from .exact import RowBatch, schedule, exact_chunk
 from .figures import degenerate_note, patching_figures
+from .footprint import patching_footprint
 from .references import Pairs, check_alignment, choose_partners, dataset_means, new_chunk, run_base, run_sources
 from .slots import SHIFTED_AXES, member_groups, unit_layers, unit_members
 from .takeaway import patching_takeaway
 from .values import get_patch_value
 from .writes import Setup
 
-FLOAT = 4  # bytes per activation element assumed by the memory estimates
 # Exact patching on a CPU: at most this many token rows (patched rows x positions) per forward. Beyond it the
 # block's intermediates leave the cache and each row costs more (SmolLM2-135M, one thread: a block walk of 64
 # rows x 15 tokens costs 0.021 s a row, of 256 rows 0.025 s; benchmarks/bench_real_patching.py, docs/speed.md).
@@ -101,7 +102,7 @@ class Patching(Sharded, Operation):
     prefix_reuse:    start patched runs at the first changed layer (and position): auto, positions, layers, off.
     min_gap:         a pair with |m_source - m_base| <= min_gap has no normalised value.
     per_prompt:      keep the per-prompt table.
-    batch_size:      rows (prompt x patch) per patched forward; default from memory_budget_mb.
+    batch_size:      rows (prompt x patch) per patched forward; default from memory.
     """
 
     name = "patching"
@@ -176,20 +177,20 @@ class Patching(Sharded, Operation):
         lengths = [max(len(b), len(s)) for b, s in zip(pairs.base, pairs.source_role)]
         T = max(lengths)
         past_from = self._past_from(setup)
-        per_example = _bytes_per_example(model, reads, T, past_from)
-        if self.method == "attribution":
-            per_example += _backward_bytes(model, T)
-        fits = int(self.memory_budget_mb * 2**20 / 2) // max(1, per_example)
-        chunk_size = batch_cap(max(1, min(len(td), 64, fits)), len(td))  # enough chunks to shard (docs/scale.md)
+        peak = patching_footprint(model, reads, T, past_from, self.method, setup.path,
+                                  sorted({g.act for g in setup.groups}))
+        budget = self.budget_bytes
+        # the chunk's prompts take at most half the budget, the patched rows the rest (memory.py)
+        chunk_size = batch_cap(largest(lambda c: peak(c, 1), budget // 2, min(len(td), 64)), len(td))
         if self.method == "attribution" and self.batch_size is not None:
             chunk_size = min(len(td), self.batch_size)
         chunks = length_batches(lengths, chunk_size)
-        rows = self._row_batch(model, T, setup)
+        rows = self._row_batch(model, T, lambda r: peak(max(len(c) for c in chunks), r))
         shared = pairs.shared_prefix(self.align) if value.copies_source and self.source_position is None else None
         schedules = [schedule(setup, base_len[idx], rows, pairs.base_role_rows(idx),
                               None if shared is None else shared[idx]) for idx in chunks] \
             if self.method == "exact" else []
-        plan = self._plan(model, td, siteset, setup, chunks, schedules, rows, per_example, T)
+        plan = self._plan(model, td, siteset, setup, chunks, schedules, rows, peak, T)
         state = PatchingState(pairs, siteset, setup, reads, chunks, schedules, rows, pad_id(model), chunk_size,
                               past_from)
         return Prepared(model, data, plan, state)
@@ -306,21 +307,15 @@ class Patching(Sharded, Operation):
         layers = self._start_layers(setup)
         return min(layers) if layers and setup.path == "positions" else None
 
-    def _row_batch(self, model: ModelAdapter, T: int, setup: Setup) -> int:
+    def _row_batch(self, model: ModelAdapter, T: int, peak: Any) -> int:
+        """Rows per patched batch: batch_size if given, else the most (up to 1,024; on the CPU, CPU_TOKENS tokens)
+        whose peak(rows) stays within the budget."""
         if self.batch_size is not None:
             return self.batch_size
-        s = model.structure
-        per_token = FLOAT * (s.d_model * 12 + s.d_mlp * 3 + s.n_heads * T * 3)
-        per_row = T * per_token + FLOAT * s.d_vocab * (T if setup.path == "none" else 1)
-        if self.method == "exact":
-            per_row += T * FLOAT * s.d_model * 2 * (2 if setup.path == "positions" else 1) * s.n_layers // 2
-        else:
-            per_row += _backward_bytes(model, T)
-        budget = int(self.memory_budget_mb * 2**20 / 2)
-        rows = max(1, min(1024, budget // max(1, per_row)))
+        most = 1024
         if self.method == "exact" and torch.device(model.device).type == "cpu":
-            rows = min(rows, max(1, CPU_TOKENS // T))
-        return rows
+            most = max(1, CPU_TOKENS // T)
+        return largest(peak, self.budget_bytes, most)
 
     def confirm_subset(self, rows: Any) -> Patching:
         """The confirmation run patches only the screen's top rows (their coordinates), when the sites are a
@@ -339,7 +334,7 @@ class Patching(Sharded, Operation):
         return prepared.state.siteset.frame().head(self.confirm.k)
 
     def _plan(self, model: ModelAdapter, td: Any, siteset: Any, setup: Setup, chunks: list[list[int]],
-              schedules: list, rows: int, per_example: int, T: int) -> Plan:
+              schedules: list, rows: int, per_example: Any, T: int) -> Plan:
         E, U = len(td), len(siteset)
         references = 1 + int(setup.with_source) + int("resample" in setup.needs)
         mean = E if "mean" in setup.needs else 0
@@ -363,7 +358,8 @@ class Patching(Sharded, Operation):
             acts = len({g.act for g in setup.groups})
             runs = E * self.ig_steps * acts
             forward, backward = E * references + mean + runs, runs
-            sizes += [min(rows, E * self.ig_steps)] * max(1, -(-runs // rows))
+            sizes += [min(rows, len(c) * self.ig_steps - i) for c in chunks for _ in range(acts)  # ig_chunk's batches
+                      for i in range(0, len(c) * self.ig_steps, rows)]
             notes.append(f"integrated gradients: {self.ig_steps} points, {self.ig_rule} rule, alpha = "
                          f"{_alpha_text(self.ig_rule)}; {_path_note(model, setup.path, self.prefix_reuse)}")
         if self._past_from(setup) is not None and model.structure.backend == "bridge":
@@ -375,7 +371,10 @@ class Patching(Sharded, Operation):
         elif {g.act.kind for g in setup.groups} & {"k", "v"} and model.structure.group_size > 1:
             notes.append(f"k/v: grouped-query attention ({model.structure.group_size} query heads per key/value "
                          "head): a k/v site patches the whole key/value group")
-        peak = model_bytes(model) + max(len(c) for c in chunks) * per_example + rows * per_example // max(1, T)
+        # the footprint at the largest chunk and the largest batch of patched rows the schedule runs
+        patched_rows = [len(b) for sch in schedules for b in sch if not b.unchanged] if self.method == "exact" else \
+            sizes[len(chunks) * references:] if self.method != "attribution" else []
+        peak = per_example(max(len(c) for c in chunks), max(patched_rows, default=1))
         files = ["table.csv", "table.parquet"] + (["per_prompt.csv", "per_prompt.parquet"] if self.per_prompt
                                                    else []) + ["index.html", "manifest.json"]
         return Plan(self.name, rows=U, forward_passes=forward, backward_passes=backward, batch_sizes=sizes,
@@ -517,24 +516,6 @@ def _check_source_position(groups: list) -> None:
             raise SiteError("source_position needs every patched site at one position (it says where in the "
                             "source run each value is read)", code="source_position_needs_position",
                             remedy="add position to sites.over, or give positions in coordinates")
-
-
-def _bytes_per_example(model: ModelAdapter, reads: dict[str, list[ActName]], T: int, past_from: int | None) -> int:
-    total = 0
-    for run, names in reads.items():
-        for name in names:
-            kind = {"rot_k": "k", "rot_q": "q"}.get(name.kind, name.kind)
-            total += int(np.prod(list(model.axis_sizes(name if kind == "features" else kind, T).values()))) * FLOAT
-    if past_from is not None and model.structure.backend == "bridge":  # the recorded keys and values (record_past)
-        s = model.structure
-        total += 2 * (s.n_layers - past_from) * T * s.n_kv_heads * s.d_head * FLOAT
-    return total + 2 * T * model.structure.d_vocab * FLOAT
-
-
-def _backward_bytes(model: ModelAdapter, T: int) -> int:
-    """Activations one prompt keeps for a backward pass (every block's, roughly)."""
-    s = model.structure
-    return s.n_layers * T * FLOAT * (s.d_model * 16 + s.d_mlp * 4 + s.n_heads * T * 4)
 
 
 def _patched_tokens(model: ModelAdapter, siteset: Any, pairs: Pairs, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:

@@ -31,13 +31,14 @@ from ..data.tokenized import Batch, make_batches, pad_id
 from ..errors import ConfigError, DataError
 from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt, as_numpy
+from ..models.footprint import FIXED, Footprint
 from ..models.adapter import ModelAdapter
-from ..operation import Operation, Plan, Prepared, model_bytes, register_operation
+from ..operation import Operation, Plan, Prepared, register_operation
 from ..results.result import Result
 from ..sites import Sites
 from .causal import (CausalCheck, causal_intervals, check_units, chosen_sites, fold_testing_each, run_causal_check,
                      validate_site_labels)
-from .collect import CollectionSetup, bytes_per_example, collect, empty_collection, reads_of, setup_collection
+from .collect import CollectionSetup, collect, empty_collection, reads_of, setup_collection
 from .figures import probing_figures
 from .intervals import held_out_values, summarise_probing
 from .fit import DEFAULT_ALPHA_GRID, DEFAULT_C_GRID, MEMORY_BUDGET, _check_split, _encode_labels, _make_splits, \
@@ -158,7 +159,8 @@ class Probing(Sharded, Operation):
         reads = reads_of(cs.units)
         T = max(cs.td.lengths)
         N = len(cs.td)
-        per_example = bytes_per_example(model, reads, T)
+        fp = Footprint(model)  # the reads and a forward (its logits only when a causal check scores them)
+        per_example = fp.act(reads, 1, T) + fp.forward(1, T, logit_rows=None if metric_fn is not None else 0)
         bs = self.choose_batch_size(per_example, N)
         batches = make_batches(cs.td, bs, pad_id(model))
         sizes = [u.size for u in cs.units]
@@ -184,7 +186,7 @@ class Probing(Sharded, Operation):
                          f"{per_site} pass(es) over the prompts ({', '.join(parts)})")
         plan = Plan(self.name, rows=len(cs.units), forward_passes=forwards, backward_passes=0,
                     batch_sizes=[len(b) for b in batches], examples=N,
-                    peak_memory_bytes=model_bytes(model) + bs * per_example + 4 * N * sum(sizes) + fit_bytes,
+                    peak_memory_bytes=FIXED + bs * per_example + 4 * N * sum(sizes) + fit_bytes,
                     files=FILES + (["causal_per_prompt.csv"] if check else []), notes=notes)
         return Prepared(model, data, plan, ProbingState(cs, batches, labels, task, groups, grid, metric_fn))
 

@@ -45,7 +45,7 @@ TASK_MEANING = {
 
 
 def build_report(model: Any, out: str | Path, *, quick: bool = False, sections: list[str] | None = None,
-                 overwrite: bool = False, quiet: bool = False, resume: bool = False) -> Path:
+                 overwrite: bool = False, quiet: bool = False, resume: bool = False, memory: Any = "auto") -> Path:
     """Write `out/index.html` (and one sub-folder per section). Returns the page path.
 
     The report is built in a hidden sibling folder and renamed into place when complete, so an
@@ -56,7 +56,13 @@ def build_report(model: Any, out: str | Path, *, quick: bool = False, sections: 
     (report/preflight.py). Interrupted (Ctrl-C, a killed process), the report keeps the steps it had
     finished: the same call again reuses them, each checked first (report/resume.py); with `resume=True`
     an interrupted report of other settings is refused instead of replaced.
+    `memory` is every section's memory budget above the loaded model (a size such as 12GB, or "auto": what
+    the model's device has free; memory.py): a section that cannot fit it is skipped before its first forward
+    (code memory_budget).
     """
+    from ..memory import budget_scope, parse_size
+
+    parse_size(memory)  # a value that is not a size is refused before anything is written
     a = adapt(model)
     final = Path(out)
     chosen = _chosen(sections)
@@ -75,7 +81,8 @@ def build_report(model: Any, out: str | Path, *, quick: bool = False, sections: 
     kept = []
     try:
         with writing_run(final, overwrite=overwrite, reuse=reuse,
-                         keep=lambda p: Checkpoints(p, key).any_done()) as folder, a.evaluating():
+                         keep=lambda p: Checkpoints(p, key).any_done()) as folder, a.evaluating(), \
+                budget_scope(memory, a.device):
             kept.append(folder)
             _write_report(model, a, folder, quick, chosen, Checkpoints(folder, key), quiet)
     except KeyboardInterrupt:

@@ -70,7 +70,6 @@ def preflight(model: Any, name: str, section: Any, quick: bool) -> NotRun | None
     runs = getattr(section, "runs", None)
     if runs is None:
         return None
-    from ..operation import model_bytes
 
     from .sizes import run_key, sharing_plans
 
@@ -79,14 +78,14 @@ def preflight(model: Any, name: str, section: Any, quick: bool) -> NotRun | None
             warnings.simplefilter("ignore")
             for op, data in runs(model, quick):  # (sizing the section's screens prepares its runs: taken here)
                 prepared = fitted.pop(run_key(op, data), None) or op.prepare_for(model, data)
-                need = prepared.plan.peak_memory_bytes - model_bytes(prepared.model)
+                need = prepared.plan.peak_memory_bytes
                 free = available_memory()
                 if free is not None and need > free:
                     raise EntoscopeError(
                         f"{op.name} would need about {need / 2**30:.1f} GiB beyond the model, and "
                         f"{free / 2**30:.1f} GiB is free", code="section_memory",
                         remedy="free some memory, run the report with --quick, or run this operation alone with a "
-                        "smaller memory_budget_mb")
+                        "smaller memory (e.g. --memory 2GB)")
     except EntoscopeError as err:
         return NotRun.of(name, "skipped", err)
     except Exception as err:  # noqa: BLE001 - a section's own bug must not stop the others

@@ -32,9 +32,11 @@ from ..evaluate import TASK_METRICS  # each built-in task's score, as entoscope 
 from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
 from ..metrics import Metric, check_metric_runs, metric_where
+from ..memory import largest
+from ..models.footprint import FIXED, Footprint
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
-from ..operation import Operation, Plan, Prepared, model_bytes, progress, register_operation
+from ..operation import Operation, Plan, Prepared, progress, register_operation
 from ..results.lazy import LazyTable
 from ..results.result import Result
 from .collect import READ_AT, difference
@@ -51,7 +53,6 @@ from .spec import DirectionSpec
 from .summary import prompt_rows, steering_table
 from .takeaway import steering_takeaway
 
-FLOAT = 4
 DEFAULT_COEFFICIENTS = {"add": [0.25, 0.5, 1.0, 2.0], "set": [0.0, 0.5, 1.0, 2.0], "project_out": [1.0]}
 
 
@@ -302,8 +303,8 @@ class Steering(Sharded, Operation):
     def _rows_per_forward(self, model: ModelAdapter, T: int) -> int:
         if self.batch_size is not None:
             return self.batch_size
-        budget = int(self.memory_budget_mb * 2**20 / 2)
-        return max(1, min(1024, budget // max(1, _bytes_per_example(model, T))))
+        per_row = _row_bytes(model, T)
+        return largest(lambda r: FIXED + r * per_row, self.budget_bytes, 1024)
 
     def _plan(self, model: ModelAdapter, sets: list[RowSet], tds: dict[str, TokenizedData], setup: SteerSetup,
               batches: list[list[int]], batch_set: list[str], per_example: int, rows: int, notes: list[str]) -> Plan:
@@ -314,7 +315,7 @@ class Steering(Sharded, Operation):
         generated = 0 if cont is None else min(cont.prompts, tds[TASK].__len__()) * setup.n_conditions * cont.tokens
         forward = n_steer * (1 + steered) + n_dir + generated + (sets[0].n if self.units == "residual_norm" else 0)
         sizes = [len(b) for b in batches]
-        sizes += [rows] * max(0, -(-n_steer * steered // rows))
+        sizes += [min(rows, n_steer * steered - i) for i in range(0, n_steer * steered, rows)]
         notes = list(notes) + site_notes(model, setup.sites, setup.head)
         notes.append(f"direction: {self.direction.describe()}; written at {', '.join(map(str, setup.sites))} "
                      f"({self.mode}, positions {self.positions}); baseline: a random direction of the same norm "
@@ -331,7 +332,9 @@ class Steering(Sharded, Operation):
         held = [s for s in sets if s.held_out]
         notes.append(f"rows: {sets[0].n} task prompts, {sum(s.n for s in held)} held-out prompts "
                      f"({', '.join(f'{s.name} {s.n}' for s in held) or 'none'})")
-        peak = model_bytes(model) + max(sizes) * per_example
+        T = max(max(td.lengths) for td in tds.values())
+        peak = FIXED + max(max(len(b) for b in batches) * per_example, max(sizes[len(batches):], default=0)
+                           * _row_bytes(model, T))
         files = ["table.csv", "table.parquet"] + (["per_prompt.csv", "per_prompt.parquet"] if self.per_prompt else []) \
             + ["direction.safetensors", "index.html", "manifest.json"]
         return Plan(self.name, rows=2 * len(setup.coefficients), forward_passes=forward, backward_passes=0,
@@ -579,7 +582,14 @@ def check_coefficients(norm: float, coefficients: list[float], mode: str, normal
 
 
 def _bytes_per_example(model: ModelAdapter, T: int) -> int:
-    """Bytes one prompt (or one steered row) holds in a forward: activations and three copies of its logits."""
-    s = model.structure
-    per_token = FLOAT * (s.d_model * 12 + s.d_mlp * 3 + s.n_heads * T * 3)
-    return T * per_token + 3 * T * s.d_vocab * FLOAT
+    """Bytes one prompt holds in an unsteered forward (models/footprint.py): the forward with its logits at every
+    position, and their float32 copy."""
+    fp = Footprint(model)
+    return fp.forward(1, T) + fp.vocab(T)
+
+
+def _row_bytes(model: ModelAdapter, T: int) -> int:
+    """Bytes one steered row holds: a forward keeping the answer position's logits, and their copies (metric,
+    log-softmax)."""
+    fp = Footprint(model)
+    return fp.forward(1, T, logit_rows=1) + fp.vocab(1, 2)
