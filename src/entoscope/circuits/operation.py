@@ -246,7 +246,7 @@ class Circuits(Sharded, Operation):
             run = sum(0 < int(p * graph.n_edges) < graph.n_edges for p in self.faithfulness)  # curve_points_read
             fwd += E * (2 + run + len(self._start(graph)) + self.search_steps)
             notes.append(f"target search: the smallest top-n edge set with faithfulness >= {self.faithfulness_target:g}"
-                         f" and at most {self._budget(graph):,} edges, at most {self.search_steps} bisection steps "
+                         f" and at most {self._edge_budget(graph):,} edges, at most {self.search_steps} bisection steps "
                          "between the curve's points (one forward a prompt each; fewer where the curve settles it)")
         elif self._needs_patcher():
             run = sum(0 < int(p * graph.n_edges) < graph.n_edges for p in self.faithfulness)  # curve_points_read
@@ -277,7 +277,7 @@ class Circuits(Sharded, Operation):
             return ("scores", "faithfulness") + tuple(f"search{k}" for k in range(1, self.search_steps + 1))
         return ("scores", "faithfulness") if self._needs_patcher() else ("scores",)
 
-    def _budget(self, graph: ComponentGraph) -> int:
+    def _edge_budget(self, graph: ComponentGraph) -> int:
         """selection "target": the most edges a circuit may keep."""
         return self.max_edges if self.max_edges is not None else max(1, round(0.05 * graph.n_edges))
 
@@ -285,7 +285,7 @@ class Circuits(Sharded, Operation):
         """selection "target": the top-n sizes the faithfulness phase measures after the curve (the budget's, where
         the curve has no point there)."""
         curve = [int(p * graph.n_edges) for p in self.faithfulness]
-        return tuple(n for n in start_points(curve, self._budget(graph)) if n not in curve)
+        return tuple(n for n in start_points(curve, self._edge_budget(graph)) if n not in curve)
 
     def global_step(self, prepared: Prepared) -> str:
         if self.method == "acdc" or not self._needs_patcher():
@@ -302,7 +302,7 @@ class Circuits(Sharded, Operation):
             return FaithfulnessContext(torch.stack(choice.circuits))
         if phase.startswith("search"):  # the next point of the target search, or none where it is done
             graph = prepared.state.graph
-            n = next_n(dict(self._search_points(prepared, merged)[0]), self.faithfulness_target, self._budget(graph))
+            n = next_n(dict(self._search_points(prepared, merged)[0]), self.faithfulness_target, self._edge_budget(graph))
             scores = self._choose(prepared, merged["scores"]).circuit.scores
             kept = [top_n(graph, scores, n, self.absolute)] if n is not None else []
             return FaithfulnessContext(torch.stack(kept) if kept else
@@ -315,7 +315,7 @@ class Circuits(Sharded, Operation):
         start's of at most the budget, then each search step's), and where each point's per-prompt metrics are
         ({n: (phase, column)}). A step's n is recomputed from the points before it, as before_phase chose it."""
         graph = prepared.state.graph
-        budget, E = self._budget(graph), graph.n_edges
+        budget, E = self._edge_budget(graph), graph.n_edges
         f = merged["faithfulness"].read(0, merged["faithfulness"].n, ["full", "empty", "circuits"])
         m_full, m_empty = float(torch.from_numpy(f["full"]).mean()), float(torch.from_numpy(f["empty"]).mean())
 
@@ -403,7 +403,7 @@ class Circuits(Sharded, Operation):
         scores = torch.zeros(graph.n_senders, graph.n_receivers, dtype=dtype)
         scores[order[:, 1], order[:, 0]] = torch.from_numpy(self._edge_summary(prepared, columns).value).to(dtype)
         if self.selection == "target":  # the circuit is found by the search (summarise); first the curve's points
-            circuit = Circuit(graph, scores, top_n(graph, scores, self._budget(graph), self.absolute))
+            circuit = Circuit(graph, scores, top_n(graph, scores, self._edge_budget(graph), self.absolute))
             curve = curve_circuits(graph, circuit.scores, self.faithfulness, self.absolute) if self.faithfulness else []
             start = self._start(graph)
             st.choice = CircuitChoice(columns, circuit, None, curve + [top_n(graph, circuit.scores, n, self.absolute)
@@ -436,13 +436,13 @@ class Circuits(Sharded, Operation):
         if self.selection == "target":
             prepared.state.patchers.clear()
             points, where = self._search_points(prepared, merged)
-            found = search_outcome(points, self.faithfulness_target, self._budget(graph))
+            found = search_outcome(points, self.faithfulness_target, self._edge_budget(graph))
             top = top_n(graph, circuit.scores, found.n, self.absolute)
             circuit = circuit.with_kept(top).pruned()  # the same output as the top n: connected, same faithfulness
             if self.stability:
                 stability = self._stability(graph, columns, top, lambda sc: top_n(graph, sc, found.n, self.absolute))
             summary.update({"selection": "target", "faithfulness_target": self.faithfulness_target,
-                            "max_edges": self._budget(graph), "found": found.found, "n_top": found.n,
+                            "max_edges": self._edge_budget(graph), "found": found.found, "n_top": found.n,
                             "search_points": len(points)})
         kept_edges = circuit.kept[order[:, 1], order[:, 0]].double().numpy()
         to_sender = np.zeros((graph.n_edges, graph.n_senders))  # a kept edge's score counts for its sender
