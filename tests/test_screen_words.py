@@ -61,4 +61,4 @@ def test_on_the_demo_model_the_lead_counts_the_tables_candidates():
     shown = int(((t["value_ci_low"] > 0) | (t["value_ci_high"] < 0)).sum())
     need = 1 + math.ceil(math.log2(len(t) / 1e-4))
     assert f"{shown} of {len(t)} cells have intervals that exclude zero" in r.takeaway
-    assert f"over 8 prompts none could: among this many, one needs {need} prompts" in r.takeaway
+    assert f"Over 8 prompts none could: among this many, one needs {need} prompts" in r.takeaway
