@@ -95,12 +95,12 @@ def _effect(b: TakeawayBuilder, t: Any, row: Any, metric: str, *, material: bool
     b.say(").")
     b.end_lead()
     if material:
-        b.say(" Material: its ")
+        b.say(" That is, its ")
         b.constant(first["ci_level"], "ci_level", fmt=".0%")
         b.say(" interval lies beyond")
         _band(b, t, metric)
     else:
-        b.say(" Excluding zero: its ")
+        b.say(" That is, its ")
         b.constant(first["ci_level"], "ci_level", fmt=".0%")
         b.say(" interval excludes zero")
     b.say("; bootstrap over ")
