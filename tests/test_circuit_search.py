@@ -187,7 +187,7 @@ def test_where_none_is_found_the_lead_says_where_the_curve_first_reaches_the_tar
     assert not result.summary["found"]
     first = curve[curve["faithfulness"] >= TARGET].sort_values("n_edges").iloc[0]
     assert first["n_edges"] > 20
-    assert f"and the curve first reaches it at {int(first['n_edges']):,} edges" in str(result.takeaway)
+    assert f"curve first reaches it at {int(first['n_edges']):,} edges" in str(result.takeaway)
 
 
 def test_edge_clearance_skips_only_obstacles_that_clear_by_their_bounding_box():

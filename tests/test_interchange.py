@@ -370,6 +370,8 @@ def test_the_takeaway_says_where_the_whole_vector_carries_the_variable_before_th
     whole, subspace = text.index("interchanging the whole vector"), text.index("The pca subspace")
     assert whole < subspace
     named = text[whole:subspace]
-    first = named.split("; at the other cells")[0]
+    first = named.split("At the other cells")[0]
+    assert result.takeaway.lead.startswith("Variable io: interchanging the whole vector")  # the lead: where it sits
+    assert "The pca subspace" in result.takeaway.details
     assert all(site in first for site in carries)
     assert not any(site in first for site in set(full["site"]) - set(carries))

@@ -7,7 +7,9 @@ One quick demo report is built; then, reading only the files it wrote:
   is the run's manifest; every digit of the text lies inside a claim, and no qualifier word ("most",
   "strongest", "largest", ...) is said outside one;
 - every qualifier is checked against its rule, re-implemented here from docs/pages.md's thresholds;
-- every lead and takeaway paragraph on every page is one of the recorded takeaways (or states no number);
+- every lead and takeaway paragraph on every page is one of the recorded takeaways' leads or details (or states no
+  number); each page shows a takeaway's lead in its lead box and its details just below, which together are the
+  recorded takeaway; each section's line at a glance is its lead only, at most two sentences;
 - every plotly figure of every page is read from its HTML, and every error bar, band and interval in a
   hover text is compared with the interval columns of the table it draws.
 """
@@ -365,15 +367,82 @@ def test_every_qualifier_follows_its_rule(report):
         assert seen.get(rule), f"the demo report exercises no {rule!r} qualifier"
 
 
+def _parts(entry: dict) -> tuple[str, str]:
+    """(lead, details) of a recorded takeaway, cut at its recorded lead_end (None: all lead)."""
+    text, end = entry["text"], entry.get("lead_end")
+    return (text.strip(), "") if end is None else (text[:end].strip(), text[end:].strip())
+
+
+def sentences(text: str) -> list[str]:
+    """The sentences of a text: a '.', '!' or '?' ends one where whitespace (or the end) follows it and it is
+    outside any bracket; a decimal point (a digit follows it) and '(...).' inside brackets end none."""
+    out, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth = max(0, depth - 1)
+        elif ch in ".!?" and depth == 0 and (i + 1 == len(text) or text[i + 1].isspace()):
+            out.append(text[start:i + 1].strip())
+            start = i + 1
+    if text[start:].strip():
+        out.append(text[start:].strip())
+    return out
+
+
+def test_the_sentence_counter_ignores_decimal_points_and_brackets():
+    assert len(sentences("a2.h0 0.40 [0.29, 0.54] (q = 0.0015; e.g. x). Next one 1.5.")) == 2
+    assert len(sentences("One (two. three.) four.")) == 1 and len(sentences("No end")) == 1
+
+
+def test_every_lead_at_a_glance_is_at_most_two_sentences_and_the_sections_lead(report):
+    """docs/pages.md "At a glance": each section's line on the index is its lead only (one or two sentences),
+    and every run page and section shows the lead in the lead box and the details just below, which together
+    are the recorded takeaway."""
+    index = (report / "index.html").read_text()
+    glance = re.search(r'<h2 id="at-a-glance">.*?<ul class="glance">(.*?)</ul>', index, re.S).group(1)
+    items = [html.unescape(re.sub(r"<[^>]+>", "", li)) for li in re.findall(r"<li>(.*?)</li>", glance, re.S)]
+    sections = [e for e in json.loads((report / "takeaways.json").read_text())]
+    shown = [item for item in items if ": not run (" not in item]
+    assert len(shown) == len(sections) >= (3 if report.name != "demo" else 9)  # the real reports: 3 sections
+    for item, entry in zip(shown, sections):
+        lead, details = _parts(entry)
+        assert item.endswith(": " + lead), (item, lead)  # the section's title, then its lead only
+        assert len(sentences(lead)) <= 2, f"a lead of {len(sentences(lead))} sentences at a glance: {lead!r}"
+        if len(sentences(entry["text"])) > 2:
+            assert details, f"a takeaway of {len(sentences(entry['text']))} sentences has no lead mark: {lead!r}"
+        said = re.search(r'<p class="takeaway">' + re.escape(html.escape(lead)) + r'</p>(<p class="details">(.*?)</p>)?',
+                         index)
+        assert said, f"the section's lead box is not its lead: {lead!r}"
+        assert html.unescape(said.group(2) or "") == details  # the details just below the lead box
+
+
+def test_every_run_page_shows_its_lead_then_its_details_which_are_the_recorded_takeaway(report):
+    n = 0
+    for _, page, entry in _recorded(report):
+        if page.parent == report:
+            continue  # the index: the test above
+        lead, details = _parts(entry)
+        text = page.read_text()
+        m = re.search(r'<p class="lead">(.*?)</p>(<p class="details">(.*?)</p>)?', text, re.S)
+        assert m, f"{page.relative_to(report)}: no lead box"
+        shown_lead, shown_details = html.unescape(m.group(1)), html.unescape(m.group(3) or "")
+        assert (shown_lead, shown_details) == (lead, details), page.relative_to(report)
+        whole = " ".join(f"{shown_lead} {shown_details}".split())
+        assert whole == " ".join(entry["text"].split()), page.relative_to(report)  # nothing lost, nothing added
+        n += 1
+    assert n >= (20 if report.name == "demo" else 3)
+
+
 def test_every_lead_on_every_page_is_a_recorded_takeaway(report):
     recorded = {}
     for _, page, entry in _recorded(report):
-        recorded.setdefault(page.resolve(), set()).add(entry["text"])
+        recorded.setdefault(page.resolve(), set()).update({entry["text"], *_parts(entry)})
     every = set().union(*recorded.values())
     name = json.loads((report / "manifest.json").read_text())["model"]["name"]  # a model's name may hold digits
     for page in sorted(report.rglob("*.html")):
         text = page.read_text()
-        for m in re.finditer(r'<p class="(lead|takeaway)">(.*?)</p>', text, re.S):
+        for m in re.finditer(r'<p class="(lead|takeaway|details)">(.*?)</p>', text, re.S):
             said = html.unescape(m.group(2))
             if said in every:
                 continue

@@ -38,10 +38,15 @@ def test_the_fewest_prompts_a_discovery_needs_is_the_sign_flip_limit():
 
 
 def test_a_blind_grid_says_none_could_and_names_its_candidates():
-    text = str(patching_takeaway(_Result(_table(8, 270, 4))))
+    takeaway = patching_takeaway(_Result(_table(8, 270, 4)))
+    text = str(takeaway)
     assert text.startswith("No cell survives the false discovery screen at a 5% rate (0 of 270 cells, "
-                           "Benjamini-Hochberg), and over 8 prompts none could: among this many, one needs 14 "
+                           "Benjamini-Hochberg). Over 8 prompts none could: among this many, one needs 14 "
                            "prompts or more")
+    # the null is the lead, said as a null; why none could, and the candidates, are its details
+    assert takeaway.lead == "No cell survives the false discovery screen at a 5% rate (0 of 270 cells, " \
+        "Benjamini-Hochberg)."
+    assert takeaway.details.startswith("Over 8 prompts none could")
     assert "4 of 270 cells have intervals that exclude zero: candidates, not findings" in text
     assert "differs from zero" not in text
 
@@ -61,4 +66,4 @@ def test_on_the_demo_model_the_lead_counts_the_tables_candidates():
     shown = int(((t["value_ci_low"] > 0) | (t["value_ci_high"] < 0)).sum())
     need = 1 + math.ceil(math.log2(len(t) / 1e-4))
     assert f"{shown} of {len(t)} cells have intervals that exclude zero" in r.takeaway
-    assert f"over 8 prompts none could: among this many, one needs {need} prompts" in r.takeaway
+    assert f"Over 8 prompts none could: among this many, one needs {need} prompts" in r.takeaway

@@ -40,8 +40,8 @@ def top_share(result: Any, top: int = 3) -> dict[str, Any] | None:
 
 
 def dla_takeaway(result: Any, top: int = 3) -> Takeaway | str:
-    """The components of largest |mean| direct contribution with intervals and q, whether the first stands
-    out, and the share of the model's mean metric they make up together (a ratio of means)."""
+    """The components of largest |mean| direct contribution with intervals and q and the share of the model's
+    mean metric they make up together (a ratio of means): the lead; then whether the first stands out."""
     t = result.table
     if not len(t) or "mean" not in t:
         return ""
@@ -56,10 +56,6 @@ def dla_takeaway(result: Any, top: int = 3) -> Takeaway | str:
     b.say("): ")
     refs = b.ranking(t, "mean", top, fmt="+.2f")
     b.refer(word, refs)
-    if len(refs) > 1:
-        b.say("; ")
-        b.separation(refs[0], refs[1], above="the first stands out (its interval lies further from 0 than the second's)",
-                     overlap="the first two intervals overlap, so the data do not order them")
     b.say(".")
     share = top_share(result, top)
     if share is not None:
@@ -72,6 +68,12 @@ def dla_takeaway(result: Any, top: int = 3) -> Takeaway | str:
             b.quote(share, "share", fmt=".0%", name=False, key=(), source=TOP_SHARE_FILE)
             b.say(f" of the model's mean {metric}")
         b.say(" (a ratio of means).")
+    b.end_lead()
+    if len(refs) > 1:
+        b.say(" ")
+        b.separation(refs[0], refs[1], above="The first stands out (its interval lies further from 0 than the second's)",
+                     overlap="The first two intervals overlap, so the data do not order them")
+        b.say(".")
     return b.build()
 
 
@@ -84,8 +86,9 @@ def head_scores_takeaway(result: Any, top: int = NAMED) -> Takeaway | str:
     """Per kind, the heads that pass the kind's test (`passes`, head_scores.head_passes): with a control (duplicate-
     token, induction on repeated sequences), score - control above CONTROL_MARGIN, interval and all; else the
     `most` rule on the score. How many pass of the kind's heads, then up to `top` of them by the test's value,
-    each with its interval; where none passes, that is said with the kind's best value. The count of heads that
-    differ from chance (uniform attention) is not said: nearly every head of a trained model does."""
+    each with its interval; where none passes, that is said with the kind's best value. The lead is the counts
+    (how many heads of each kind pass); the details name them. The count of heads that differ from chance
+    (uniform attention) is not said: nearly every head of a trained model does."""
     t = result.table
     if not len(t) or "score" not in t:
         return ""
@@ -94,7 +97,14 @@ def head_scores_takeaway(result: Any, top: int = NAMED) -> Takeaway | str:
 
         t = t.assign(passes=[head_passes(r) for r in t.to_dict("records")])
     b = TakeawayBuilder(key=("kind", "site"))
-    b.say("Heads of each kind, by a test that heads of other kinds fail (")
+    b.say("Heads that pass their kind's test (one that heads of other kinds fail): ")
+    for i, (kind, sub) in enumerate(t.groupby("kind", sort=False)):
+        b.say(", " if i else "")
+        b.say(kind.replace("_", "-") + " ")
+        b.count(int(sub["passes"].astype(bool).sum()), len(sub), "passes", f"true&kind={kind}", unit="heads")
+    b.say(".")
+    b.end_lead()
+    b.say(" By the test's value (")
     b.constant(t["ci_level"].iloc[0], "ci_level", fmt=".0%")
     if t["n_prompts"].nunique() == 1:
         b.say(" intervals over ")
@@ -125,8 +135,6 @@ def head_scores_takeaway(result: Any, top: int = NAMED) -> Takeaway | str:
         b.say(": ")
         fmt = "+.2f" if controlled else ".2f"
         if len(passing):
-            b.count(len(passing), len(sub), "passes", f"true&kind={kind}", unit="heads")
-            b.say(", ")
             refs = []
             for j, (_, row) in enumerate(passing.head(top).iterrows()):
                 b.say(", " if j else "")

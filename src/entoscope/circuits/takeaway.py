@@ -11,8 +11,8 @@ CURVE = "faithfulness.csv"  # its faithfulness curve
 
 
 def circuit_takeaway(result: Any) -> Takeaway | str:
-    """How big the circuit is, how much of the metric it recovers (with its interval), its edges of largest
-    |score| (with intervals and q), and how stable it is over resamples of the prompts."""
+    """How big the circuit is and how much of the metric it recovers (with its interval): the lead; then its
+    edges of largest |score| (with intervals and q), and how stable it is over resamples of the prompts."""
     s, t = result.extra["summary"], result.table
     kept = t[t["in_circuit"].astype(bool)] if "in_circuit" in t else t.iloc[:0]
     b = TakeawayBuilder(key="edge")
@@ -30,6 +30,7 @@ def circuit_takeaway(result: Any) -> Takeaway | str:
             b.quote(s, "faithfulness", name=False, key=(), source=SUMMARY)
             b.say(" of the metric (faithfulness)")
         b.say(".")
+        b.end_lead()
     else:
         target_sentence(b, s, result.extra.get("curve"))
     if len(kept) and "score" in kept and found is not False:
@@ -82,6 +83,7 @@ def target_sentence(b: TakeawayBuilder, s: dict[str, Any], curve: Any = None) ->
         f = b.quote(s, "faithfulness", name=False, key=(), source=SUMMARY)
         b.refer(word, [f, target])
         b.say(" (faithfulness).")
+        b.end_lead()
         return
     b.say("No circuit of ")
     budget = b.quote(s, "max_edges", fmt=",d", name=False, key=(), source=SUMMARY, interval=False)
@@ -95,31 +97,35 @@ def target_sentence(b: TakeawayBuilder, s: dict[str, Any], curve: Any = None) ->
     b.quote(s, "n_top", fmt=",d", name=False, key=(), source=SUMMARY, interval=False)
     b.say(")")
     b.refer(word, [f, target, budget])
-    beyond_budget(b, curve, target)
     b.say(".")
+    b.end_lead()
+    beyond_budget(b, curve, target, opening=" The faithfulness curve ", end=".")
 
 
-def beyond_budget(b: TakeawayBuilder, curve: Any, target: int, source: str = CURVE) -> None:
+def beyond_budget(b: TakeawayBuilder, curve: Any, target: int, source: str = CURVE, *,
+                  opening: str = ", and the curve ", end: str = "") -> None:
     """Where no circuit was found within the budget: the first point of the faithfulness curve that reaches the
-    target (rule `first_reaches`), so the reader sees how many edges it takes; every edge, said as such."""
+    target (rule `first_reaches`), so the reader sees how many edges it takes; every edge, said as such.
+    `opening` and `end` frame the clause (a sentence of its own: " The faithfulness curve ", ".")."""
     if curve is None or not len(curve):
         return
     reached = curve[curve["faithfulness"] >= b.value(target)].sort_values("n_edges", kind="stable")
     if not len(reached):
         return
     row = reached.iloc[0]
-    b.say(", and the curve ")
+    b.say(opening)
     word = b.qualify("first reaches", "first_reaches")
     if float(row["fraction"]) == 1.0:  # every edge: the clean run
         b.say(" it only with all ")
         b.refer(word, [b.quote(row, "n_edges", fmt=",d", name=False, interval=False, key="fraction", source=source,
                                after=" edges"), target])
+        b.say(end)
         return
     b.say(" it at ")
     n = b.quote(row, "n_edges", fmt=",d", name=False, interval=False, key="fraction", source=source, after=" edges")
     b.say(" (")
     b.quote(row, "faithfulness", name=False, key="fraction", source=source)
-    b.say(")")
+    b.say(")" + end)
     b.refer(word, [n, target])
 
 
@@ -130,14 +136,18 @@ def circuit_blank_note(method: str) -> str:
     return "no interval without resampling (stats.n_boot 0), or no stability run (stability 0)"
 
 
+LEAD_ROUTES = 2  # routes named in the lead; the others follow in the details
+
+
 def routes_takeaway(result: Any, top: int = 6, always_named: int = 3) -> Takeaway | str:
     """The routes that move information from earlier tokens into the prediction, then, apart, what every route
     uses. First the `top` components of largest mean importance of kept attention edges from an earlier token
     into each prompt's last position (`moved_importance_mean`, with its interval, and the share of prompts whose
     route uses the component, with its Wilson interval); then, said once, how many components are on every
     prompt's route (always on: a route through them tells one prompt from another nothing), the first
-    `always_named` by mean importance. A table saved before `moved_importance_mean`: the components on the largest
-    share of routes."""
+    `always_named` by mean importance. The lead names the first LEAD_ROUTES routes; the others, what the numbers
+    are and the always-on components follow. A table saved before `moved_importance_mean`: the components on the
+    largest share of routes."""
     t = result.table
     if not len(t) or "in_route" not in t:
         return ""
@@ -160,25 +170,32 @@ def routes_takeaway(result: Any, top: int = 6, always_named: int = 3) -> Takeawa
         b.say(".")
         return b.build()
     moving = comps[comps["moved_importance_mean"] > 0]
-    b.say("Routes into the prediction from earlier tokens (attention edges into each prompt's last position; mean "
-          "importance over ")
-    b.constant(t["n_prompts"].iloc[0], "n_prompts", unit="prompts")
-    b.say(", ")
-    b.constant(t["ci_level"].iloc[0], "ci_level", fmt=".0%")
-    b.say(" intervals): ")
+    b.say("Routes into the prediction from earlier tokens: ")
     if len(moving):
         word = b.qualify("the largest", "top_by_value")
-        b.say(", ")
+        b.say(" run through ")
         refs = []
         for i, (_, row) in enumerate(moving.sort_values("moved_importance_mean", ascending=False,
                                                         kind="stable").head(top).iterrows()):
-            b.say("; " if i else "")
+            if i == LEAD_ROUTES:
+                b.say(".")
+                b.end_lead()
+                b.say(" Then ")
+            elif i:
+                b.say("; ")
             refs.append(b.quote(row, "moved_importance_mean", fmt=".2f", q=False, after=", on "))
             b.quote(row, "in_route", fmt=".0%", name=False, q=False, after=" of routes")
         b.refer(word, refs)
     else:
         b.say("none above tau")
     b.say(".")
+    if not b.lead_ended:
+        b.end_lead()
+    b.say(" (Attention edges into each prompt's last position; mean importance over ")
+    b.constant(t["n_prompts"].iloc[0], "n_prompts", unit="prompts")
+    b.say(", ")
+    b.constant(t["ci_level"].iloc[0], "ci_level", fmt=".0%")
+    b.say(" intervals.)")
     always = comps[comps["in_route"] >= 1]
     if len(always):
         b.say(" Always on, said once: ")

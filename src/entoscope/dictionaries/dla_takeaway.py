@@ -33,6 +33,8 @@ def feature_dla_takeaway(result: Any, metric: str = "metric", top: int = 3) -> T
         b.say("): ")
         b.refer(word, b.ranking(features, "mean", top, fmt="+.3f"))
         b.say(".")
+    if not b.lead_ended:
+        b.end_lead()
     errors = t[t["kind"] == "error"]
     if len(errors):
         b.say(" What the dictionaries leave out, their error term of ")

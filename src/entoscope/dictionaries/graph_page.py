@@ -45,7 +45,9 @@ def graph_takeaway(result: Any, top: int = 3) -> Takeaway | str:
     b.quote(whole, "completeness", name=False)
     b.say(" (")
     b.constant(s["ci_level"].iloc[0], "ci_level", fmt=".0%")
-    b.say(" intervals over resampled prompts); the prompts' own replacement scores average ")
+    b.say(" intervals over resampled prompts).")
+    b.end_lead()
+    b.say(" The prompts' own replacement scores average ")
     b.quote(mean, "replacement", name=False)
     lo = prompts.loc[prompts["replacement"].astype(float).idxmin()]
     hi = prompts.loc[prompts["replacement"].astype(float).idxmax()]

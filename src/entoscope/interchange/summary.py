@@ -83,7 +83,8 @@ NAMED = 8  # cells named in each list of the whole-vector sentence
 
 def _whole_vector(b: TakeawayBuilder, t: pd.DataFrame, variable: str, col: str) -> None:
     """The whole vector first (the clear result: where the variable sits at all): the cells where interchanging
-    it gives the high-level prediction on most pairs (rule `most`), grouped by position, then the others."""
+    it gives the high-level prediction on most pairs (rule `most`), grouped by position: the lead; then the
+    others."""
     full = t[t["basis"] == "full"]
     which = "the pairs it changes" if col == "iia_changed" else "the held-out pairs"
     carries = [bool(most(r[col], r.get(f"{col}_ci_low"))) for _, r in full.iterrows()]
@@ -98,8 +99,10 @@ def _whole_vector(b: TakeawayBuilder, t: pd.DataFrame, variable: str, col: str) 
                 b.say(", " if j else "")
                 refs.append(b.quote(r, col, fmt=".2f", name=str(r["site"])))
         b.refer(word, refs)
+        b.say(". So the variable sits, whole, at these cells. ")
+        b.end_lead()
         if len(no):
-            b.say("; at the other cells, ")
+            b.say("At the other cells, ")
             other = b.qualify("not most", "not_most")
             b.say(" (")
             refs = []
@@ -108,8 +111,7 @@ def _whole_vector(b: TakeawayBuilder, t: pd.DataFrame, variable: str, col: str) 
                 refs.append(b.quote(r, col, fmt=".2f", name=str(r["site"])))
             b.refer(other, refs)
             b.say(", ..." if len(no) > NAMED else "")
-            b.say(")")
-        b.say(". So the variable sits, whole, at the cells named first. ")
+            b.say("). ")
         return
     word = b.qualify(f"most of {which}", "not_most")
     b.say(" at no cell (")
@@ -120,6 +122,7 @@ def _whole_vector(b: TakeawayBuilder, t: pd.DataFrame, variable: str, col: str) 
     b.refer(word, [ref])
     b.refer(highest, [ref])
     b.say("): no cell of this grid carries the variable whole. ")
+    b.end_lead()
 
 
 def interchange_takeaway(result: Any) -> Takeaway | str:
@@ -158,7 +161,10 @@ def interchange_takeaway(result: Any) -> Takeaway | str:
         b.separation(mine, other, above="lies above the placebo's (the subspace carries the variable there)",
                      overlap="overlaps the placebo's (no evidence that the subspace carries the variable)")
     none = same[same["basis"] == "none"]
-    b.say(". Without intervention the base's own output gives ")
+    b.say(".")
+    if not (t["basis"] == "full").any():
+        b.end_lead()
+    b.say(" Without intervention the base's own output gives ")
     b.quote(none.iloc[0], col, name=False, fmt=".2f")
     full = same[same["basis"] == "full"]
     if len(full):

@@ -191,34 +191,43 @@ def _informative_from(rows: pd.DataFrame) -> int:
 
 
 def _takeaway(result: Result) -> Takeaway | str:
-    """Per lens: from which layer its top token is the model's for most prompts (each layer's share quoted
-    from there on) and its KL at that layer; or, where even the last layer does not qualify, its share."""
+    """Per lens: from which layer its top token is the model's for most prompts (the lead), then each layer's
+    share from there on and its KL at that layer; or, where even the last layer does not qualify, its share."""
     t = result.table
     if not len(t):
         return ""
     b = TakeawayBuilder(key=("lens", "layer"))
     b.say("At each prompt's last token, the lens's top token is the model's top token for ")
-    for j, (lens, rows) in enumerate(t.groupby("lens", sort=False)):
-        rows = rows.sort_values("layer")
+    lenses = [(lens, rows.sort_values("layer")) for lens, rows in t.groupby("lens", sort=False)]
+    words = []
+    for j, (lens, rows) in enumerate(lenses):  # the lead: from which layer, per lens
         b.say("; " if j else "")
         first = int(rows["informative_from"].iloc[0])
         if first >= 0:
-            word = b.qualify(f"most prompts from layer {first} on", "most")
-            b.say(f" through the {lens} lens (share: ")
+            words.append(b.qualify(f"most prompts from layer {first} on", "most"))
+            b.say(f" through the {lens} lens")
+        else:
+            b.say("not ")
+            words.append(b.qualify("most prompts", "not_most"))
+            b.say(f" even at the last layer through the {lens} lens")
+    b.say(".")
+    b.end_lead()
+    for j, (lens, rows) in enumerate(lenses):  # the details: the shares and KL behind each
+        b.say("; " if j else f" Share of prompts by layer, {lens} lens: ")
+        b.say(f"{lens} lens: " if j else "")
+        first = int(rows["informative_from"].iloc[0])
+        if first >= 0:
             refs = []
             for k, (_, r) in enumerate(rows[rows["layer"] >= first].iterrows()):
                 b.say(", " if k else "")
                 refs.append(b.quote(r, "agree", name=False, after=f" at layer {int(r['layer'])}"))
-            b.refer(word, refs)
-            b.say("; KL(final || lens) ")
+            b.refer(words[j], refs)
+            b.say(" (KL(final || lens) ")
             b.quote(rows[rows["layer"] == first].iloc[0], "kl_mean", fmt=".3g", name=False,
                     after=f" nats at layer {first})")
         else:
             last = rows.iloc[-1]  # no run of layers qualifies: the last layer itself does not
-            b.say("not ")
-            word = b.qualify("most prompts", "not_most")
-            b.say(f" even at the last layer through the {lens} lens (share: ")
-            b.refer(word, [b.quote(last, "agree", name=False, after=f" at layer {int(last['layer'])})")])
+            b.refer(words[j], [b.quote(last, "agree", name=False, after=f" at layer {int(last['layer'])}")])
     b.say(" (")
     b.constant(t["ci_level"].iloc[0], "ci_level", fmt=".0%")
     b.say(" intervals over ")

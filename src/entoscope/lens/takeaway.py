@@ -56,14 +56,14 @@ def last_position_rows(table: pd.DataFrame, lengths: tuple[int, int] | None = No
 
 
 def _modal(b: TakeawayBuilder, row: Any, words: str) -> None:
-    """'... is ' the' for 0.62 [0.30, 0.86] of prompts at layer 28; ': the prompts' own top-1 token (the mean
-    distribution's top token can top few of them: lens/top_tokens.py)."""
+    """' ... is ' the' for 0.62 [0.30, 0.86] of prompts at layer 28.': the prompts' own top-1 token (the mean
+    distribution's top token can top few of them: lens/top_tokens.py), a sentence of the details."""
     if "modal_share" not in row or not isinstance(row.get("modal_token"), str):
         return
-    b.say(words)
+    b.say(" " + words)
     b.quote(row, "modal_share", name=f"{row['modal_token']!r} for", after=f" of prompts at layer "
             f"{int(row['layer'])}")
-    b.say("; ")
+    b.say(".")
 
 
 def lens_takeaway(result: Any) -> Takeaway | str:
@@ -76,6 +76,7 @@ def lens_takeaway(result: Any) -> Takeaway | str:
     rows = rows.sort_values("layer")
     first, final = rows.iloc[0], rows.iloc[-1]
     b = TakeawayBuilder(key="site")
+    modal: tuple[Any, str] | None = None  # the lens's commonest top token, said after the lead
     if "target_prob_mean" in rows:
         b.say(f"{where} ")
         if "target_top1" in rows:
@@ -90,18 +91,21 @@ def lens_takeaway(result: Any) -> Takeaway | str:
                     b.say(", " if j else "")
                     refs.append(b.quote(r, "target_top1", name=False, after=f" at layer {int(r['layer'])}"))
                 b.refer(word, refs)
-                b.say("); ")
+                b.say(").")
                 if start > 0:
-                    _modal(b, rows.iloc[start - 1], "one layer earlier the lens's commonest top token is ")
+                    modal = (rows.iloc[start - 1], "One layer earlier the lens's commonest top token is ")
             else:
                 b.say("the answer is not the lens's top token for ")
                 word = b.qualify("most prompts", "not_most")
                 b.say(" at any layer (highest share: ")
                 best = rows.loc[rows["target_top1"].astype(float).idxmax()]
                 b.refer(word, [b.quote(best, "target_top1", name=False, after=f" at layer {int(best['layer'])}")])
-                b.say("); ")
-                _modal(b, final, "the lens's commonest top token at the last layer is ")
-        b.say("the answer's mean probability through the lens is ")
+                b.say(").")
+                modal = (final, "The lens's commonest top token at the last layer is ")
+            b.end_lead()
+            b.say(" The answer's mean probability through the lens is ")
+        else:
+            b.say("the answer's mean probability through the lens is ")
         b.quote(first, "target_prob_mean", fmt=".3g", name=False, after=f" at layer {int(first['layer'])}")
         b.say(" and ")
         b.quote(final, "target_prob_mean", fmt=".3g", name=False, after=f" at layer {int(final['layer'])}")
@@ -117,4 +121,6 @@ def lens_takeaway(result: Any) -> Takeaway | str:
     b.say(" intervals over ")
     b.constant(first["n_prompts"], "n_prompts", unit="prompts")
     b.say(").")
+    if modal is not None:
+        _modal(b, *modal)
     return b.build()

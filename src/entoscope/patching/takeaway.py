@@ -12,9 +12,9 @@ FRAGILE_NAMED = 6
 
 
 def patching_takeaway(result: Any) -> Takeaway | str:
-    """How many cells survive the false-discovery control (first, when none does), the cells of largest
-    |value| with their intervals and q, whether the first stands out, the cells one prompt carries, and
-    the degenerate pairs left out of per-pair ratios."""
+    """How many cells survive the false-discovery control (first, when none does: that null is the lead),
+    the cells of largest |value| with their intervals and q (the lead where some do), whether the first
+    stands out, the cells one prompt carries, and the degenerate pairs left out of per-pair ratios."""
     t = result.table
     if not len(t) or "value_ci_low" not in t:
         return ""
@@ -33,11 +33,14 @@ def patching_takeaway(result: Any) -> Takeaway | str:
     b.say("): ")
     top = b.ranking(t, "value", TOP)
     b.refer(word, top)
-    if len(top) > 1:
-        b.say("; ")
-        b.separation(top[0], top[1], above="the first stands out (its interval lies further from 0 than the second's)",
-                     overlap="the first two intervals overlap, so the data do not order them")
     b.say(".")
+    if not significant == 0:
+        b.end_lead()
+    if len(top) > 1:
+        b.say(" ")
+        b.separation(top[0], top[1], above="The first stands out (its interval lies further from 0 than the second's)",
+                     overlap="The first two intervals overlap, so the data do not order them")
+        b.say(".")
     if significant:
         b.say(" ")
         b.count(significant, len(t), "significant", unit="cells")

@@ -20,6 +20,8 @@ def probing_takeaway(result: Any) -> Takeaway | str:
     ranked = t.sort_values(col, ascending=False, kind="stable")
     best = ranked.iloc[0]
     b = TakeawayBuilder(key="site")
+    # the lead: where it is decoded best, against the control task, and whether its selectivity says the property
+    # is there; the details: the next site, the causal check, the held-out count
     b.say(f"The probe's held-out {'R²' if metric == 'r2' else metric} ")
     if len(ranked) > 1:
         second = ranked.iloc[1]
@@ -31,31 +33,36 @@ def probing_takeaway(result: Any) -> Takeaway | str:
         word, apart = None, False
     b.say(" at ")
     top = b.quote(best, col, name=f"{best['site']}:")
-    if f"control_{col}" in t and pd.notna(best.get(f"control_{col}")):
-        b.say(", against ")
-        b.quote(best, f"control_{col}", name=False)
-        b.say(" on the control task")
+    control = f"control_{col}" in t and pd.notna(best.get(f"control_{col}"))
     sel = None
     if "selectivity" in t and pd.notna(best.get("selectivity")):
-        b.say(" (selectivity ")
+        b.say(", selectivity ")
         sel = b.quote(best, "selectivity", name=False)
-        b.say(")")
-    if word is not None:
-        b.say(apart and "; its interval lies above the next site's, " or "; the next site's interval overlaps it: ")
-        b.refer(word, [top, b.quote(second, col)])
-    b.say(".")
     low, high = best.get("selectivity_ci_low"), best.get("selectivity_ci_high")
     if sel is not None and finite(low, high):
         if low > 0:
-            b.say(" Its selectivity interval ")
+            b.say(", whose interval ")
             b.qualify("lies above 0", "above_zero", [sel])
-            b.say(": the property is linearly present there beyond what a probe learns from random labels.")
+            b.say(": the property is linearly present there.")
         else:
-            b.say(" Its selectivity interval ")
+            b.say(", whose interval ")
             b.qualify("includes 0" if high >= 0 else "lies below 0", "includes_zero" if high >= 0 else "below_zero",
                       [sel])
-            b.say(": the probe does not beat the control task there, so the data do not show the property "
-                  "linearly present.")
+            b.say(": the data do not show the property linearly present there.")
+    else:
+        b.say(".")
+    b.end_lead()
+    if control:  # said below the lead: the selectivity above is the difference
+        b.say(" On the control task it scores ")
+        b.quote(best, f"control_{col}", name=False)
+        b.say(".")
+    if word is not None:
+        b.say(" Its interval lies above the next site's, " if apart else " The next site's interval overlaps it: ")
+        b.refer(word, [top, b.quote(second, col)])
+        b.say(".")
+    if sel is not None and finite(low, high):
+        b.say(" Selectivity is the held-out score less the control task's (a probe of random labels): what the probe "
+              "finds beyond what it could learn from any labels.")
     _causal(b, t, (result.manifest or {}).get("config", {}).get("causal_check") or {})
     n = best.get("n_held_out")
     if n is not None and pd.notna(n):

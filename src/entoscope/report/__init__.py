@@ -25,9 +25,9 @@ from ..evaluate import task_scores
 from ..heap import give_back_memory
 from ..models.adapter import adapt
 from ..registry import lookup, names
-from ..results.claims import write_takeaways
+from ..results.claims import split_lead, write_takeaways
 from ..results.folder import writing_run
-from ..results.page import anchor, ensure_plotly_js, table_html, write_page
+from ..results.page import anchor, ensure_plotly_js, lead_html, table_html, write_page
 from . import sections as _sections  # noqa: F401  (registers the sections)
 from .glossary import terms_html
 from .preflight import NotRun, preflight
@@ -232,7 +232,7 @@ def _write_summary(a: Any, folder: Path, quick: bool, chosen: list[str], scores:
     for name, sec in built:
         link = (f'<p class="more"><a href="{name}/index.html">{html.escape(sec.title)}: every figure and the whole '
                 "table</a></p>") if sec.own_page else ""
-        parts.append((sec.title, f'<p class="takeaway">{html.escape(sec.lead)}</p>' + terms_html(sec.terms) + sec.body
+        parts.append((sec.title, lead_html(sec.lead, "takeaway") + terms_html(sec.terms) + sec.body
                       + _screen_notes(a, name, quick) + link))
     if not_run:
         parts.append(("sections not run", "".join(f"<h3>{html.escape(n.section)}</h3>{n.html()}" for n in not_run)))
@@ -265,8 +265,8 @@ def _screen_notes(a: Any, name: str, quick: bool) -> str:
 
 
 def _glance(built: list[tuple[str, Section]], not_run: list[NotRun], chosen: list[str]) -> str:
-    items = "".join(f'<li><a href="#{anchor(sec.title)}">{html.escape(sec.title)}</a>: {html.escape(sec.lead)}</li>'
-                    for _, sec in built)
+    items = "".join(f'<li><a href="#{anchor(sec.title)}">{html.escape(sec.title)}</a>: '  # the lead only
+                    f"{html.escape(split_lead(sec.lead)[0])}</li>" for _, sec in built)
     for n in not_run:  # a section's page says why; the task scores have none
         name = f'<a href="{html.escape(n.section)}/index.html">{html.escape(n.section)}</a>' if n.section in chosen \
             else html.escape(n.section)

@@ -171,7 +171,8 @@ def section_of(value: dict[str, Any]) -> Section:
     from ..results.claims import Claim, Takeaway
 
     lead = value["lead"]
-    text = lead["text"] if lead["claims"] is None else Takeaway(lead["text"], [Claim(**c) for c in lead["claims"]])
+    text = lead["text"] if lead["claims"] is None else Takeaway(lead["text"], [Claim(**c) for c in lead["claims"]],
+                                                                lead.get("lead_end"))
     return Section(value["title"], text, value["body"], tuple(value["terms"]), value["own_page"])
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..results.claims import Takeaway
-from ..results.page import figure_div, table_html
+from ..results.page import figure_div, lead_html, table_html
 from .glossary import TERMS
 
 
@@ -48,9 +48,9 @@ def run_saved(operation: Any, model: Any, data: Any, where: Path, root: Path) ->
 
 def result_html(result: Any, *, max_rows: int = 12, figures: int = 1, lead: bool = True,
                 columns: list[str] | None = None) -> str:
-    """A Result in a section: its takeaway, its first `figures` figures (titled) and the head of its table
-    (only `columns`, where given: the page of the result has them all)."""
-    parts = [f'<p class="takeaway">{html.escape(result.takeaway)}</p>'] if lead and result.takeaway else []
+    """A Result in a section: its takeaway (its lead, the details below it), its first `figures` figures (titled)
+    and the head of its table (only `columns`, where given: the page of the result has them all)."""
+    parts = [lead_html(result.takeaway, "takeaway")] if lead and result.takeaway else []
     for title, fig in result.figures()[:figures]:
         titled = bool(fig.layout.title and fig.layout.title.text)  # the figure names itself
         parts.append(("" if titled else f'<p class="figtitle">{html.escape(title)}</p>') + figure_div(fig))

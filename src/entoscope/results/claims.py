@@ -9,6 +9,11 @@ the same on every row (`constant`: the number of prompts, the interval level), s
 `Takeaway`: a `str` (what pages show) that also holds its claims, each with the span of text it wrote,
 so a test (tests/test_page_claims.py) can read every number back from the tables and every word
 against its rule. A Result saves them as takeaway.json beside table.csv.
+
+A takeaway has a lead and details (docs/pages.md, "A takeaway first"): `end_lead()` marks where the lead ends,
+after one or two plain sentences saying what held (or that nothing did); `Takeaway.lead` is the text up to
+the mark, `Takeaway.details` the rest (the figures and caveats), and the whole text stays the takeaway
+(notebooks, `print`), its claims' spans valid in it. takeaway.json records the mark as `lead_end`.
 """
 
 from __future__ import annotations
@@ -125,21 +130,47 @@ class Claim:
 
 
 class Takeaway(str):
-    """The text of a takeaway (a plain `str` to every reader) with the claims it is made of."""
+    """The text of a takeaway (a plain `str` to every reader) with the claims it is made of, and where its
+    lead ends (`lead_end`, an offset in the text; None: the whole text is the lead)."""
 
     claims: tuple[Claim, ...]
+    lead_end: int | None
 
-    def __new__(cls, text: str = "", claims: tuple[Claim, ...] | list[Claim] = ()) -> Takeaway:
+    def __new__(cls, text: str = "", claims: tuple[Claim, ...] | list[Claim] = (),
+                lead_end: int | None = None) -> Takeaway:
         obj = super().__new__(cls, text)
         obj.claims = tuple(claims)
+        obj.lead_end = None if lead_end is None or lead_end >= len(text) else int(lead_end)
         return obj
+
+    @property
+    def lead(self) -> str:
+        """The text up to the lead's end (one or two plain sentences: what held); the whole text when unmarked."""
+        return split_lead(self)[0]
+
+    @property
+    def details(self) -> str:
+        """The text after the lead (its figures and caveats); '' when unmarked."""
+        return split_lead(self)[1]
 
     def rebased(self, prefix: str) -> Takeaway:
         """The same takeaway with its sources relative to the folder above (prefix: the run's sub-folder)."""
-        return Takeaway(str(self), [replace(c, source=f"{prefix}/{c.source}") for c in self.claims])
+        return Takeaway(str(self), [replace(c, source=f"{prefix}/{c.source}") for c in self.claims], self.lead_end)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"text": str(self), "claims": [asdict(c) for c in self.claims]}
+        return {"text": str(self), "lead_end": self.lead_end, "claims": [asdict(c) for c in self.claims]}
+
+
+def split_lead(text: str) -> tuple[str, str]:
+    """(lead, details) of a takeaway: a `Takeaway`'s parts at its lead's end; any other text is all lead."""
+    end = getattr(text, "lead_end", None)
+    if end is None:
+        return str(text).strip(), ""
+    return str(text)[:end].strip(), str(text)[end:].strip()
+
+
+def _leading_space(text: str) -> int:
+    return len(text) - len(text.lstrip())
 
 
 def takeaway_json(entries: list[dict[str, Any]]) -> str:
@@ -158,7 +189,8 @@ def _plain(v: Any) -> Any:
 
 def write_takeaways(path: Path, entries: list[tuple[str, str]]) -> None:
     """Save (page, takeaway) pairs as JSON (text and claims; a plain string has no claims)."""
-    rows = [{"page": page, **(t.to_dict() if isinstance(t, Takeaway) else {"text": str(t), "claims": []})}
+    rows = [{"page": page, **(t.to_dict() if isinstance(t, Takeaway) else {"text": str(t), "lead_end": None,
+                                                                          "claims": []})}
             for page, t in entries if t]
     path.write_text(takeaway_json(rows), encoding="utf-8")
 
@@ -188,6 +220,8 @@ class TakeawayBuilder:
         self._parts: list[str] = []
         self._claims: list[Claim] = []
         self._length = 0
+        self._lead_end: int | None = None
+        self._pending: list[tuple[Takeaway, int]] = []  # takeaways whose lead is in, details not yet; first claim
 
     def _emit(self, text: str, claim: Claim | None = None) -> int:
         if claim is not None:
@@ -199,6 +233,18 @@ class TakeawayBuilder:
 
     def say(self, text: str) -> TakeawayBuilder:
         self._emit(text)
+        return self
+
+    @property
+    def lead_ended(self) -> bool:
+        return self._lead_end is not None
+
+    def end_lead(self) -> TakeawayBuilder:
+        """The lead ends here: what was said so far (one or two plain sentences saying what held, or that
+        nothing did) is the lead; what follows, the details (docs/pages.md, "A takeaway first"). Once only."""
+        if self._lead_end is not None:
+            raise ValueError("a takeaway's lead ends once")
+        self._lead_end = self._length
         return self
 
     def quote(self, row: Any, column: str, *, fmt: str = ".2f", name: bool | str = True, interval: bool = True,
@@ -261,9 +307,10 @@ class TakeawayBuilder:
         return self._claims[claim].value
 
     def no_discovery(self, t: Any, stem: str, fdr: float, *, unit: str = "cells") -> None:
-        """The lead of a screen with no discovery: says so at `fdr`; where the table's prompts could not have
-        given any cell a discovery on its own (`prompts_for_discovery`), says that and how many prompts
-        could; counts the rows whose interval excludes 0 as candidates, and what would settle them."""
+        """The lead of a screen with no discovery: says so at `fdr` (the lead ends there); where the table's
+        prompts could not have given any cell a discovery on its own (`prompts_for_discovery`), says that and
+        how many prompts could; counts the rows whose interval excludes 0 as candidates, and what would settle
+        them."""
         m, n = len(t), int(t["n_prompts"].iloc[0])
         none = self.qualify(f"No {unit[:-1] if unit.endswith('s') else unit} survives the false discovery screen",
                             "none_significant")
@@ -271,16 +318,17 @@ class TakeawayBuilder:
         self.setting(fdr, "stats.fdr", fmt=".0%")
         self.say(" rate (")
         self.refer(none, [self.count(0, m, "significant", unit=unit)])
-        self.say(", Benjamini-Hochberg)")
+        self.say(", Benjamini-Hochberg). ")
+        if self._lead_end is None:
+            self.end_lead()
         need = prompts_for_discovery(m, fdr)
         if n < need:
-            self.say(", and over ")
+            self.say("Over ")
             self.constant(n, "n_prompts", unit="prompts")
             self.say(" none could: among this many, one needs ")
             self._emit(f"{need} prompts", Claim("limit", "", source="manifest.json", column="stats.fdr",
                                                           value=need, total=m, fmt="d"))
-            self.say(" or more to be a discovery on its own (the sign-flip test's smallest p)")
-        self.say(". ")
+            self.say(" or more to be a discovery on its own (the sign-flip test's smallest p). ")
         shown = int(excludes_zero_rows(t, stem).sum())
         self.count(shown, m, stem, "excludes_zero", unit=unit)
         self.say(" have intervals that exclude zero: candidates, not findings; confirm them on fresh prompts "
@@ -315,27 +363,57 @@ class TakeawayBuilder:
         self.qualify(above if apart else overlap, "separated" if apart else "overlaps", [first, second])
         return apart
 
-    def include(self, other: str, prefix: str | None = None) -> TakeawayBuilder:
-        """Another takeaway's text and claims (its sources under `prefix`, the folder it was saved in)."""
-        if isinstance(other, Takeaway):
+    def include(self, other: str, prefix: str | None = None, part: str = "all") -> TakeawayBuilder:
+        """Another takeaway's text and claims (its sources under `prefix`, the folder it was saved in).
+
+        part: "all" (its whole text; its own lead mark is not kept), "lead" (its lead: its claims all come in
+        now, those of its details placed when they follow) or "details" (its details, after its lead)."""
+        whole = str(other)
+        end = getattr(other, "lead_end", None)
+        end = len(whole) if end is None else end
+        text = whole if part == "all" else split_lead(other)[0 if part == "lead" else 1]
+        if isinstance(other, Takeaway) and part == "details":
+            at = next((i for i, (t, _) in enumerate(self._pending) if t is other), None)
+            if at is None:
+                raise ValueError("a takeaway's details are included after its lead")
+            base = self._pending.pop(at)[1]
+            skip = end + _leading_space(whole[end:])
+            for i, c in enumerate(other.claims):
+                if c.start >= end:
+                    self._claims[base + i].start = c.start - skip + self._length
+        elif isinstance(other, Takeaway):
             base = len(self._claims)
+            skip = _leading_space(whole) if part == "lead" else 0
             moved = other.rebased(prefix) if prefix else other
             for c in moved.claims:
-                self._claims.append(replace(c, start=c.start + self._length,
+                inside = part == "all" or c.start < end
+                self._claims.append(replace(c, start=c.start - skip + self._length if inside else -1,
                                             refs=[r + base for r in c.refs]))
-        self._parts.append(str(other))
-        self._length += len(other)
+            if part == "lead":
+                self._pending.append((other, base))
+        self._parts.append(text)
+        self._length += len(text)
         return self
 
     def build(self) -> Takeaway:
-        return Takeaway("".join(self._parts), self._claims)
+        if self._pending:
+            raise ValueError("a takeaway's lead was included without its details")
+        return Takeaway("".join(self._parts), self._claims, self._lead_end)
 
 
-def join(takeaways: list[str], sep: str = " ") -> Takeaway:
-    """Takeaways one after the other (claims kept)."""
+def join(takeaways: list[str], sep: str = " ", labels: list[str] | None = None,
+         prefixes: list[str | None] | None = None) -> Takeaway:
+    """Takeaways one after the other, claims kept: their leads first (each after its label, where given),
+    which make the joined lead, then their details in the same order (each after its label again)."""
+    items = [(labels[i] if labels else "", t, prefixes[i] if prefixes else None) for i, t in enumerate(takeaways)]
+    items = [x for x in items if x[1]]
     b = TakeawayBuilder()
-    for i, t in enumerate(x for x in takeaways if x):
-        if i:
-            b.say(sep)
-        b.include(t)
+    for i, (label, t, prefix) in enumerate(items):
+        b.say((sep if i else "") + label)
+        b.include(t, prefix, part="lead")
+    b.end_lead()
+    for label, t, prefix in items:
+        if split_lead(t)[1]:
+            b.say(sep + label)
+        b.include(t, prefix, part="details")
     return b.build()

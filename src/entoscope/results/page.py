@@ -38,6 +38,7 @@ pre { background: #f6f6f6; padding: 1em; overflow-x: auto; }
 .warnings { background: #fff4e5; border-left: 4px solid #e69500; padding: 0.5em 1em; margin: 1em 0; }
 .plotly-graph-div { max-width: 100%; }
 p.takeaway { font-size: 1.02em; background: #f2f7fd; border-left: 4px solid #2b6cb0; padding: 0.5em 0.9em; }
+p.details { font-size: 0.9em; color: #333; margin: -0.4em 0 1em; padding: 0 0 0 1.25em; }
 p.figtitle { font-weight: 600; margin: 1.2em 0 0.2em; } p.more { margin: 0.4em 0 1.2em; }
 details.terms { font-size: 0.88em; margin: 0.5em 0; } details.terms dt { font-weight: 600; margin-top: 0.3em; }
 details.terms dd { margin-left: 1.2em; } ul.glance li { margin: 0.35em 0; }
@@ -120,6 +121,18 @@ def warnings_html(warned: list[dict[str, str]]) -> str:
     return f'<div class="warnings"><strong>{title}</strong><ul>{"".join(item(w) for w in warned)}</ul></div>'
 
 
+def lead_html(takeaway: str, cls: str = "lead") -> str:
+    """A takeaway on a page: its lead in the lead box (`cls`: lead on a run page, takeaway in a section), its
+    details (figures and caveats, results/claims.py `split_lead`) in a paragraph just below it."""
+    from .claims import split_lead
+
+    lead, details = split_lead(takeaway)
+    if not lead:
+        return ""
+    out = f'<p class="{cls}">{html.escape(lead)}</p>'
+    return out + (f'<p class="details">{html.escape(details)}</p>' if details else "")
+
+
 def anchor(title: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")[:60] or "section"
 
@@ -129,7 +142,8 @@ def write_page(path: Path, title: str, sections: list[tuple[str, str]], js_relpa
                lead: str = "", back: str | None = None) -> Path:
     """An HTML page of titled sections (raw HTML bodies); plotly loaded from `js_relpath`.
 
-    lead: a sentence or two at the top saying what the page shows and what to conclude.
+    lead: a sentence or two at the top saying what the page shows and what to conclude; a `Takeaway` with a
+          lead mark shows its lead there and its details just below (`lead_html`).
     back: a relative link to the summary page above this one (a report's index.html).
     """
     ids: list[str] = []
@@ -149,14 +163,14 @@ def write_page(path: Path, title: str, sections: list[tuple[str, str]], js_relpa
     if summary:
         meta += "<details><summary>run details</summary><pre>" + html.escape(json.dumps(summary, indent=2)) + \
             "</pre></details>"
-    lead_html = f'<p class="lead">{html.escape(lead)}</p>' if lead else ""
+    lead_part = lead_html(lead) if lead else ""
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{html.escape(title)}</title>
 <script src="{js_relpath}"></script>
 <style>{STYLE}</style></head>
 <body>{nav}<h1>{html.escape(title)}</h1>
-{lead_html}{meta}{toc}
+{lead_part}{meta}{toc}
 {''.join(parts)}
 </body></html>
 """

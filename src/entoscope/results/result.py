@@ -92,7 +92,9 @@ class Result:
 
     @property
     def takeaway(self) -> str:
-        """What the result shows, in a sentence or two computed from its numbers ('' if none)."""
+        """What the result shows, computed from its numbers ('' if none): a `Takeaway` (results/claims.py) whose
+        `lead` says in a sentence or two what held and whose `details` give the figures and caveats; the
+        whole text is what a notebook and `print` show."""
         t = self._takeaway
         return t(self) if callable(t) else t
 
@@ -197,7 +199,8 @@ class Result:
         shard_files = [f"shards/{f}" for f in self.manifest.get("executor", {}).get("shard_files", [])] \
             if self.shards_dir is not None and self.shards_dir.resolve() == (final / "shards").resolve() else []
         manifest = {"format_version": FORMAT_VERSION, "operation": self.operation, **self.manifest,
-                    "title": self.title, "takeaway": self.takeaway, "blank_note": self.blank_note,
+                    "title": self.title, "takeaway": self.takeaway,
+                    "takeaway_lead_end": getattr(lead, "lead_end", None), "blank_note": self.blank_note,
                     "json_columns": json_columns, "tables": sorted(self.tables),
                     "files": files + shard_files + ["manifest.json"]}
         (out / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str), encoding="utf-8")

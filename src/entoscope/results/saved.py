@@ -154,8 +154,11 @@ def load_run(folder: str | Path) -> Any:
     per_prompt = None
     if "per_prompt.parquet" in manifest["files"]:
         per_prompt = SavedTable(_table_file(path, "per_prompt"), list(json_columns.get("per_prompt", [])))
+    from .claims import Takeaway
+
+    takeaway = Takeaway(manifest["takeaway"], (), manifest.get("takeaway_lead_end"))  # its lead mark kept
     result = Result(manifest["operation"], table, per_prompt=per_prompt, title=manifest.get("title"),
-                    takeaway=manifest["takeaway"], blank_note=manifest.get("blank_note", ""))
+                    takeaway=takeaway, blank_note=manifest.get("blank_note", ""))
     result.manifest = manifest
     result.warnings = list(manifest.get("warnings") or [])
     result.tables = {str(name): read_table(_table_file(path, str(name)), []) for name in manifest.get("tables") or []}

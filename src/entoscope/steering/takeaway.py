@@ -39,26 +39,32 @@ def steering_takeaway(result: Any) -> Takeaway | str:
                 fmt=".3g", interval=False, q=False)
     else:
         b.say("the site")
-    b.say(f", mode {first['mode']}")
-    if "residual_norm" in t and pd.notna(first.get("residual_norm")):
-        b.say(", coefficients in units of the site's mean activation norm R = ")
-        b.quote(first, "residual_norm", name=False, fmt=".3g", interval=False, q=False)
     b.say(": ")
     has_bands = "material" in t and "negligible" in t
     row = smallest_effective(t, "material") if has_bands else None
+    steered = t[t["direction"] == "direction"]
     if row is not None:
         _effect(b, t, row, metric, material=True)
-        return b.build()
-    steered = t[t["direction"] == "direction"]
-    if has_bands and steered["negligible"].astype(bool).all():
+    elif has_bands and steered["negligible"].astype(bool).all():
         _negligible(b, t, metric)
-        return b.build()
-    row = smallest_effective(t)
-    if row is None:
+    elif (row := smallest_effective(t)) is None:
         _no_effect(b, t, metric)
-        return b.build()
-    _effect(b, t, row, metric, material=False)
+    else:
+        _effect(b, t, row, metric, material=False)
+    if not b.lead_ended:
+        b.end_lead()
+    _units(b, t)
     return b.build()
+
+
+def _units(b: TakeawayBuilder, t: Any) -> None:
+    """Below the lead: the mode and the coefficients' unit."""
+    first = t.iloc[0]
+    b.say(f" Mode {first['mode']}")
+    if "residual_norm" in t and pd.notna(first.get("residual_norm")):
+        b.say("; coefficients in units of the site's mean activation norm R = ")
+        b.quote(first, "residual_norm", name=False, fmt=".3g", interval=False, q=False)
+    b.say(".")
 
 
 def _band(b: TakeawayBuilder, t: Any, metric: str) -> None:
@@ -76,25 +82,30 @@ def _effect(b: TakeawayBuilder, t: Any, row: Any, metric: str, *, material: bool
     b.say("the ")
     if material:
         word = b.qualify("smallest coefficient with a material effect", "smallest_material")
-        b.say(f" on the {metric} (its ")
-        b.constant(first["ci_level"], "ci_level", fmt=".0%")
-        b.say(" interval beyond")
-        _band(b, t, metric)
-        b.say(") is c = ")
+        b.say(f" on the {metric} is c = ")
     else:
         word = b.qualify("smallest coefficient", "smallest_effective")
-        b.say(f" whose effect on the {metric} has a ")
-        b.constant(first["ci_level"], "ci_level", fmt=".0%")
-        b.say(" interval excluding zero is c = ")
+        b.say(f" whose effect on the {metric} excludes zero is c = ")
     b.quote(row, "coefficient", name=False, fmt="g", interval=False, q=False)
     b.say(": effect ")
     effect = b.quote(row, "effect", name=False, fmt="+.3g")
     b.refer(word, [effect])
     b.say(f" (unsteered {metric} ")
     b.quote(first, "metric_unsteered", name=False, fmt=".3g")
+    b.say(").")
+    b.end_lead()
+    if material:
+        b.say(" That is, its ")
+        b.constant(first["ci_level"], "ci_level", fmt=".0%")
+        b.say(" interval lies beyond")
+        _band(b, t, metric)
+    else:
+        b.say(" That is, its ")
+        b.constant(first["ci_level"], "ci_level", fmt=".0%")
+        b.say(" interval excludes zero")
     b.say("; bootstrap over ")
     b.constant(first["n_prompts"], "n_prompts", unit="prompts")
-    b.say("). A random direction of the same norm moves it ")
+    b.say(". A random direction of the same norm moves it ")
     b.quote(random, "effect", name=False, fmt="+.3g")
     b.say(" (direction minus random ")
     minus = b.quote(row, "minus_random", name=False, fmt="+.3g")

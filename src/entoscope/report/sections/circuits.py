@@ -29,7 +29,7 @@ from ...circuits.faithfulness import MIB_FRACTIONS
 from ...circuits.takeaway import beyond_budget
 from ...models.adapter import adapt
 from ...registry import register
-from ...results.claims import TakeawayBuilder
+from ...results.claims import TakeawayBuilder, join
 from ...stats import value_with_ci
 from ...stats.columns import level_text
 from ..preflight import runs_by
@@ -120,27 +120,29 @@ def circuits_section(model: Any, folder: Path, quick: bool) -> Section:
              + result_html(ioi, figures=1, lead=False, max_rows=8)
              + f'<p class="more"><a href="{folder.name}/ioi/index.html">IOI circuit: every figure and the whole '
              "table</a></p>")
-    lead = TakeawayBuilder(key=())
-    for i, (task, summary, held, where) in enumerate((("Induction", s, heads, folder.name),
-                                                      ("IOI", t, ioi_heads, f"{folder.name}/ioi"))):
-        lead.say(" " if i else "")
-        circuit_lead(lead, task, summary, held, where, folder.parent)
+    leads = []
+    for task, summary, held, where in (("Induction", s, heads, folder.name),
+                                       ("IOI", t, ioi_heads, f"{folder.name}/ioi")):
+        one = TakeawayBuilder(key=())
+        circuit_lead(one, task, summary, held, where, folder.parent)
+        leads.append(one.build())
+    lead = join(leads, labels=["Induction: ", "IOI: "])  # each task's lead, then each one's details
     found_ones = [task for task, summary in (("induction", s), ("IOI", t)) if summary["found"]]
     status = ("both found by their faithfulness" if len(found_ones) == 2 else
               f"{found_ones[0]} found by its faithfulness, the other not" if found_ones else
               "none found within the budget (the faithfulness curves)")
-    return Section(f"induction and IOI circuits ({name}): {status}", lead.build(), body,
+    return Section(f"induction and IOI circuits ({name}): {status}", lead, body,
                    terms=(name, "faithfulness", "circuit search", "head tests", "CPR", "CMD", "stable circuit",
                           "95% interval", "q-value", "names"))
 
 
 def circuit_lead(b: TakeawayBuilder, task: str, s: dict[str, Any], heads: pd.DataFrame, where: str,
                  root: Path) -> None:
-    """One task's sentences of the lead: the circuit found (its size, faithfulness with its interval, its heads of
-    largest summed edge score, the screened heads it holds) or that none of at most the budget's edges was, with the
-    best faithfulness read. `where`: the run's folder under the report's `root`."""
+    """One task's takeaway: its lead, the circuit found (its size, faithfulness with its interval) or that none of
+    at most the budget's edges was, with the best faithfulness read; its details, the found circuit's heads of
+    largest summed edge score and the screened heads it holds, or where the curve reaches the target. `where`:
+    the run's folder under the report's `root`; the task's name is said by the section (`join`'s labels)."""
     summary, held_file = f"{where}/summary.json", f"{where}/{HEADS}"
-    b.say(f"{task}: ")
     if s["found"]:
         b.say("the smallest circuit found to recover ")
         word = b.qualify("at least", "reaches_target")
@@ -153,6 +155,8 @@ def circuit_lead(b: TakeawayBuilder, task: str, s: dict[str, Any], heads: pd.Dat
         b.say(" edges and recovers ")
         f = b.quote(s, "faithfulness", name=False, key=(), source=summary)
         b.refer(word, [f, target])
+        b.say(".")
+        b.end_lead()
     else:
         b.say("no circuit of ")
         budget = b.quote(s, "max_edges", fmt=",d", name=False, key=(), source=summary, interval=False)
@@ -163,16 +167,18 @@ def circuit_lead(b: TakeawayBuilder, task: str, s: dict[str, Any], heads: pd.Dat
         b.say(" ")
         f = b.quote(s, "faithfulness", name=False, key=(), source=summary)
         b.refer(word, [f, target, budget])
-        b.say(" of the logit difference")
+        b.say(" of the logit difference.")
+        b.end_lead()
         curve = root / where / "faithfulness.csv"
-        beyond_budget(b, pd.read_csv(curve) if curve.exists() else None, target, source=f"{where}/faithfulness.csv")
-        b.say(" (the curve is drawn instead of a circuit)")
+        beyond_budget(b, pd.read_csv(curve) if curve.exists() else None, target, source=f"{where}/faithfulness.csv",
+                      opening=" The curve ", end="")
+        b.say(" (the curve is drawn instead of a circuit).")
     nodes = pd.read_csv(Path(root) / where / "nodes.csv") if (Path(root) / where / "nodes.csv").exists() else None
     if s["found"] and nodes is not None:  # the heads that carry most of its edge scores
         top = nodes[(nodes["kind"] == "head") & (nodes["summed_score"] != 0)]
         top = top.reindex(top["summed_score"].abs().sort_values(ascending=False, kind="stable").index).head(NAMED)
         if len(top):
-            b.say("; its heads of ")
+            b.say(" Its heads of ")
             word = b.qualify("largest", "top_by_abs", condition="kind=head")
             b.say(" summed |edge score|: ")
             refs = []
@@ -180,9 +186,10 @@ def circuit_lead(b: TakeawayBuilder, task: str, s: dict[str, Any], heads: pd.Dat
                 b.say(", " if j else "")
                 refs.append(b.quote(row, "summed_score", fmt="+.2g", key="node", source=f"{where}/nodes.csv"))
             b.refer(word, refs)
+            b.say(".")
     held = heads[heads["in_circuit"].astype(bool)]
     if s["found"] and len(heads):
-        b.say("; it holds ")
+        b.say(" It holds ")
         if len(held):
             b.count(len(held), len(heads), "in_circuit", unit="heads the head scores name", source=held_file)
             b.say(": ")
@@ -193,7 +200,7 @@ def circuit_lead(b: TakeawayBuilder, task: str, s: dict[str, Any], heads: pd.Dat
                 b.mark(row, "in_circuit", key=("kind", "site"), source=held_file)
         else:
             b.count(0, len(heads), "in_circuit", unit="heads the head scores name", source=held_file)
-    b.say(".")
+        b.say(".")
 
 
 def search_sentence(s: dict[str, Any]) -> str:

@@ -27,6 +27,7 @@ from ..preflight import runs_by
 from ..section import Section
 from ..sizes import sizes
 from ...results.claims import Takeaway, TakeawayBuilder
+from ...results.page import lead_html
 
 RELEASE = "demo"
 TASKS = (("ioi", "IOI (logit difference: IO minus S)", [-1, -2, -3]),
@@ -121,7 +122,7 @@ def features_section(model: Any, folder: Path, quick: bool) -> Section:
         model, {"task": "ioi", "n": 4 if quick else 16, "seed": 21}, quiet=True)
     graph.save(folder / "graph", assets_dir=folder.parent)
     parts.append(f"<h3>attribution graph (IOI, {len(graph.extra['scores'])} prompts)</h3>"
-                 f'<p class="takeaway">{html.escape(graph.takeaway)}</p>'
+                 + lead_html(graph.takeaway, "takeaway") +
                  f'<p><a href="{folder.name}/graph/index.html">the graph\'s nodes, edges and scores</a>; '
                  f'<a href="{folder.name}/pages/index.html">all {len(pages)} feature pages</a></p>')
     lead = _lead(folder.name, n, tops, graph)
@@ -148,11 +149,13 @@ def _lead(name: str, n: int, tops: list[tuple[Any, ...]], graph: Any) -> Takeawa
         b.say(" at a ")
         b.setting(_fdr(tops[0][3]), "stats.fdr", fmt=".0%", source=f"{name}/manifest.json")
         b.say(" false discovery rate): the features below are candidates for a closer look, not findings. ")
+        b.end_lead()
     else:
         for i, (task, _, _, _, table) in enumerate(tops):
             b.say("; " if i else "")
             b.count(counts[task], len(table), "significant", source=sources[task], unit=f"feature sites on {task}")
         b.say(" pass the false discovery control. ")
+        b.end_lead()
     first = tops[0][4]
     b.say("The ")
     word = b.qualify("largest |mean effect|", "top_by_abs")

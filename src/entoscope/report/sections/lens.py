@@ -57,7 +57,7 @@ def lens_section(model: Any, folder: Path, quick: bool) -> Section:
         compared = compare_lenses(model, ioi, jacobian=str(Path(tmp) / "jacobian"))
     where = folder / "comparison"
     compared.save(where, assets_dir=folder.parent)
-    lead = join([lead_of(result, folder, folder.parent), lead_of(compared, where, folder.parent)])
+    lead = join([lead_of(result, folder, folder.parent), lead_of(compared, where, folder.parent)])  # leads, details
     fit = (f'<p class="note">The Jacobian lens was fitted here on {size["jacobian_texts"]} texts of the built-in '
            f"corpus cut to {size['jacobian_max_length']} tokens, the first {size['jacobian_skip_first']} positions "
            "left out (the sizes this model's cost allows, report/sizes.py).</p>")

@@ -145,11 +145,12 @@ def _where(b: TakeawayBuilder, t: pd.DataFrame, source: str) -> None:
             refs.append(b.quote(last, "value", source=source))
         b.say(")")
         b.refer(word, refs)
-    b.say(": at each layer from the first cell named to the last, that position's cell is the layer's top one and "
-          "its interval lies above zero, so the answer's information sits there over those layers")
 
 
 def _lead(name: str, results: list[Any], rechecks: list[Any]) -> Any:
+    """The lead: where the answer's information sits (positions) and the heads' headline (one restores most, none
+    does, or how many attribution's top heads hold when re-checked exactly); the details: the heads' figures, the
+    interval level, what the positions' rule means."""
     b = TakeawayBuilder(key="site")
     _where(b, results[0].table, f"{name}/table.csv")
     b.say(". ")
@@ -164,7 +165,12 @@ def _lead(name: str, results: list[Any], rechecks: list[Any]) -> Any:
     b.constant(heads["ci_level"].iloc[0], "ci_level", fmt=".0%", source=source)
     b.say(" intervals over ")
     b.constant(heads["n_prompts"].iloc[0], "n_prompts", unit="prompt pairs", source=source)
-    b.say("). Each map below has its own takeaway.")
+    b.say(").")
+    if leading_positions(results[0].table):
+        b.say(" A position named above leads at each layer from its first cell named to its last: that position's "
+              "cell is the layer's top one and its interval lies above zero, so the answer's information sits there "
+              "over those layers.")
+    b.say(" Each map below has its own takeaway.")
     return b.build()
 
 
@@ -177,13 +183,17 @@ def _exact_heads(b: TakeawayBuilder, heads: pd.DataFrame, source: str) -> None:
         b.say(" of the logit difference: ")
         refs = [b.quote(best, "value", source=source)]
         b.refer(word_most, refs)
-        b.say("; the next ")
+        b.say(".")
+        b.end_lead()
+        b.say(" The next ")
         word = b.qualify("largest", "top_by_abs")
         b.say(" effect: ")
         b.refer(word, refs + [b.quote(ranked.iloc[1], "value", source=source)])
     else:
         none = b.qualify("No single head restores most", "none_most")
-        b.say(" of the logit difference when its clean output is patched into the corrupt run; the ")
+        b.say(" of the logit difference when its clean output is patched into the corrupt run.")
+        b.end_lead()
+        b.say(" The ")
         word = b.qualify("largest", "top_by_abs")
         b.say(" normalised effects: ")
         refs = b.ranking(ranked, "value", 2, source=source)
@@ -199,11 +209,14 @@ def _rechecked_heads(b: TakeawayBuilder, recheck: pd.DataFrame, source: str, fdr
     rest = recheck[~recheck["held"].astype(bool)]
     b.say("Attribution patching's top heads by |estimate|, re-checked by exact patching on the same pairs: ")
     b.count(len(held), len(recheck), "held", unit="hold", source=source)
+    b.say(".")
+    b.end_lead()
     for i, (_, row) in enumerate(held.iterrows()):
-        b.say(": " if i == 0 else ", ")
+        b.say(" Held: " if i == 0 else ", ")
         _both(b, row, source)
     if len(rest):
-        b.say("; not held (the exact interval reaches zero, or lies on the other side): ")
+        b.say("; not held (the exact interval reaches zero, or lies on the other side): " if len(held) else
+              " Not held (the exact interval reaches zero, or lies on the other side): ")
         for i, (_, row) in enumerate(rest.iterrows()):
             b.say(", " if i else "")
             _both(b, row, source)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ...registry import register
-from ...results.claims import TakeawayBuilder
+from ...results.claims import join
 from ..preflight import runs_by
 from ..section import Section, examples_html
 from ..sizes import sizes
@@ -49,11 +49,8 @@ def probing_section(model: Any, folder: Path, quick: bool) -> Section:
     from ...probing import Probing
 
     body, results = examples_html(Probing, model, _examples(model, quick), folder, max_rows=12)
-    b = TakeawayBuilder()
-    for i, (name, r) in enumerate(zip(("Greater-than start year", "IOI name order"), results)):
-        b.say((" " if i else "") + f"{name}: ")
-        b.include(r.takeaway, folder.name if i == 0 else f"{folder.name}/example{i}")
-    lead = b.build()
+    lead = join([r.takeaway for r in results], labels=["Greater-than start year: ", "IOI name order: "],
+                prefixes=[folder.name if i == 0 else f"{folder.name}/example{i}" for i in range(len(results))])
     return Section("probing: held-out scores against a control task, by layer", lead, body,
                    terms=("held-out score", "causal check", "names"), own_page=False)
 
