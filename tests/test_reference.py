@@ -95,9 +95,14 @@ def parser():
 
 
 def test_the_reference_and_the_contents_lists_are_current():
-    stale = [str(p.relative_to(ROOT)) for p, text in wr.pages().items()
-             if not p.exists() or p.read_text(encoding="utf-8") != text]
-    assert not stale, f"out of date: {stale}; write them again with `python scripts/write_reference.py`"
+    """Checked in a fresh interpreter: other tests in this worker may have registered names of their own (a
+    custom metric, pooling or operation), which the reference of the package itself does not hold."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "write_reference.py"), "--check"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, f"{out.stdout[-1500:]}{out.stderr[-1500:]} (write them again with " \
+                                "`python scripts/write_reference.py`)"
 
 
 def test_a_field_added_without_writing_the_reference_again_is_caught(capsys):

@@ -270,6 +270,8 @@ def test_a_phase_context_dataclass_has_the_digest_of_the_dict_it_replaced():
     steer = SteerContext(vector, random, provenance)
     assert digest(steer) == digest({"vector": vector, "random": random, "provenance": provenance})
     assert digest(steer) != digest(SteerContext(vector, random * 2, provenance))
+    # a field added later (R, steering in residual-norm units) changes the digest only when it is set
+    assert digest(SteerContext(vector, random, provenance, residual_norm=2.5)) != digest(steer)
     kept = torch.tensor([[[True, False], [False, True]]])
     assert digest(FaithfulnessContext(kept)) == digest({"kept": kept})
     assert digest(FaithfulnessContext(kept)) != digest(FaithfulnessContext(~kept))

@@ -94,7 +94,8 @@ def as_numpy(value: Any) -> np.ndarray:
 
 def digest(value: Any) -> str:
     """A stable hash of nested dicts/lists of numbers, strings, arrays and tensors (shard plans, contexts); a
-    dataclass hashes as the dict of its fields (a phase context keeps the digest its dict had)."""
+    dataclass hashes as the dict of its fields (a phase context keeps the digest its dict had), leaving out a
+    field added later at its default None (so a context written before it was added keeps its digest)."""
     h = hashlib.sha256()
     _feed(h, value)
     return h.hexdigest()[:16]
@@ -102,7 +103,8 @@ def digest(value: Any) -> str:
 
 def _feed(h: Any, value: Any) -> None:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)
+                 if not (f.default is None and getattr(value, f.name) is None)}
     if isinstance(value, dict):
         h.update(b"{")
         for k in sorted(value, key=str):
