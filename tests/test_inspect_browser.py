@@ -17,7 +17,7 @@ if int(tl.split(".")[0]) < 4:  # the pages are the same HTML in both passes; CI'
 
 from test_pages_browser import ARGS, CHROMIUM, WIDTH, _check_pages, playwright  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on this machine")]
+pytestmark = [pytest.mark.slow, pytest.mark.needs("browser")]  # a skip naming the extra; a failure where CI requires it
 
 PROMPTS = {  # prompt, answer, wrong, counterfactual
     "demo": ("When Mary and John went to the store, John gave a drink to", " Mary", " John",

@@ -62,7 +62,7 @@ def test_the_inspect_view_is_inline_and_offline(executed):
     assert not re.search(r"<script[^>]+src=", everything), "an output loads a script from elsewhere"
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on this machine (apt-get install chromium)")
+@pytest.mark.needs("browser")  # a skip naming the extra; a failure where CI requires it (tests/extras.py)
 def test_the_outputs_render_in_a_browser(executed, tmp_path):
     """Every HTML output, in order, on one page (as the notebook shows them) read by headless Chromium."""
     playwright = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed")
