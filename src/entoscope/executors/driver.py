@@ -81,7 +81,10 @@ def run_sharded(op: Sharded, prepared: Prepared[Any], executor: InProcess | Ray,
     folder = Path(tempfile.mkdtemp(prefix="entoscope-shards-")) if temporary else shards_dir
     store = None
     if folder is not None:  # what the shards belong to: a resumed run must be this very run
-        run_key = digest({"config": op.config(), "data": prepared.data.to_records() if prepared.data else None,
+        # memory is left out: a Ray run fixes "auto" to the driver's free memory, which moves between runs;
+        # what it decides (the batches and shards) is in the key already
+        config = {k: v for k, v in op.config().items() if k not in ("memory", "memory_budget_mb")}
+        run_key = digest({"config": config, "data": prepared.data.to_records() if prepared.data else None,
                           "model": fingerprint, "plan": plan_digest, "shards": [s.batches for s in shards],
                           "phases": list(phases)})
         store = ShardStore(folder, run_key, resume=resume)
