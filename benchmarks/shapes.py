@@ -10,9 +10,8 @@
 The configurations are the published `config.json` of each model (the numbers that set the memory and time of
 a run: layers, widths, heads, key/value heads, head size, vocabulary, soft caps, sliding windows, tied
 embeddings); the weights are HuggingFace's random initialisation, so the logits mean nothing and the
-memory and the time are the real model's. The tokenizer is the test suite's tiny byte-level one (ids < 320,
-BOS = 0): text prompts (the built-in tasks) are tokenized by it, so a prompt is as long as the tiny tokenizer
-makes it, not as the real tokenizer would.
+memory and the time are the real model's. The tokenizer is SmolLM2-135M's where the real-model cache holds it
+(`build`), else the test suite's tiny byte-level one.
 
 Sizes (parameters; weights in float32 / bfloat16): SmolLM2-135M 135M (0.54 / 0.27 GB), Gemma 3 270M 268M
 (1.07 / 0.54 GB), Qwen2.5 0.5B 494M (1.98 / 0.99 GB), Llama 3.2 1B 1.24B (4.94 / 2.47 GB), Gemma 2 2B 2.61B
@@ -25,6 +24,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -120,14 +120,32 @@ def hf_model(name: str, dtype: str = "float32", device: str = "cpu", seed: int =
     return model.eval()
 
 
+def real_tokenizer_folder() -> Path | None:
+    """SmolLM2-135M's folder in the real-model cache (scripts/fetch_real_models.py), where it is there."""
+    root = Path(os.environ.get("ENTOSCOPE_REAL_MODELS") or Path.home() / ".cache" / "entoscope" / "real-models")
+    folder = root / "smollm2-135m"
+    return folder if (folder / "tokenizer.json").exists() else None
+
+
 def build(name: str, dtype: str = "float32", device: str = "cpu", backend: str = "bridge", seed: int = 0) -> Any:
-    """The named shape as an entoscope-ready model (a TransformerBridge by default; "hooked", "nnsight")."""
+    """The named shape as an entoscope-ready model (a TransformerBridge by default; "hooked", "nnsight").
+
+    Its tokenizer is SmolLM2's where the real-model cache holds it (a real BPE vocabulary of 49,152 ids, inside
+    every shape's, so the built-in tasks' names and numbers are single tokens and a prompt is as long as a real
+    model's), else the test suite's tiny byte-level one (the tasks that need single-token words refuse there)."""
     from entoscope.models.loading import from_hf
     from entoscope.models.tiny import tiny_tokenizer, tokenizer_dir
 
     hf = hf_model(name, dtype, device, seed)
-    return from_hf(hf, tiny_tokenizer(), backend=backend, name=shape_name(name),  # type: ignore[arg-type]
-                   device=None if device == "cpu" else device, folder=tokenizer_dir())
+    real = real_tokenizer_folder()
+    if real is not None:
+        import transformers
+
+        tokenizer, folder = transformers.AutoTokenizer.from_pretrained(str(real)), str(real)
+    else:
+        tokenizer, folder = tiny_tokenizer(), tokenizer_dir()
+    return from_hf(hf, tokenizer, backend=backend, name=shape_name(name),  # type: ignore[arg-type]
+                   device=None if device == "cpu" else device, folder=folder)
 
 
 def weight_bytes(name: str, dtype: str = "float32") -> int:

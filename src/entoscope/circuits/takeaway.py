@@ -68,22 +68,13 @@ def target_sentence(b: TakeawayBuilder, s: dict[str, Any], curve: Any = None) ->
     """selection "target" (circuits/search.py): the circuit found, its size before and after pruning and its
     faithfulness; or that no edge set of at most the budget reached the target, and the best one read."""
     if s["found"]:
-        b.say("The smallest circuit the search found to recover ")
-        word = b.qualify("at least", "reaches_target")
-        b.say(" ")
-        target = b.quote(s, "faithfulness_target", fmt="g", name=False, key=(), source=SUMMARY, interval=False)
-        b.say(" of the metric keeps ")
-        b.quote(s, "n_kept", fmt=",d", name=False, key=(), source=SUMMARY, interval=False)
-        b.say(" of ")
-        b.quote(s, "n_edges_total", fmt=",d", name=False, key=(), source=SUMMARY, interval=False)
-        b.say(" edges (the top ")
-        b.quote(s, "n_top", fmt=",d", name=False, key=(), source=SUMMARY, interval=False)
-        b.say(f" by |score|, {s['method']}, metric {s['metric']}, pruned to the paths from the input to the logits) "
-              "and recovers ")
-        f = b.quote(s, "faithfulness", name=False, key=(), source=SUMMARY)
-        b.refer(word, [f, target])
-        b.say(" (faithfulness).")
-        b.end_lead()
+        def how(b: TakeawayBuilder) -> None:
+            b.say(" edges (the top ")
+            b.quote(s, "n_top", fmt=",d", name=False, key=(), source=SUMMARY, interval=False)
+            b.say(f" by |score|, {s['method']}, metric {s['metric']}, pruned to the paths from the input to the "
+                  "logits) and recovers ")
+        found_sentence(b, s, SUMMARY, opening="The smallest circuit the search found to recover ", of="the metric",
+                       how=how, end=" (faithfulness).")
         return
     b.say("No circuit of ")
     budget = b.quote(s, "max_edges", fmt=",d", name=False, key=(), source=SUMMARY, interval=False)
@@ -100,6 +91,29 @@ def target_sentence(b: TakeawayBuilder, s: dict[str, Any], curve: Any = None) ->
     b.say(".")
     b.end_lead()
     beyond_budget(b, curve, target, opening=" The faithfulness curve ", end=".")
+
+
+def found_sentence(b: TakeawayBuilder, s: dict[str, Any], source: str, *, opening: str, of: str,
+                   how: Any = None, end: str = ".") -> None:
+    """The lead of a circuit found (summary `s` of selection "target", read from `source`): "<opening>at least
+    <target> of <of> keeps <n_kept> of <n_edges_total>" then `how(b)` (default " edges and recovers ") and its
+    faithfulness with its interval (rule `reaches_target`), then `end`; the lead ends there."""
+    b.say(opening)
+    word = b.qualify("at least", "reaches_target")
+    b.say(" ")
+    target = b.quote(s, "faithfulness_target", fmt="g", name=False, key=(), source=source, interval=False)
+    b.say(f" of {of} keeps ")
+    b.quote(s, "n_kept", fmt=",d", name=False, key=(), source=source, interval=False)
+    b.say(" of ")
+    b.quote(s, "n_edges_total", fmt=",d", name=False, key=(), source=source, interval=False)
+    if how is None:
+        b.say(" edges and recovers ")
+    else:
+        how(b)
+    f = b.quote(s, "faithfulness", name=False, key=(), source=source)
+    b.refer(word, [f, target])
+    b.say(end)
+    b.end_lead()
 
 
 def beyond_budget(b: TakeawayBuilder, curve: Any, target: int, source: str = CURVE, *,

@@ -115,27 +115,30 @@ def _effect(b: TakeawayBuilder, t: Any, row: Any, metric: str, *, material: bool
     b.say(" its random baseline there.")
     if not material and "material" in t:
         b.say(" Yet ")
-        steered = t[t["direction"] == "direction"]
-        biggest = steered.iloc[int(steered["effect"].abs().to_numpy().argmax())]
         none = b.qualify("no coefficient's effect is material", "none_material")
         b.say(" (none lies wholly beyond")
         _band(b, t, metric)
         b.say("; the ")
-        largest = b.qualify("largest", "top_by_abs", condition="direction=direction")
-        b.say(", at c = ")
-        b.quote(biggest, "coefficient", name=False, fmt="g", interval=False, q=False)
-        b.say(": ")
-        ref = b.quote(biggest, "effect", name=False, fmt="+.3g")
-        b.refer(none, [ref])
-        b.refer(largest, [ref])
+        _largest_effect(b, t, none, ", at c = ")
         b.say("): a larger dose, or another direction, is needed to move it visibly.")
     if "kl" in t:
         _side_effects(b, t, row, random)
 
 
-def _negligible(b: TakeawayBuilder, t: Any, metric: str) -> None:
+def _largest_effect(b: TakeawayBuilder, t: Any, claim: Any, between: str) -> None:
+    """"largest{between}<c>: <effect>" for the steered row of largest |effect|, which backs `claim` too."""
     steered = t[t["direction"] == "direction"]
     biggest = steered.iloc[int(steered["effect"].abs().to_numpy().argmax())]
+    largest = b.qualify("largest", "top_by_abs", condition="direction=direction")
+    b.say(between)
+    b.quote(biggest, "coefficient", name=False, fmt="g", interval=False, q=False)
+    b.say(": ")
+    ref = b.quote(biggest, "effect", name=False, fmt="+.3g")
+    b.refer(claim, [ref])
+    b.refer(largest, [ref])
+
+
+def _negligible(b: TakeawayBuilder, t: Any, metric: str) -> None:
     b.say("its effect on the ")
     b.say(f"{metric} is ")
     word = b.qualify("negligible at every coefficient", "negligible")
@@ -146,13 +149,7 @@ def _negligible(b: TakeawayBuilder, t: Any, metric: str) -> None:
     b.say(" (unsteered ")
     b.quote(t.iloc[0], "metric_unsteered", name=False, fmt=".3g")
     b.say("; the ")
-    largest = b.qualify("largest", "top_by_abs", condition="direction=direction")
-    b.say(" |effect|, at c = ")
-    b.quote(biggest, "coefficient", name=False, fmt="g", interval=False, q=False)
-    b.say(": ")
-    ref = b.quote(biggest, "effect", name=False, fmt="+.3g")
-    b.refer(word, [ref])
-    b.refer(largest, [ref])
+    _largest_effect(b, t, word, " |effect|, at c = ")
     b.say("; ")
     b.constant(t["n_prompts"].iloc[0], "n_prompts", unit="prompts")
     b.say("). Steering along it at these doses does not change what the model does on this task.")

@@ -26,7 +26,7 @@ from typing import Any
 import pandas as pd
 
 from ...circuits.faithfulness import MIB_FRACTIONS
-from ...circuits.takeaway import beyond_budget
+from ...circuits.takeaway import beyond_budget, found_sentence
 from ...models.adapter import adapt
 from ...registry import register
 from ...results.claims import TakeawayBuilder, join
@@ -144,19 +144,7 @@ def circuit_lead(b: TakeawayBuilder, task: str, s: dict[str, Any], heads: pd.Dat
     the run's folder under the report's `root`; the task's name is said by the section (`join`'s labels)."""
     summary, held_file = f"{where}/summary.json", f"{where}/{HEADS}"
     if s["found"]:
-        b.say("the smallest circuit found to recover ")
-        word = b.qualify("at least", "reaches_target")
-        b.say(" ")
-        target = b.quote(s, "faithfulness_target", fmt="g", name=False, key=(), source=summary, interval=False)
-        b.say(" of the logit difference keeps ")
-        b.quote(s, "n_kept", fmt=",d", name=False, key=(), source=summary, interval=False)
-        b.say(" of ")
-        b.quote(s, "n_edges_total", fmt=",d", name=False, key=(), source=summary, interval=False)
-        b.say(" edges and recovers ")
-        f = b.quote(s, "faithfulness", name=False, key=(), source=summary)
-        b.refer(word, [f, target])
-        b.say(".")
-        b.end_lead()
+        found_sentence(b, s, summary, opening="the smallest circuit found to recover ", of="the logit difference")
     else:
         b.say("no circuit of ")
         budget = b.quote(s, "max_edges", fmt=",d", name=False, key=(), source=summary, interval=False)
