@@ -132,3 +132,21 @@ def test_no_bootstrap_leaves_intervals_empty(run):
     r = es.Circuits(method="eap", n_edges=5, faithfulness=[], stats={"n_boot": 0}).run(model, data, quiet=True)
     assert r.table.score_ci_low.isna().all() and np.isfinite(r.table.score).all()
     assert np.isnan(summarise(mean_stat(np.ones((3, 1))), Stats(n_boot=0), 0).ci_low).all()
+
+
+def test_a_senders_summed_score_is_its_kept_edges_per_prompt_scores_summed_then_resampled(run):
+    """node_stats (nodes.csv, the drawing's hover): per prompt, the kept edges' scores out of a sender summed;
+    its mean over prompts and percentile interval, against the per-prompt scores of each prompt run alone."""
+    model, data, op, result = run
+    graph = ComponentGraph.from_structure(adapt(model).structure)
+    per = _alone(model, data).double().numpy()  # [n, S, R]
+    kept = result.circuit.kept.numpy() & graph.mask.numpy()
+    summed = (per * kept[None]).sum(2)  # [n, S]
+    W = resample_weights(len(data), 300, op.seed)
+    low, high = _brute_percentile(summed, lambda x: x.mean(0), W, 0.95)
+    nodes = result.extra["node_stats"]
+    for i, name in enumerate(graph.senders):
+        v, lo, hi = nodes[name]
+        assert v == pytest.approx(summed[:, i].mean(), abs=1e-4), name
+        assert (lo, hi) == pytest.approx((low[i], high[i]), abs=1e-4), name
+    assert sum(abs(nodes[n][0]) > 0 for n in graph.senders) == int(kept.any(1).sum())

@@ -444,12 +444,15 @@ class Circuits(Sharded, Operation):
             summary.update({"selection": "target", "faithfulness_target": self.faithfulness_target,
                             "max_edges": self._edge_budget(graph), "found": found.found, "n_top": found.n,
                             "search_points": len(points)})
-        kept_edges = circuit.kept[order[:, 1], order[:, 0]].double().numpy()
-        to_sender = np.zeros((graph.n_edges, graph.n_senders))  # a kept edge's score counts for its sender
-        to_sender[np.arange(graph.n_edges), order[:, 1].numpy()] = kept_edges
+        kept_edges = circuit.kept[order[:, 1], order[:, 0]].numpy().nonzero()[0]  # a kept edge's score counts
+        kept_senders = order[kept_edges, 1].numpy()  # for its sender
         read = _scores_reader(columns)
-        ns = summarise(streamed_mean(columns.n, graph.n_senders, lambda lo, hi: read(lo, hi) @ to_sender,
-                                     skip_nan=False), self.stats, self.seed)
+
+        def per_sender(lo: int, hi: int) -> np.ndarray:
+            out = np.zeros((hi - lo, graph.n_senders))
+            np.add.at(out.T, kept_senders, np.asarray(read(lo, hi), dtype=np.float64)[:, kept_edges].T)
+            return out
+        ns = summarise(streamed_mean(columns.n, graph.n_senders, per_sender, skip_nan=False), self.stats, self.seed)
         node_stats = {n: (float(ns.value[i]), float(ns.ci_low[i]), float(ns.ci_high[i]))
                       for i, n in enumerate(graph.senders)}
         metrics = None

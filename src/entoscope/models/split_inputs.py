@@ -420,6 +420,7 @@ class PatchedRun:
         self.delta = corrupt.clone()
         self.x: dict[str, Tensor] = {}
         self._attn_offsets: dict[int, Tensor] = {}
+        self._summed: tuple[int, Tensor | None] = (0, None)  # _total's running sum
 
     def interventions(self) -> list[Intervention]:
         s, lay = self.s, self.layout
@@ -485,8 +486,19 @@ class PatchedRun:
         part = torch.matmul(use[senders].T, diff)  # [R, S] @ [B, T, S, d]: batched, no permuted copy of diff
         if use is weights:
             return part
-        total = self.delta[:, :, :n_read].sum(2, keepdim=True)
-        return total - part
+        return self._total(n_read) - part
+
+    def _total(self, n_read: int) -> Tensor:
+        """sum over the first n_read senders of (corrupt_s - actual_s), [B, T, 1, d]. A receiver reads senders
+        that are final in this run (the forward sets them in order), so the sum is carried on from the last
+        receiver's instead of summed again."""
+        done, total = self._summed
+        if total is None or n_read < done:
+            done, total = 0, torch.zeros_like(self.delta[:, :, :1])
+        if n_read > done:
+            total = total + self.delta[:, :, done:n_read].sum(2, keepdim=True)
+        self._summed = (n_read, total)
+        return total
 
     def _set_actual(self, senders: Any, value: Tensor) -> None:
         """Sender(s) `senders` output `value` in this run: their corrupt - actual."""
