@@ -14,8 +14,10 @@ torch.autograd.grad; the saved files are read back by pandas and json; tables ar
 
 from __future__ import annotations
 
+import atexit
 import json
 import re
+import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -85,11 +87,18 @@ def plain_model(family: str, kind: str) -> Any:
     return _MODELS[key]
 
 
+def cold_cache_dir() -> str:
+    """A new empty cache folder, removed when the test process ends (the suite makes thousands)."""
+    folder = tempfile.mkdtemp(prefix="entoscope-conformance-cache-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
 def model_for(family: str, kind: str) -> Any:
     """The model a run of this kind gets: the plain model, or a CachedModel over it with a new (cold) cache."""
     model = plain_model(family, kind)
     if kind.endswith("+cached"):
-        return es.CachedModel(model, cache_dir=tempfile.mkdtemp(prefix="entoscope-conformance-cache-"))
+        return es.CachedModel(model, cache_dir=cold_cache_dir())
     return model
 
 
@@ -616,7 +625,7 @@ def nan_weight_model(kind: str) -> tuple[Any, str]:
         _NAN_MODELS[backend] = _with_nan(build_model("tiny", backend, n_layers=3))
     model, name = _NAN_MODELS[backend]
     if kind.endswith("+cached"):
-        model = es.CachedModel(model, cache_dir=tempfile.mkdtemp(prefix="entoscope-conformance-cache-"))
+        model = es.CachedModel(model, cache_dir=cold_cache_dir())
     return model, name
 
 
