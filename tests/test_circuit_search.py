@@ -227,3 +227,17 @@ def test_a_fixed_size_circuit_with_no_path_from_the_input_to_the_logits_says_so(
     kept = result.table[result.table["in_circuit"].astype(bool)]["edge"].tolist()
     assert len(kept) == 1 and not _connected(kept) and result.summary["n_kept_pruned"] == 0
     assert re.search(r"none of them on a path from the input to the logits and recovers -?0\.00 \[", str(result.takeaway))
+
+
+def test_the_curves_budget_label_sits_on_the_budget_line_of_its_log_axis(demo):
+    """On a log axis plotly reads an annotation's x as log10 of the value: the budget's label must sit at the
+    budget's own fraction (max_edges / n_edges_total), as its dashed line does."""
+    op = es.Circuits(method="eap", selection="target", max_edges=20, faithfulness=[0.01, 0.05, 0.2, 1.0])
+    result = op.run(demo, {"task": "induction", "n": 4, "seed": 1}, quiet=True)
+    s = result.summary
+    fig = next(f for title, f in result.figures() if title.startswith("faithfulness"))
+    assert fig.layout.xaxis.type == "log"
+    line = next(shape for shape in fig.layout.shapes if shape.type == "line" and shape.x0 == shape.x1)
+    label = next(a for a in fig.layout.annotations if a.text.startswith("budget"))
+    assert line.x0 == pytest.approx(s["max_edges"] / s["n_edges_total"])
+    assert 10 ** label.x == pytest.approx(line.x0)

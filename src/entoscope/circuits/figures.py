@@ -14,6 +14,7 @@ circuit are pale. The faithfulness curve has its interval band and marks the cho
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -249,8 +250,13 @@ def faithfulness_figure(curve: pd.DataFrame | None, chosen: dict[str, Any] | Non
     if chosen and "faithfulness_target" in chosen:
         fig.add_hline(y=chosen["faithfulness_target"], line_dash="dash", line_color="#c05621",
                       annotation_text=f"target {chosen['faithfulness_target']:g}", annotation_position="bottom right")
-        fig.add_vline(x=chosen["max_edges"] / chosen["n_edges_total"], line_dash="dash", line_color="#888",
-                      annotation_text=f"budget: {chosen['max_edges']:,} edges", annotation_position="top left")
+        budget = chosen["max_edges"] / chosen["n_edges_total"]
+        fig.add_vline(x=budget, line_dash="dash", line_color="#888")
+        # the label by hand: on a log axis an annotation's x is log10 of the value, which add_vline's own label
+        # does not take (it lands at 10^budget, by the full-model line)
+        fig.add_annotation(x=math.log10(budget), xref="x", y=1, yref="paper", yanchor="bottom", xanchor="right",
+                           text=f"budget: {chosen['max_edges']:,} edges", showarrow=False,
+                           font={"size": 11, "color": "#555"})
     fig.update_layout(xaxis={"title": "fraction of edges kept (top by |score|)", "type": "log", "dtick": 1,
                              "tickformat": ".3~g"},
                       yaxis_title="faithfulness (m(C) - m(empty)) / (m(full) - m(empty))", height=380)
