@@ -4,8 +4,9 @@ number a quoted cell, every qualifier a rule of docs/pages.md and results/claims
 The rules (docs/steering.md), material before negligible:
 - an effect is **material** at a coefficient when its interval lies wholly beyond 5% of the unsteered
   metric's size (`material`); the takeaway then names the smallest |coefficient| where it is
-  (`smallest_material`), the effect, the random baseline's, (direction - random) and the side effects there,
-  and says the direction beats its random baseline when `beats_random` holds at that coefficient;
+  (`smallest_material`), the effect, and in the same lead the random baseline's and (direction - random): the
+  direction beats its random baseline when `beats_random` holds at that coefficient, and the lead says which
+  (an effect a random vector of the same norm matches is not the direction's); the side effects follow;
 - with no material effect, and every direction row's interval inside that band, the effect is
   **negligible** (`negligible`): said first, with the largest |effect|;
 - otherwise (some interval reaches past the band but none lies beyond it) the old rule: the smallest
@@ -92,27 +93,25 @@ def _effect(b: TakeawayBuilder, t: Any, row: Any, metric: str, *, material: bool
     b.refer(word, [effect])
     b.say(f" (unsteered {metric} ")
     b.quote(first, "metric_unsteered", name=False, fmt=".3g")
-    b.say(").")
-    b.end_lead()
-    if material:
-        b.say(" That is, its ")
-        b.constant(first["ci_level"], "ci_level", fmt=".0%")
-        b.say(" interval lies beyond")
-        _band(b, t, metric)
-    else:
-        b.say(" That is, its ")
-        b.constant(first["ci_level"], "ci_level", fmt=".0%")
-        b.say(" interval excludes zero")
-    b.say("; bootstrap over ")
-    b.constant(first["n_prompts"], "n_prompts", unit="prompts")
-    b.say(". A random direction of the same norm moves it ")
-    b.quote(random, "effect", name=False, fmt="+.3g")
+    b.say("). A random direction of the same norm moves it ")  # in the lead: an effect a random vector matches
+    b.quote(random, "effect", name=False, fmt="+.3g")           # is not the direction's
     b.say(" (direction minus random ")
     minus = b.quote(row, "minus_random", name=False, fmt="+.3g")
     beats = bool(row["beats_random"])
     b.say("): the direction ")
     b.qualify("beats" if beats else "does not beat", "beats_random" if beats else "not_beats_random", [effect, minus])
     b.say(" its random baseline there.")
+    b.end_lead()
+    b.say(" That is, its ")
+    b.constant(first["ci_level"], "ci_level", fmt=".0%")
+    if material:
+        b.say(" interval lies beyond")
+        _band(b, t, metric)
+    else:
+        b.say(" interval excludes zero")
+    b.say("; bootstrap over ")
+    b.constant(first["n_prompts"], "n_prompts", unit="prompts")
+    b.say(".")
     if not material and "material" in t:
         b.say(" Yet ")
         none = b.qualify("no coefficient's effect is material", "none_material")
