@@ -173,6 +173,12 @@ class Probing(Sharded, Operation):
         per_site = 1 + int(bool(check and check.random_baseline)) + refolds
         forwards = N * (1 + n_checked * per_site)
         fit_bytes = min(MEMORY_BUDGET, 8 * len(sizes) * (4 * N * max(sizes) + 12 * N * (K or 1)))
+        # after the collection (the activations kept): the fits, then the lens columns' [sites, vocabulary] scores
+        # through W_U and their negation (_lens_columns: binary and regression probes of residual sites)
+        lens = 0
+        if self.lens_top_k and cs.siteset.kind.name in RESIDUAL_KINDS and (K is None or K <= 2):
+            S = sum(u.size == model.structure.d_model and len(u.members) == 1 for u in cs.units)
+            lens = 2 * S * model.structure.d_vocab * fp.f
         notes = list(cs.notes)
         classes_note = f" ({len(classes)} classes)" if classes is not None else ""
         notes.append(f"task: {task}{classes_note}; labels from {self.labels!r}; split {splits_kind} "
@@ -186,7 +192,7 @@ class Probing(Sharded, Operation):
                          f"{per_site} pass(es) over the prompts ({', '.join(parts)})")
         plan = Plan(self.name, rows=len(cs.units), forward_passes=forwards, backward_passes=0,
                     batch_sizes=[len(b) for b in batches], examples=N,
-                    peak_memory_bytes=FIXED + bs * per_example + 4 * N * sum(sizes) + fit_bytes,
+                    peak_memory_bytes=FIXED + 4 * N * sum(sizes) + max(bs * per_example, fit_bytes + lens),
                     files=FILES + (["causal_per_prompt.csv"] if check else []), notes=notes)
         return Prepared(model, data, plan, ProbingState(cs, batches, labels, task, groups, grid, metric_fn))
 
