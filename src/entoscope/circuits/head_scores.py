@@ -238,7 +238,8 @@ class HeadScores(Sharded, Operation):
         # time, the scoring's float32 temporaries; again for its control; then the summary's chunks
         fp = Footprint(model)
         reads = [ActName("pattern", L) for L in range(s.n_layers)]
-        per_example = (fp.act(reads, 1, T) + fp.forward(1, T, logit_rows=1) + 2 * s.n_heads * T * T * 4) \
+        per_example = (fp.act(reads, 1, T) + fp.forward(1, T, logit_rows=0) + s.d_vocab * fp.f  # one logit row
+                       + 2 * s.n_heads * T * T * 4) \
             * (2 if self.uses_control() else 1)
         LHK = s.n_layers * s.n_heads * len(self.kinds)  # score and score_tl (and control) untested, the excess tested
         untested = self.stats.model_copy(update={"refine_p": False})
