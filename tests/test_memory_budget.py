@@ -108,6 +108,27 @@ def test_a_smaller_budget_gives_smaller_batches_within_it(demo_model):
     assert sum(tight.batch_sizes) == sum(roomy.batch_sizes) == 16
 
 
+@pytest.mark.parametrize("case", ["steering", "head_scores", "probing", "patching.exact", "dla"])
+def test_a_smaller_budget_gives_every_operation_smaller_batches_within_it(demo_model, case):
+    """Each operation whose plan issue 46 fixed, on the demo model: a budget between its smallest (named by the
+    refusal of 1 KiB) and its roomy plan's peak gives smaller batches (prompts or patched / steered rows) and a
+    plan within that budget."""
+    from memory_cases import CASES, Ctx
+    from entoscope.models.adapter import adapt
+
+    def plan(memory):
+        op, data = CASES[case](Ctx(adapt(demo_model), 16, memory, "demo"))
+        return op.plan(demo_model, data)
+
+    roomy = plan("8GiB")
+    with pytest.raises(MemoryBudgetError) as err:
+        plan("1KiB")
+    budget = (err.value.smallest + roomy.peak_memory_bytes) // 2
+    tight = plan(budget)
+    assert tight.peak_memory_bytes <= budget < roomy.peak_memory_bytes
+    assert max(tight.batch_sizes) < max(roomy.batch_sizes), (tight.batch_sizes, roomy.batch_sizes)
+
+
 def test_a_batch_size_over_the_budget_is_refused(demo_model):
     with pytest.raises(MemoryBudgetError) as err:
         es.Lens(sites=LENS_SITES, batch_size=8, memory="1KiB").plan(demo_model, {"task": "ioi", "n": 8})
