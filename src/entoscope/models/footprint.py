@@ -25,8 +25,7 @@ import torch
 if TYPE_CHECKING:
     from .adapter import ModelAdapter
 
-FIXED = 32 * 2**20  # a run's own small objects (Python, tables, the manifest) and the heap's slack (blocks below 1 MiB):
-# head scores, whose tensors are a few MiB, peak 30-44 MiB above the loaded model on SmolLM2 (docs/speed.md)
+FIXED = 40 * 2**20  # a run's own small objects (Python, tables) and the heap's slack (blocks below 1 MiB)
 
 
 class Footprint:
