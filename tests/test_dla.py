@@ -199,3 +199,43 @@ def test_demo_ioi_saves_and_the_report_section(tmp_path):
     section = dla_section(m, tmp_path / "report" / "dla", True)
     assert "IOI" in section.title and "<table" in section.body
     assert (tmp_path / "report" / "dla" / "identity.csv").exists()
+
+
+def test_the_value_rounding_is_half_an_ulp_of_each_logit_read():
+    """value_rounding against a hand computation: eps/2 (mean |answer logits| + mean |wrong logits|), with the
+    dtype's machine epsilon (bfloat16: 2^-7; float32: 2^-23)."""
+    from entoscope.circuits.dla import value_rounding
+
+    logits = torch.tensor([[20.0, -3.0, 8.0, 1.0]])
+    answers, wrong = torch.tensor([[0, 2]]), torch.tensor([[1, -1]])
+    expected = 2.0**-8 * ((20 + 8) / 2 + 3)
+    assert float(value_rounding(logits.bfloat16(), torch.tensor([0]), answers, wrong)[0]) == pytest.approx(expected)
+    assert float(value_rounding(logits, torch.tensor([0]), answers, None)[0]) == pytest.approx(2.0**-24 * 14)
+    # a bfloat16 logit of 20 is really off by that much: 20.06 is stored as 20.0 (its unit in the last place is 1/8)
+    assert float(torch.tensor(20.06).bfloat16()) == 20.0
+
+
+def test_the_rounding_allowance_does_not_hide_a_broken_decomposition():
+    """The allowance is the logits' rounding: an error beyond it (a row lost) is still refused in bfloat16."""
+    from entoscope.circuits.dla import check_identity
+
+    ident = {"value": torch.tensor([3.0]), "constant": torch.tensor([0.0]), "sum": torch.tensor([3.0 - 0.3]),
+             "rounding": torch.tensor([2.0**-8 * 40])}  # logits of about 20 each side: 0.16
+    with pytest.raises(CheckFailedError) as err:
+        check_identity(ident, 2e-2, "logit_diff")  # allowed 0.06 + 0.16 < 0.3
+    assert err.value.code == "dla_identity_failed"
+    ident["sum"] = torch.tensor([3.0 - 0.2])
+    assert float(check_identity(ident, 2e-2, "logit_diff")["allowed"][0]) == pytest.approx(0.06 + 0.15625)
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_gemma3_in_bfloat16_adds_up_within_its_logits_rounding(gemma3_folder):
+    """Gemma 3 270M in bfloat16 on IOI (refused before: 1 of 8 prompts off by 0.08 against 0.06 allowed): the
+    rows and the constant against the model's own logit difference, each prompt within 2e-2 max(1, |value|) plus
+    the rounding of its bfloat16 logits (about 20 in size, so up to 0.08 each)."""
+    m = load_model(str(gemma3_folder), dtype="bfloat16")
+    data = es.tasks.ioi(n=8, seed=1, tokenizer=adapt(m).tokenizer)
+    ident = DirectLogitAttribution(stats={"n_boot": 50}).run(m, data, quiet=True).extra["identity"]
+    assert (ident["error"] <= ident["allowed"]).all()
+    assert (ident["allowed"] < 2e-2 * ident["value"].abs().clip(lower=1) + 2.0**-8 * 2 * 40).all()

@@ -19,9 +19,10 @@ Wang et al. 2022 for the logit difference of IOI). Signs: positive rows push tow
 (means over each answer set).
 
 Identity, checked on every call: for every prompt b,
-    |sum_c DLA_b(c) + K_b - value_b| <= tolerance * max(1, |value_b|)
-where value_b is the model's own logit (difference) at that position. Default tolerance: 1e-4 for
-float32/float64 models, 2e-2 for float16/bfloat16 ones. When it fails the run refuses
+    |sum_c DLA_b(c) + K_b - value_b| <= tolerance * max(1, |value_b|) + eps / 2 * (mean_a |l_a| + mean_w |l_w|)
+where value_b is the model's own logit (difference) at that position, made of logits l rounded to the model's
+dtype (eps its machine epsilon: the second term is their rounding, `value_rounding`). Default tolerance: 1e-4
+for float32/float64 models, 2e-2 for float16/bfloat16 ones. When it fails the run refuses
 (CheckFailedError, code "dla_identity_failed") and returns no numbers. Contributions are computed
 in float64 from the model's activations.
 
@@ -190,7 +191,7 @@ class DirectLogitAttribution(Sharded, Operation):
         model, st = prepared.model, prepared.state
         reads = decomposition_reads(model.structure, st.split) + [ActName("final_scale")]
         mine = [st.batches[i] for i in batches]
-        parts: dict[str, list[Tensor]] = {"contrib": [], "value": [], "constant": [], "sum": []}
+        parts: dict[str, list[Tensor]] = {"contrib": [], "value": [], "constant": [], "sum": [], "rounding": []}
         for batch in progress(mine, total=len(mine), desc="dla", quiet=quiet):
             out = model.run(batch.tokens, reads, logits_at=batch.last)  # the answer position's logits only
             with torch.no_grad():
@@ -199,13 +200,15 @@ class DirectLogitAttribution(Sharded, Operation):
             parts["value"].append(value.cpu())
             parts["constant"].append(const.cpu())
             parts["sum"].append(rows.sum(0).cpu())
+            wrong = batch.wrong_answers if self.metric == "logit_diff" else None
+            parts["rounding"].append(value_rounding(out.logits, batch.last, batch.answers, wrong).cpu())
         return PerPrompt([i for b in mine for i in b.index],
                          {k: torch.cat(v).to(torch.float64).numpy() for k, v in parts.items()})
 
     def summarise(self, prepared: Prepared[DLAState], merged: dict[str, Any], *, quiet: bool = False) -> Result:
         st, columns = prepared.state, merged["main"]
         comps = st.components
-        ident = {k: torch.from_numpy(columns[k]) for k in ("value", "constant", "sum")}
+        ident = {k: torch.from_numpy(columns[k]) for k in ("value", "constant", "sum", "rounding") if k in columns}
         identity = self._check(ident, st.tol)
         frame = _component_frame(comps)
         read = _contributions(columns)
@@ -254,11 +257,27 @@ def attribute(model: ModelAdapter, acts: dict[ActName, Tensor], logits: Tensor, 
     return rows, constant, value
 
 
+def value_rounding(logits: Tensor, last: Tensor, answers: Tensor, wrong: Tensor | None) -> Tensor:
+    """[B] float64: how far the model's own value can be from the exact one because its logits are rounded to
+    the model's dtype: half a unit in the last place of each logit the metric reads, at most eps / 2 |logit|,
+    summed as the metric sums them: eps / 2 (mean_a |l_a| + mean_w |l_w|). In bfloat16 (eps 2^-7) a logit of 20
+    is off by up to 0.08, more than 2e-2 of a logit difference of 3; in float32 it is 1e-6."""
+    eps = torch.finfo(logits.dtype).eps if logits.dtype.is_floating_point else 0.0
+    final = (at_positions(logits, last) if logits.dim() == 3 else logits).to(torch.float64).abs()
+    answers = answers.to(final.device)
+    size = logit_metric(final, answers, torch.full_like(answers, -1))
+    if wrong is not None:
+        wrong = wrong.to(final.device)
+        size = size + logit_metric(final, wrong, torch.full_like(wrong, -1))
+    return eps / 2 * size
+
+
 def check_identity(ident: dict[str, Tensor], tol: float, metric: str) -> pd.DataFrame:
     """The identity per prompt (value, constant, sum_of_rows, error, allowed), or a refusal where the rows
-    and the constant do not add up to the model's own `metric` (`ident`: value, constant, sum, [B] each)."""
+    and the constant do not add up to the model's own `metric` (`ident`: value, constant, sum, [B] each; and
+    `rounding`, `value_rounding`, which `allowed` adds to tol * max(1, |value|))."""
     error = (ident["sum"] + ident["constant"] - ident["value"]).abs()
-    allowed = tol * ident["value"].abs().clamp(min=1.0)
+    allowed = tol * ident["value"].abs().clamp(min=1.0) + ident.get("rounding", torch.zeros_like(error))
     frame = pd.DataFrame({"example": np.arange(len(error)), "value": ident["value"].numpy(),
                           "constant": ident["constant"].numpy(), "sum_of_rows": ident["sum"].numpy(),
                           "error": error.numpy(), "allowed": allowed.numpy()})

@@ -73,7 +73,7 @@ from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
 from ..metrics import readable
 from ..models.adapter import ModelAdapter
-from ..models.footprint import FIXED
+from ..models.footprint import FIXED, Footprint
 from ..models.names import ActName
 from ..operation import Operation, Plan, Prepared, progress, register_operation
 from ..results.claims import clears, most
@@ -81,6 +81,7 @@ from ..results.lazy import LazyTable
 from ..results.result import Result
 from ..stats import Stats, interval_columns, streamed_mean, summarise
 from ..stats.columns import hover_value, level_text
+from ..stats.footprint import summary_bytes
 from ..stats.moments import column_moments
 from .head_figures import SCALE_TITLE
 from .scores_takeaway import head_scores_takeaway
@@ -233,8 +234,17 @@ class HeadScores(Sharded, Operation):
                                   "longer prompts")
         s = model.structure
         T = max(td.lengths)
-        per_example = 4 * s.n_layers * s.n_heads * T * T * 2 + 4 * T * s.d_vocab
-        bs = self.choose_batch_size(per_example, len(td))
+        # a batch holds every layer's pattern, its forward (no logits but the last position's) and, a layer at a
+        # time, the scoring's float32 temporaries; again for its control; then the summary's chunks
+        fp = Footprint(model)
+        reads = [ActName("pattern", L) for L in range(s.n_layers)]
+        per_example = (fp.act(reads, 1, T) + fp.forward(1, T, logit_rows=0) + s.d_vocab * fp.f  # one logit row
+                       + 2 * s.n_heads * T * T * 4) \
+            * (2 if self.uses_control() else 1)
+        LHK = s.n_layers * s.n_heads * len(self.kinds)  # score and score_tl (and control) untested, the excess tested
+        untested = self.stats.model_copy(update={"refine_p": False})
+        summary = max(summary_bytes(len(td), 2 * LHK, untested), summary_bytes(len(td), LHK, self.stats))
+        bs = self.choose_batch_size(0, len(td), peak_of=lambda b: FIXED + max(b * per_example, summary))
         batches = make_batches(td, bs, pad_id(model))
         controls: tuple[Tensor, ...] = ()
         if self.uses_control():
@@ -246,7 +256,7 @@ class HeadScores(Sharded, Operation):
         plan = Plan(self.name, rows=s.n_layers * s.n_heads * len(self.kinds), forward_passes=len(td) * (2 if controls
                                                                                                        else 1),
                     backward_passes=0, batch_sizes=[len(b) for b in batches], examples=len(td),
-                    peak_memory_bytes=FIXED + bs * per_example, notes=notes)
+                    peak_memory_bytes=FIXED + max(bs * per_example, summary), notes=notes)
         return Prepared(model, data, plan, HeadScoresState(batches, tuple(offsets), controls))
 
     # sharded (docs/scale.md): a shard returns its prompts' scores; summarise has every prompt's
@@ -263,8 +273,9 @@ class HeadScores(Sharded, Operation):
                       for k in self.kinds}
         start = 0
         for bi, b in progress(list(zip(batches, mine)), total=len(mine), desc="head scores", quiet=quiet):
-            out = model.run(b.tokens, reads)
-            control = model.run(st.controls[bi], reads) if st.controls else None
+            out = control = None  # the previous batch's patterns are released before this batch's forward
+            out = model.run(b.tokens, reads, logits=False)  # the patterns only: no vocabulary-sized logits
+            control = model.run(st.controls[bi], reads, logits=False) if st.controls else None
             idx = torch.arange(start, start + len(b))  # this shard's rows
             start += len(b)
             for kind in self.kinds:

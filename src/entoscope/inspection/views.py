@@ -27,7 +27,7 @@ from torch import Tensor
 
 from .. import naming
 from ..circuits.decompose import components, decomposition_reads
-from ..circuits.dla import attribute, check_identity, default_tolerance
+from ..circuits.dla import attribute, check_identity, default_tolerance, value_rounding
 from ..lens.project import decode_states
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
@@ -166,7 +166,8 @@ def dla_table(model: ModelAdapter, acts: dict[ActName, Tensor], logits: Tensor, 
     with torch.no_grad():
         rows, constant, value = attribute(model, acts, logits, last, ans, wr)
     metric = "logit_diff" if wrong else "logit"
-    ident = {"value": value.cpu(), "constant": constant.cpu(), "sum": rows.sum(0).cpu()}
+    ident = {"value": value.cpu(), "constant": constant.cpu(), "sum": rows.sum(0).cpu(),
+             "rounding": value_rounding(logits, last, ans, wr).cpu()}
     check_identity(ident, default_tolerance(model.unembedding_dtype), metric)
     comps = components(model.structure)
     frame = pd.DataFrame({

@@ -4,8 +4,9 @@ runs and their cached activations) and the rows of a patched batch (memory.py; m
 - every prompt of a chunk keeps the activations its runs read (base, source, resample; a bridge's recorded
   keys and values from the first patched layer on);
 - the reference forwards of a chunk: a forward of the chunk with logits at every position (in the model's dtype);
-- exact: a batch of `rows` patched rows, each a forward (started part-way where the model can: the answer
-  position's logits only; else at every position) and its own copy of the patched activation;
+- exact: a batch of `rows` patched rows, each a forward (started part-way where the model can) with the answer
+  position's logits only (at every position where a row writes the final norm's scale or the logits), and its
+  own copy of the patched activation;
 - attribution: the chunk's forward with gradients: what autograd saves for it, and the gradients of the
   patched activations;
 - integrated gradients: `rows` interpolated rows (at most a chunk's prompts x its steps) run forward and backward
@@ -35,7 +36,10 @@ def patching_footprint(model: ModelAdapter, reads: dict[str, list[ActName]], T: 
     def peak(chunk: int, rows: int) -> int:
         reference = 2 * fp.row(chunk, T) + max(fp.layer(chunk, T), chunk * T * s.d_vocab * fp.f)  # logits kept whole
         if method == "exact":
-            work = fp.forward(rows, T, logit_rows=None if path == "none" else rows) + rows * site
+            # a full forward (path none) unembeds only the answer position (partial.logits_at), unless a row
+            # writes the final norm's scale or the logits: then the forward's logits at every position
+            every = path == "none" and any(a.kind in ("final_scale", "logits") for a in patched)
+            work = fp.forward(rows, T, logit_rows=None if every else rows) + rows * site
         elif method == "attribution":
             work = fp.saved(chunk, T) + fp.forward(chunk, T) + 2 * chunk * site
         else:

@@ -161,8 +161,6 @@ class Probing(Sharded, Operation):
         N = len(cs.td)
         fp = Footprint(model)  # the reads and a forward (its logits only when a causal check scores them)
         per_example = fp.act(reads, 1, T) + fp.forward(1, T, logit_rows=None if metric_fn is not None else 0)
-        bs = self.choose_batch_size(per_example, N)
-        batches = make_batches(cs.td, bs, pad_id(model))
         sizes = [u.size for u in cs.units]
         n_checked = check.n_sites(len(cs.units)) if check else 0
         # per checked site: the ablated run, the random baseline's, and with several folds a read-only
@@ -173,6 +171,17 @@ class Probing(Sharded, Operation):
         per_site = 1 + int(bool(check and check.random_baseline)) + refolds
         forwards = N * (1 + n_checked * per_site)
         fit_bytes = min(MEMORY_BUDGET, 8 * len(sizes) * (4 * N * max(sizes) + 12 * N * (K or 1)))
+        # after the collection (the activations kept): the fits, then the lens columns' [sites, vocabulary] scores
+        # through W_U and their negation (_lens_columns: binary and regression probes of residual sites)
+        lens = 0
+        if self.lens_top_k and cs.siteset.kind.name in RESIDUAL_KINDS and (K is None or K <= 2):
+            S = sum(u.size == model.structure.d_model and len(u.members) == 1 for u in cs.units)
+            lens = 2 * S * model.structure.d_vocab * fp.f
+
+        def peak(b: int) -> int:  # the collected activations kept throughout
+            return FIXED + 4 * N * sum(sizes) + max(b * per_example, fit_bytes + lens)
+        bs = self.choose_batch_size(0, N, peak_of=peak)
+        batches = make_batches(cs.td, bs, pad_id(model))
         notes = list(cs.notes)
         classes_note = f" ({len(classes)} classes)" if classes is not None else ""
         notes.append(f"task: {task}{classes_note}; labels from {self.labels!r}; split {splits_kind} "
@@ -186,7 +195,7 @@ class Probing(Sharded, Operation):
                          f"{per_site} pass(es) over the prompts ({', '.join(parts)})")
         plan = Plan(self.name, rows=len(cs.units), forward_passes=forwards, backward_passes=0,
                     batch_sizes=[len(b) for b in batches], examples=N,
-                    peak_memory_bytes=FIXED + bs * per_example + 4 * N * sum(sizes) + fit_bytes,
+                    peak_memory_bytes=peak(bs),
                     files=FILES + (["causal_per_prompt.csv"] if check else []), notes=notes)
         return Prepared(model, data, plan, ProbingState(cs, batches, labels, task, groups, grid, metric_fn))
 

@@ -40,6 +40,7 @@ TIE_RELATIVE = 1e-9
 CHUNK_FLOATS = 1 << 22  # partial sums or flipped sums held at once (32 MiB of float64)
 STOP_AFTER = 20  # exceeding patterns after which a Monte Carlo cell stops (Besag & Clifford 1991)
 SEED_KEY = 0x5F11  # the Monte Carlo stream: SeedSequence([seed, SEED_KEY]), apart from the resamples'
+SEARCH_CHUNK = 1 << 14  # prompt counts tried at once by screen_limits' search (a few float64 arrays of this length)
 
 
 def test_limit(n: int, flips: int | None = None) -> float:
@@ -213,9 +214,12 @@ def screen_limits(n: int, m: int, fdr: float, *, n_boot: int, method: str, refin
     def prompts(effect: float) -> int | None:
         if effect <= 0 or n_min is None or n < 2:
             return None
-        k = np.arange(n_min, 1_000_001)
-        ok = effect * np.sqrt(k / n) >= t_quantile(z_needed, k - 1)
-        return int(k[ok.argmax()]) if ok.any() else None
+        for lo in range(n_min, 1_000_001, SEARCH_CHUNK):  # a slice of k at a time: no million-long temporaries
+            k = np.arange(lo, min(lo + SEARCH_CHUNK, 1_000_001))
+            ok = effect * np.sqrt(k / n) >= t_quantile(z_needed, k - 1)
+            if ok.any():
+                return int(k[ok.argmax()])
+        return None
     return {"n": n, "m": m, "fdr": fdr, "min_p": min_p, "min_q_alone": min(1.0, min_p * m), "min_q": min_p,
             "needed_p": needed, "min_prompts": n_min, "prompts_for": {e: prompts(e) for e in effects},
             "blind": min_p * m > fdr,

@@ -33,7 +33,6 @@ from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
 from ..metrics import Metric, check_metric_runs, metric_where
 from ..memory import largest
-from ..models.footprint import FIXED, Footprint
 from ..models.adapter import ModelAdapter
 from ..models.names import ActName
 from ..operation import Operation, Plan, Prepared, progress, register_operation
@@ -42,6 +41,7 @@ from ..results.result import Result
 from .collect import READ_AT, difference
 from .direction import Direction
 from .figures import steering_figures
+from .footprint import SteeringFootprint
 from .generate import continue_batch, decoded
 from .interventions import PositionRule, is_identity
 from .rows import DIRECTION_SETS, SCORE, TASK, TEXT, RowSet, combine, split, tagged, without
@@ -197,8 +197,11 @@ class Steering(Sharded, Operation):
                     rule_check.resolve(s.name, tds[s.name].cf_roles, [len(c) for c in tds[s.name].counterfactuals])
         self._check_metric(model, tds[TASK])
         T = max(max(td.lengths) for td in tds.values())
-        per_example = _bytes_per_example(model, T)
-        size = self.choose_batch_size(per_example, len(combined))
+        setup = SteerSetup(model, sites, head, self.mode, coefficients, rule, 1, self.normalize)
+        steered = len(setup.steered_conditions())
+        cont = self.continuations
+        foot = SteeringFootprint(model, T, steered=steered > 0, tokens=cont.tokens if cont is not None else 0)
+        size = self.choose_batch_size(0, len(combined), peak_of=lambda b: foot.peak(b, self.batch_size or 1))
         batches, batch_set = [], []
         for s in sets:
             td = tds[s.name]
@@ -207,9 +210,10 @@ class Steering(Sharded, Operation):
             for idx in length_batches(lengths, size):
                 batches.append([s.lo + i for i in idx])
                 batch_set.append(s.name)
-        rows = self._rows_per_forward(model, T)
-        setup = SteerSetup(model, sites, head, self.mode, coefficients, rule, rows, self.normalize)
-        plan = self._plan(model, sets, tds, setup, batches, batch_set, per_example, rows, notes)
+        widest = max(len(b) for b in batches)  # a batch's rows: its prompts x the steered (or every) condition
+        setup.rows = self.batch_size or largest(lambda r: foot.peak(widest, r), self.budget_bytes,
+                                                widest * (setup.n_conditions if cont is not None else max(1, steered)))
+        plan = self._plan(model, sets, tds, setup, batches, batch_set, foot, notes)
         state = SteeringState(sets, tds, metrics, batches, batch_set, setup, direction, pad_id(model), act, width)
         return Prepared(model, combined, plan, state)
 
@@ -300,22 +304,17 @@ class Steering(Sharded, Operation):
     def _check_metric(self, model: ModelAdapter, td: TokenizedData) -> None:
         check_metric_runs(self.metric.function(), model, td)
 
-    def _rows_per_forward(self, model: ModelAdapter, T: int) -> int:
-        if self.batch_size is not None:
-            return self.batch_size
-        per_row = _row_bytes(model, T)
-        return largest(lambda r: FIXED + r * per_row, self.budget_bytes, 1024)
-
     def _plan(self, model: ModelAdapter, sets: list[RowSet], tds: dict[str, TokenizedData], setup: SteerSetup,
-              batches: list[list[int]], batch_set: list[str], per_example: int, rows: int, notes: list[str]) -> Plan:
+              batches: list[list[int]], batch_set: list[str], foot: SteeringFootprint, notes: list[str]) -> Plan:
         steered = len(setup.steered_conditions())
         n_steer = sum(s.n for s in sets if s.steered)
         n_dir = sum(s.n * (2 if s.name == "direction=" else 1) for s in sets if not s.steered)
         cont = self.continuations
         generated = 0 if cont is None else min(cont.prompts, tds[TASK].__len__()) * setup.n_conditions * cont.tokens
         forward = n_steer * (1 + steered) + n_dir + generated + (sets[0].n if self.units == "residual_norm" else 0)
-        sizes = [len(b) for b in batches]
-        sizes += [min(rows, n_steer * steered - i) for i in range(0, n_steer * steered, rows)]
+        sizes, rows = [len(b) for b in batches], setup.rows
+        steer_rows = [len(b) * steered for b, name in zip(batches, batch_set) if name not in DIRECTION_SETS]
+        sizes += [min(rows, n - i) for n in steer_rows for i in range(0, n, rows)]
         notes = list(notes) + site_notes(model, setup.sites, setup.head)
         notes.append(f"direction: {self.direction.describe()}; written at {', '.join(map(str, setup.sites))} "
                      f"({self.mode}, positions {self.positions}); baseline: a random direction of the same norm "
@@ -332,9 +331,8 @@ class Steering(Sharded, Operation):
         held = [s for s in sets if s.held_out]
         notes.append(f"rows: {sets[0].n} task prompts, {sum(s.n for s in held)} held-out prompts "
                      f"({', '.join(f'{s.name} {s.n}' for s in held) or 'none'})")
-        T = max(max(td.lengths) for td in tds.values())
-        peak = FIXED + max(max(len(b) for b in batches) * per_example, max(sizes[len(batches):], default=0)
-                           * _row_bytes(model, T))
+        peak = max(foot.peak(len(b), min(rows, len(b) * (setup.n_conditions if cont is not None else steered)))
+                   for b in batches)
         files = ["table.csv", "table.parquet"] + (["per_prompt.csv", "per_prompt.parquet"] if self.per_prompt else []) \
             + ["direction.safetensors", "index.html", "manifest.json"]
         return Plan(self.name, rows=2 * len(setup.coefficients), forward_passes=forward, backward_passes=0,
@@ -580,16 +578,3 @@ def check_coefficients(norm: float, coefficients: list[float], mode: str, normal
                               remedy="use smaller coefficients (the direction's norm is "
                               f"{norm:.4g}; normalize: true makes coefficients activation units)")
 
-
-def _bytes_per_example(model: ModelAdapter, T: int) -> int:
-    """Bytes one prompt holds in an unsteered forward (models/footprint.py): the forward with its logits at every
-    position, and their float32 copy."""
-    fp = Footprint(model)
-    return fp.forward(1, T) + fp.vocab(T)
-
-
-def _row_bytes(model: ModelAdapter, T: int) -> int:
-    """Bytes one steered row holds: a forward keeping the answer position's logits, and their copies (metric,
-    log-softmax)."""
-    fp = Footprint(model)
-    return fp.forward(1, T, logit_rows=1) + fp.vocab(1, 2)
