@@ -276,3 +276,25 @@ def test_the_plans_time_comes_from_one_calibration_forward(demo_model):
     calls.clear()
     dla = es.DirectLogitAttribution().calibrate(demo_model, data)
     assert len(calls) == 1 and dla.backward_passes == 0 and dla.seconds > 0
+
+
+# ---------------------------------------------------------------------------------------------- hashing weights
+def test_a_transposed_weight_is_hashed_in_blocks_to_the_same_digest(monkeypatch):
+    """A tied unembedding (W_E transposed) is hashed block by block (models/fingerprint.hash_into): the digest is
+    hashlib's over the whole tensor's row-major bytes, and no block copied is more than HASH_CHUNK bytes (Gemma
+    3's W_U copied whole was the Jacobian fit's peak: 640 MiB)."""
+    import hashlib
+
+    import torch
+
+    import entoscope.models.fingerprint as fpr
+
+    t = torch.randn(3000, 700).T  # [700, 3000], not contiguous: 8.4 MB
+    monkeypatch.setattr(fpr, "HASH_CHUNK", 2**20)
+    sizes = []
+    whole = fpr.tensor_bytes
+    monkeypatch.setattr(fpr, "tensor_bytes", lambda x: (sizes.append(x.numel() * x.element_size()), whole(x))[1])
+    h = hashlib.sha256()
+    fpr.hash_into(h, t)
+    assert h.hexdigest() == hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest()
+    assert len(sizes) > 1 and max(sizes) <= 2**20
