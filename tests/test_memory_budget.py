@@ -150,6 +150,31 @@ def test_every_operation_refuses_a_tiny_budget_before_any_forward(demo_model):
     assert calls == []
 
 
+@pytest.mark.parametrize("case", ["circuits.eap_ig", "interchange", "jacobian_fit"])
+def test_the_smallest_budget_named_runs_and_a_byte_less_is_refused(demo_model, case):
+    """The smallest budget a refusal names is the plan's peak at its smallest sizes: with it the plan is made and
+    stays within it, with its batches no larger than a roomy budget's (smaller where the roomy plan needs more);
+    one byte less is refused."""
+    from memory_cases import CASES, Ctx
+    from entoscope.models.adapter import adapt
+
+    def plan(memory):
+        op, data = CASES[case](Ctx(adapt(demo_model), 8, memory, "demo"))
+        return op.plan(demo_model, data)
+
+    with pytest.raises(MemoryBudgetError) as err:
+        plan("1KiB")
+    smallest = err.value.smallest
+    roomy, tight = plan("8GiB"), plan(smallest)
+    assert tight.peak_memory_bytes <= smallest <= roomy.peak_memory_bytes
+    assert max(tight.batch_sizes) <= max(roomy.batch_sizes)
+    if roomy.peak_memory_bytes > smallest:
+        assert max(tight.batch_sizes) < max(roomy.batch_sizes) or tight.backward_passes != roomy.backward_passes \
+            or tight.notes != roomy.notes  # fewer prompts per batch, or (the Jacobian fit) fewer copies each
+    with pytest.raises(MemoryBudgetError):
+        plan(smallest - 1)
+
+
 # ---------------------------------------------------------------------------------------------- measured (real)
 def _measure(folder, case, memory="auto", n=8):
     from memory_cases import measure
@@ -184,7 +209,10 @@ def test_a_forced_budget_is_held_in_a_fresh_process(smollm2_folder, case):
     assert tight["measured"] <= budget, (tight["measured"] / 2**20, budget / 2**20)
 
 
-PLAN_CASES = ["patching.attribution", "head_scores"]  # DLA: 0.65 on Gemma 3 (docs/speed.md), the lens: minutes
+PLAN_CASES = ["patching.attribution", "head_scores", "circuits.eap", "circuits.eap_ig", "interchange",
+              "jacobian_fit"]  # DLA: 0.65 on Gemma 3 (docs/speed.md), the lens: minutes
+PLAN_PROMPTS = {"jacobian_fit": 2,  # its case fits min(n, 4) prompts, 8 copies each: two prompts take a minute
+                "circuits.eap": 16}  # two batches: one alone leaves its faithfulness runs 1.24x over (n 8)
 
 
 @pytest.mark.real
@@ -193,7 +221,7 @@ PLAN_CASES = ["patching.attribution", "head_scores"]  # DLA: 0.65 on Gemma 3 (do
 def test_the_plans_peak_is_within_a_quarter_of_the_measured(real_folder, case):
     """plan().peak_memory_bytes against the peak resident memory above the loaded model (VmHWM in a fresh
     process, one thread), on each real model."""
-    r = _measure(real_folder, case)
+    r = _measure(real_folder, case, n=PLAN_PROMPTS.get(case, 8))
     ratio = r["plan_peak"] / r["measured"]
     if case == "head_scores" and "smollm2" in str(real_folder) and not 0.75 <= ratio <= 1.25:
         # measured on the merged code: 78.8 MiB planned, 54.4 MiB measured on SmolLM2 (1.45x over, the safe side),

@@ -134,11 +134,13 @@ class JacobianLensFit(Sharded, Operation):
         budget = self.budget_bytes
         # default 8 copies per prompt and at most 32 prompt copies per backward: wider backwards measured
         # slower on one CPU thread (their gradients outgrow the cache; bench_jacobian_lens.py)
-        chunk = self.dim_chunk or max(1, min(8, s.d_model, budget // (2 * per_cot)))
+        mats = 2 * len(layers) * s.d_model ** 2 * 8  # the even and odd prompts' float64 sums
+        fixed = FIXED + 2 * mats
+        chunk = self.dim_chunk or max(1, min(8, s.d_model, (budget - fixed) // per_cot))  # one prompt's copies fit
         chunk = min(chunk, s.d_model)
         n_chunks = -(-s.d_model // chunk)
         chunk = -(-s.d_model // n_chunks)  # equal chunks
-        bs = self.choose_batch_size(chunk * per_cot, len(ids), cap=max(1, ROWS_PER_BACKWARD // chunk))
+        bs = self.choose_batch_size(chunk * per_cot, len(ids), cap=max(1, ROWS_PER_BACKWARD // chunk), fixed=fixed)
         batches = []
         for idx in length_batches([len(t) for t in ids], bs):
             tokens, lens = pad([ids[i] for i in idx], pad_id(model))
@@ -158,11 +160,10 @@ class JacobianLensFit(Sharded, Operation):
                  "the backward graph holds every position (this model cannot start part-way at a position)"]
         if max_length < self.max_length:
             notes.append(f"max_length cut to the model's context, {max_length}")
-        mats = 2 * len(layers) * s.d_model ** 2 * 8
         plan = Plan(self.name, rows=len(layers), forward_passes=len(ids) * passes,
                     backward_passes=len(ids) * n_chunks * chunk,
                     batch_sizes=[len(b) for b in batches], examples=len(ids), files=[],
-                    peak_memory_bytes=FIXED + bs * chunk * per_cot + 2 * mats, notes=notes)
+                    peak_memory_bytes=fixed + bs * chunk * per_cot, notes=notes)
         return Prepared(model, kept_data, plan, FitState(batches, layers, chunk, max_length, corpus,
                                                          tuple(prompt_hash(t) for t in ids)))
 
