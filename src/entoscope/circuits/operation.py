@@ -196,7 +196,10 @@ class Circuits(Sharded, Operation):
             per_example += 4 * T * graph.n_senders * d  # corrupt sender outputs kept for patching
         gradient = gradient_pass_bytes(model, graph.n_senders, T, self.method, self.steps, self.rule,
                                        ROWS_PER_PASS)
-        peak = lambda b: FIXED + max(b * per_example, gradient(b))  # noqa: E731
+
+        def peak(b: int) -> int:
+            return FIXED + max(b * per_example, gradient(b))
+
         bs = self.choose_batch_size(0, len(td), peak_of=peak)
         batches = make_batches(td, bs, pad_id(model))
         for b in batches:

@@ -161,8 +161,8 @@ class Interchange(Sharded, Operation):
         support = prefix_support(model)
         sets = None if pairs.sets is None else torch.from_numpy(np.asarray(pairs.sets)).long()
         n_sets = classes.shape[1] if sets is None else int(sets.max()) + 1
-        state = InterchangeState(pairs, td, classes, sets, n_sets, held, cells, width, conditions, [], support != "none",
-                                 support == "positions", pad_id(model))
+        state = InterchangeState(pairs, td, classes, sets, n_sets, held, cells, width, conditions, [],
+                                 support != "none", support == "positions", pad_id(model))
         peak = self._peak_of(model, state)
         size = self.choose_batch_size(0, len(td), peak_of=peak)
         state = replace(state, batches=length_batches(td.lengths, size))
@@ -293,8 +293,9 @@ class Interchange(Sharded, Operation):
         cell's rows from its own block on (where runs cannot start part-way, one cell at a time, a full forward
         whose graph still starts at the cell's edit), at positions from the step's earliest cell token on (every
         position where runs cannot start at one), attending to all T; the weights are frozen, so autograd keeps
-        what a frozen forward keeps (models/footprint.saved_rates) in the blocks from the cell's on only. The largest position rule's step counts (the
-        earliest token of all the training bases: an upper bound of any step's)."""
+        what a frozen forward keeps (models/footprint.saved_rates) in the blocks from the cell's on only. The
+        largest position rule's step counts (from the earliest token of all the training bases: an upper bound
+        of any step's)."""
         fp, s = Footprint(model), model.structure
         L, T = s.n_layers, max(st.td.lengths)
         R = min(self.das_batch_size, max(1, n_train))
