@@ -52,6 +52,33 @@ def test_the_suffix_graph_gives_every_source_layer_the_full_forwards_jacobian(fa
             torch.testing.assert_close(got[b, i], _autograd_rows(a, row_ids, L, 3), atol=2e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_the_full_graph_gives_the_full_forwards_jacobian_and_never_unembeds(family):
+    """skip_first 0 (or a model that cannot start part-way): the graph over every position, ending at the last
+    block: the same rows as autograd through the model's own forward, and the unembedding never runs (its
+    logits at every position of every copy would sit beside the saved forward: Gemma 3's 1 MiB a position)."""
+    model = get_tiny(family, "bridge", False)
+    a = adapt(model)
+    g = torch.Generator().manual_seed(2)
+    ids = [[0] + torch.randint(1, 300, (n - 1,), generator=g).tolist() for n in (9, 7)]
+    tokens, lengths = pad(ids, pad_id(a))
+    layers = [0, a.structure.n_layers - 2]
+    calls = []
+    unembed = a.module.get_output_embeddings() if hasattr(a.module, "get_output_embeddings") else None
+    unembed = unembed or getattr(a.module, "unembed", None)
+    assert unembed is not None
+    handle = unembed.register_forward_hook(lambda *args: calls.append(1))
+    try:
+        with jf.frozen(a.module), folded_activations(a.module), folded_norms(a.module):
+            got = jf.prompt_jacobians(a, tokens, lengths, layers, 0, 8)
+    finally:
+        handle.remove()
+    assert calls == []
+    for b, row_ids in enumerate(ids):
+        for i, L in enumerate(layers):
+            torch.testing.assert_close(got[b, i], _autograd_rows(a, row_ids, L, 0), atol=2e-5, rtol=1e-4)
+
+
 def _constructible() -> list[tuple[type, dict]]:
     """The folded activation classes with the arguments transformers builds them with (those that need
     other arguments, and PReLU with its weight, are left out at collection)."""

@@ -171,6 +171,31 @@ def test_every_operation_refuses_a_tiny_budget_before_any_forward(demo_model):
     assert calls == []
 
 
+@pytest.mark.parametrize("case", ["circuits.eap_ig", "interchange", "jacobian_fit"])
+def test_the_smallest_budget_named_runs_and_a_byte_less_is_refused(demo_model, case):
+    """The smallest budget a refusal names is the plan's peak at its smallest sizes: with it the plan is made and
+    stays within it, with its batches no larger than a roomy budget's (smaller where the roomy plan needs more);
+    one byte less is refused."""
+    from memory_cases import CASES, Ctx
+    from entoscope.models.adapter import adapt
+
+    def plan(memory):
+        op, data = CASES[case](Ctx(adapt(demo_model), 8, memory, "demo"))
+        return op.plan(demo_model, data)
+
+    with pytest.raises(MemoryBudgetError) as err:
+        plan("1KiB")
+    smallest = err.value.smallest
+    roomy, tight = plan("8GiB"), plan(smallest)
+    assert tight.peak_memory_bytes <= smallest <= roomy.peak_memory_bytes
+    assert max(tight.batch_sizes) <= max(roomy.batch_sizes)
+    if roomy.peak_memory_bytes > smallest:
+        assert max(tight.batch_sizes) < max(roomy.batch_sizes) or tight.backward_passes != roomy.backward_passes \
+            or tight.notes != roomy.notes  # fewer prompts per batch, or (the Jacobian fit) fewer copies each
+    with pytest.raises(MemoryBudgetError):
+        plan(smallest - 1)
+
+
 # ---------------------------------------------------------------------------------------------- measured (real)
 def _measure(folder, case, memory="auto", n=8):
     from memory_cases import measure
@@ -205,8 +230,11 @@ def test_a_forced_budget_is_held_in_a_fresh_process(smollm2_folder, case):
     assert tight["measured"] <= budget, (tight["measured"] / 2**20, budget / 2**20)
 
 
-PLAN_CASES = ["patching.attribution", "steering", "probing", "patching.exact", "dla", "head_scores"]  # the lens: minutes
+PLAN_CASES = ["patching.attribution", "steering", "probing", "patching.exact", "dla", "head_scores", "circuits.eap",
+              "circuits.eap_ig", "interchange", "jacobian_fit"]  # the lens: minutes
 SMALL_PEAKS = {"head_scores", "dla", "patching.exact"}  # peaks of 30-95 MiB on the real models, most of it FIXED's
+PLAN_PROMPTS = {"jacobian_fit": 2,  # its case fits min(n, 4) prompts, 8 copies each: two prompts take a minute
+                "circuits.eap": 16}  # two batches: one alone leaves its faithfulness runs 1.24x over (n 8)
 
 
 @pytest.mark.real
@@ -215,7 +243,7 @@ SMALL_PEAKS = {"head_scores", "dla", "patching.exact"}  # peaks of 30-95 MiB on 
 def test_the_plans_peak_is_within_a_quarter_of_the_measured(real_folder, case):
     """plan().peak_memory_bytes against the peak resident memory above the loaded model (VmHWM in a fresh
     process, one thread), on each real model."""
-    r = _measure(real_folder, case)
+    r = _measure(real_folder, case, n=PLAN_PROMPTS.get(case, 8))
     ratio = r["plan_peak"] / r["measured"]
     if case in SMALL_PEAKS and ratio > 1.25:
         # these hold a few tens of MiB of tensors: their peak is mostly the run's own objects (the manifest, the
@@ -300,3 +328,25 @@ def test_the_plans_time_comes_from_one_calibration_forward(demo_model):
     calls.clear()
     dla = es.DirectLogitAttribution().calibrate(demo_model, data)
     assert len(calls) == 1 and dla.backward_passes == 0 and dla.seconds > 0
+
+
+# ---------------------------------------------------------------------------------------------- hashing weights
+def test_a_transposed_weight_is_hashed_in_blocks_to_the_same_digest(monkeypatch):
+    """A tied unembedding (W_E transposed) is hashed block by block (models/fingerprint.hash_into): the digest is
+    hashlib's over the whole tensor's row-major bytes, and no block copied is more than HASH_CHUNK bytes (Gemma
+    3's W_U copied whole was the Jacobian fit's peak: 640 MiB)."""
+    import hashlib
+
+    import torch
+
+    import entoscope.models.fingerprint as fpr
+
+    t = torch.randn(3000, 700).T  # [700, 3000], not contiguous: 8.4 MB
+    monkeypatch.setattr(fpr, "HASH_CHUNK", 2**20)
+    sizes = []
+    whole = fpr.tensor_bytes
+    monkeypatch.setattr(fpr, "tensor_bytes", lambda x: (sizes.append(x.numel() * x.element_size()), whole(x))[1])
+    h = hashlib.sha256()
+    fpr.hash_into(h, t)
+    assert h.hexdigest() == hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest()
+    assert len(sizes) > 1 and max(sizes) <= 2**20

@@ -35,6 +35,7 @@ from torch import Tensor
 from ..data.tokenized import Batch
 from ..metrics import at_positions
 from ..models.adapter import Intervention, ModelAdapter
+from ..models.footprint import Footprint
 from ..models.names import ActName
 from ..models.split_inputs import (EdgeGradients, final_residual, gradient_reads,
                                    sender_outputs, sender_reads)
@@ -135,3 +136,25 @@ def edge_scores_per_prompt(model: ModelAdapter, batches: Sequence[Batch], metric
         order += list(b.index)
     stacked = torch.cat(parts)
     return stacked[torch.argsort(torch.tensor(order))]  # ascending dataset index
+
+
+def gradient_pass_bytes(model: ModelAdapter, n_senders: int, T: int, method: str, steps: int,
+                        rule: Rule, rows_per_pass: int = 32) -> Callable[[int], int]:
+    """EAP's and EAP-IG's gradient passes (eap.batch_scores) for a batch of b prompts, in bytes: the senders'
+    corrupt - clean deltas [b, T, senders, d_model] (float32, kept through the batch), and one pass of k x b rows
+    (k the integration points stacked in it: rows_per_pass // b of them, at most all of them; EAP: 1): what
+    autograd saves for the backward (the weights require gradients: models/footprint.saved), the logits at every
+    position and their gradient, and the gradients of the receivers' reads (q, k, v, the MLPs' inputs and the
+    final residual). The other phases (the clean and corrupt reads, an edge patcher's runs) are per_example's."""
+    if method not in ("eap", "eap_ig"):
+        return lambda b: 0
+    fp = Footprint(model)
+    points = len(ig_points(steps, rule)) if method == "eap_ig" else 1
+    grads = fp.act(_grad_names(model), 1, T)
+
+    def gradient(b: int) -> int:
+        rows = min(points, max(1, rows_per_pass // b)) * b
+        return b * T * n_senders * model.structure.d_model * 4 + fp.saved(rows, T) + fp.logits(rows * T) \
+            + rows * grads
+
+    return gradient

@@ -41,7 +41,7 @@ from ..results.result import Result
 from ..stats import Summary, significance_columns, streamed_mean, summarise
 from .acdc import acdc
 from .circuit_result import CircuitResult, _figures
-from .eap import Rule, edge_scores_per_prompt
+from .eap import Rule, edge_scores_per_prompt, gradient_pass_bytes
 from .edge_patching import EdgePatcher
 from .faithfulness import (
     MIB_FRACTIONS,
@@ -194,7 +194,13 @@ class Circuits(Sharded, Operation):
         per_example = 4 * T * graph.n_senders * d * 3 + activations
         if self.method in ("exact", "acdc") or self.faithfulness or self.selection == "target":
             per_example += 4 * T * graph.n_senders * d  # corrupt sender outputs kept for patching
-        bs = self.choose_batch_size(per_example, len(td))
+        gradient = gradient_pass_bytes(model, graph.n_senders, T, self.method, self.steps, self.rule,
+                                       ROWS_PER_PASS)
+
+        def peak(b: int) -> int:
+            return FIXED + max(b * per_example, gradient(b))
+
+        bs = self.choose_batch_size(0, len(td), peak_of=peak)
         batches = make_batches(td, bs, pad_id(model))
         for b in batches:
             if b.answers is None:  # kl needs no answers
@@ -204,12 +210,9 @@ class Circuits(Sharded, Operation):
         if self._needs_patcher():
             prefix_support(model)  # once per model: whether patched runs may start part-way (models/partial.py)
         fwd, bwd, notes = self._passes(graph, nb, E, is_kl)
-        rows = bs
-        if self.method == "eap_ig":  # integration points stacked in one pass, up to 32 rows
-            rows = max(bs, min(ROWS_PER_PASS, bs * (self.steps + 1)) // bs * bs)
         plan = Plan(self.name, rows=graph.n_edges, forward_passes=fwd, backward_passes=bwd,
                     batch_sizes=[len(b) for b in batches], examples=len(td),
-                    peak_memory_bytes=FIXED + bs * per_example + (rows - bs) * activations, notes=notes,
+                    peak_memory_bytes=peak(bs), notes=notes,
                     files=["table.csv", "table.parquet", "index.html", "manifest.json", "circuit.json",
                            "circuit.graphml", "circuit.html", "summary.json"]
                     + (["faithfulness.csv"] if self.faithfulness and self.method != "acdc" else [])

@@ -18,6 +18,7 @@ the pairs into training and held-out ones, and plans; no model runs. Sharded pha
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from collections.abc import Callable
 from typing import Any, Literal
 
 import numpy as np
@@ -31,7 +32,7 @@ from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
 from ..metrics import readable
 from ..models import features
-from ..models.footprint import FIXED, Footprint
+from ..models.footprint import FIXED, Footprint, saved_rates
 from ..models.adapter import Intervention, ModelAdapter
 from ..models.names import ActName
 from ..models.partial import prefix_reads, prefix_support, record_past
@@ -157,16 +158,15 @@ class Interchange(Sharded, Operation):
             conditions.append((name, BASIS))
         if self.placebo:
             conditions += [(name, PLACEBO) for name in self.bases if name != "random"]
-        T = max(td.lengths)
-        per_example = _bytes_per_example(model, T)
-        size = self.choose_batch_size(per_example, len(td))
-        batches = length_batches(td.lengths, size)
         support = prefix_support(model)
         sets = None if pairs.sets is None else torch.from_numpy(np.asarray(pairs.sets)).long()
         n_sets = classes.shape[1] if sets is None else int(sets.max()) + 1
-        state = InterchangeState(pairs, td, classes, sets, n_sets, held, cells, width, conditions, batches, support != "none",
-                                 support == "positions", pad_id(model))
-        return Prepared(model, pairs.prompts, self._plan(model, state, per_example), state)
+        state = InterchangeState(pairs, td, classes, sets, n_sets, held, cells, width, conditions, [],
+                                 support != "none", support == "positions", pad_id(model))
+        peak = self._peak_of(model, state)
+        size = self.choose_batch_size(0, len(td), peak_of=peak)
+        state = replace(state, batches=length_batches(td.lengths, size))
+        return Prepared(model, pairs.prompts, self._plan(model, state, peak(size)), state)
 
     def _check_bases(self) -> None:
         unknown = [b for b in self.bases if b not in B.KNOWN]
@@ -236,7 +236,7 @@ class Interchange(Sharded, Operation):
                 cells.append(Cell(act, self.head, code, text, f"{act}{head}@{text}"))
         return cells, width
 
-    def _plan(self, model: ModelAdapter, st: InterchangeState, per_example: int) -> Plan:
+    def _plan(self, model: ModelAdapter, st: InterchangeState, peak: int) -> Plan:
         P = len(st.pairs)
         n_train, n_test = int((~st.held).sum()), int(st.held.sum())
         n_cells = len(st.cells)
@@ -256,16 +256,70 @@ class Interchange(Sharded, Operation):
             notes.append("the bridge's key/value prefix: each cached base runs the blocks once more (record_past)")
         if not st.start:
             notes.append("this model cannot start part-way: every training and evaluation run is a full forward")
-        fp, T = Footprint(model), max(st.td.lengths)  # a batch of prompts, or ROWS_PER_FORWARD rows at the answer
-        rows = ROWS_PER_FORWARD * (fp.forward(1, T, logit_rows=1) + fp.vocab(1, 2))
-        L = model.structure.n_layers  # DAS's steps: a batch run from the earliest layer (started part-way) and back
-        first = min((c.layer for c in st.cells), default=0) if st.start else 0
-        training = fp.saved(min(self.das_batch_size, max(1, n_train)), T) * (L - first) // L if das else 0
-        peak = FIXED + max(max(len(b) for b in st.batches) * per_example, rows, training)
         return Plan(self.name, rows=n_cells * (1 + len(st.conditions)), forward_passes=forward,
                     backward_passes=backward, batch_sizes=[len(b) for b in st.batches], peak_memory_bytes=int(peak),
                     notes=notes, examples=len(st.td), files=["table.csv", "table.parquet", "index.html",
                                                             BASES_FILE, SPLIT_FILE, "manifest.json"])
+
+    def _peak_of(self, model: ModelAdapter, st: InterchangeState) -> Callable[[int], int]:
+        """peak(b) above the loaded model for batches of b prompts (memory.py): the largest of the phases'.
+        read: a forward of b prompts reading the cells' activations, with logits from the batch's earliest last
+        token on (a bridge unembeds the positions from there; models/adapter.py), counted from the shortest
+        prompt's; eval: the batch's cache (runs that start part-way) and ROWS_PER_FORWARD intervened rows, whose
+        logits are the class columns only; DAS's training (`_training_bytes`), on the driver between them."""
+        fp, s = Footprint(model), model.structure
+        lengths = st.td.lengths
+        T = max(lengths)
+        kept = T - min(lengths) + 1
+        reads = fp.act(sorted({c.act for c in st.cells}), 1, T)
+        das = set(self.bases) & set(B.LEARNED)
+        training = self._training_bytes(model, st, int((~st.held).sum())) if das else 0
+        cache = 0
+        if st.start:
+            kv = (s.n_layers - min(c.layer for c in st.cells)) * (2 * s.n_kv_heads * s.d_head + s.d_model) \
+                if st.positions else 0
+            cache = T * (len({c.layer for c in st.cells}) * s.d_model + kv) * fp.f
+        rows = fp.forward(ROWS_PER_FORWARD, T, logit_rows=0)
+
+        def peak(b: int) -> int:
+            read = fp.forward(b, T, logit_rows=b * kept) + b * reads
+            return FIXED + max(read, b * cache + rows, training)
+
+        return peak
+
+    def _training_bytes(self, model: ModelAdapter, st: InterchangeState, n_train: int) -> int:
+        """DAS's peak (runs.train_das_grid): the training bases' cache (runs that start part-way) and one step's
+        run with its backward. A step runs R = das_batch_size pairs once per cell of a position rule, each
+        cell's rows from its own block on (where runs cannot start part-way, one cell at a time, a full forward
+        whose graph still starts at the cell's edit), at positions from the step's earliest cell token on (every
+        position where runs cannot start at one), attending to all T; the weights are frozen, so autograd keeps
+        what a frozen forward keeps (models/footprint.saved_rates) in the blocks from the cell's on only. The
+        largest position rule's step counts (from the earliest token of all the training bases: an upper bound
+        of any step's)."""
+        fp, s = Footprint(model), model.structure
+        L, T = s.n_layers, max(st.td.lengths)
+        R = min(self.das_batch_size, max(1, n_train))
+        per_token, per_square = saved_rates(s, fp.f, frozen=True)
+        per_token, per_square = per_token / L, per_square / L  # a block's
+        base = sorted({int(i) for i in st.pairs.base[~st.held]})
+        lengths = torch.tensor([st.td.lengths[i] for i in base])
+        roles = None if st.td.roles is None else st.td.roles.subset(base)
+        groups: dict[int, list[Cell]] = {}
+        for k, cell in enumerate(st.cells):
+            groups.setdefault(cell.code if st.start else k, []).append(cell)
+        step = 0
+        for cells in groups.values():
+            first = int(self._pos(cells[0], lengths, roles).min()) if st.positions and len(base) else 0
+            Tg = T - first
+            blocks = sum(L - c.layer for c in cells)  # the graph starts at the cell's edit
+            saved = R * blocks * Tg * (per_token + T * per_square)
+            step = max(step, int(saved) + 2 * fp.layer(R * len(cells), Tg))
+        cache = 0
+        if st.start:  # the training bases' residuals entering the cells' blocks, and (positions) the cached keys
+            first_layer = min(c.layer for c in st.cells)
+            kv = 2 * s.n_kv_heads * s.d_head + s.d_model if st.positions else 0
+            cache = len(base) * T * (len({c.layer for c in st.cells}) * s.d_model + (L - first_layer) * kv) * fp.f
+        return cache + step
 
     # ------------------------------------------------------------------ sharded phases
     def shard_batches(self, prepared: Prepared[InterchangeState]) -> list[list[int]]:
@@ -462,9 +516,3 @@ def _cache(model: ModelAdapter, st: InterchangeState, tokens: torch.Tensor) -> d
         if st.positions:
             record_past(model, acts, layers[0])
     return acts
-
-
-def _bytes_per_example(model: ModelAdapter, T: int) -> int:
-    """Bytes one prompt holds in a forward (models/footprint.py): logits at every position and a float32 copy."""
-    fp = Footprint(model)
-    return fp.forward(1, T) + fp.vocab(T)

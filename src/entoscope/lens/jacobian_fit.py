@@ -129,19 +129,18 @@ class JacobianLensFit(Sharded, Operation):
         ids = [ids[i] for i in kept]
         T = max(map(len, ids))
         suffix = self.skip_first > 0 and prefix_support(model) == "positions"
-        # memory: per copy of a prompt, its saved forward over the graph's blocks (those after the first source
-        # layer; every block on the full forward) and positions, and its source gradients
-        blocks, Tg = (s.n_layers - 1 - layers[0], T - self.skip_first) if suffix else (s.n_layers, T)
-        act = 4 * Tg * blocks * (12 * s.d_model + 3 * s.d_mlp + 2 * s.n_heads * T)
-        per_cot = act + 4 * Tg * s.d_model * (len(layers) + 1)
+        # memory: per copy of a prompt, its saved forward over the graph (fit_bytes_per_copy)
+        per_cot = fit_bytes_per_copy(s, T - 1, self.skip_first if suffix else 0, layers)
         budget = self.budget_bytes
         # default 8 copies per prompt and at most 32 prompt copies per backward: wider backwards measured
         # slower on one CPU thread (their gradients outgrow the cache; bench_jacobian_lens.py)
-        chunk = self.dim_chunk or max(1, min(8, s.d_model, budget // (2 * per_cot)))
+        mats = 2 * len(layers) * s.d_model ** 2 * 8  # the even and odd prompts' float64 sums
+        fixed = FIXED + 2 * mats
+        chunk = self.dim_chunk or max(1, min(8, s.d_model, (budget - fixed) // per_cot))  # one prompt's copies fit
         chunk = min(chunk, s.d_model)
         n_chunks = -(-s.d_model // chunk)
         chunk = -(-s.d_model // n_chunks)  # equal chunks
-        bs = self.choose_batch_size(chunk * per_cot, len(ids), cap=max(1, ROWS_PER_BACKWARD // chunk))
+        bs = self.choose_batch_size(chunk * per_cot, len(ids), cap=max(1, ROWS_PER_BACKWARD // chunk), fixed=fixed)
         batches = []
         for idx in length_batches([len(t) for t in ids], bs):
             tokens, lens = pad([ids[i] for i in idx], pad_id(model))
@@ -161,11 +160,10 @@ class JacobianLensFit(Sharded, Operation):
                  "the backward graph holds every position (this model cannot start part-way at a position)"]
         if max_length < self.max_length:
             notes.append(f"max_length cut to the model's context, {max_length}")
-        mats = 2 * len(layers) * s.d_model ** 2 * 8
         plan = Plan(self.name, rows=len(layers), forward_passes=len(ids) * passes,
                     backward_passes=len(ids) * n_chunks * chunk,
                     batch_sizes=[len(b) for b in batches], examples=len(ids), files=[],
-                    peak_memory_bytes=FIXED + bs * chunk * per_cot + 2 * mats, notes=notes)
+                    peak_memory_bytes=fixed + bs * chunk * per_cot, notes=notes)
         return Prepared(model, kept_data, plan, FitState(batches, layers, chunk, max_length, corpus,
                                                          tuple(prompt_hash(t) for t in ids)))
 
@@ -214,6 +212,22 @@ class JacobianLensFit(Sharded, Operation):
                       "identity and how settled it is", extra={"lens": lens}, takeaway=_takeaway)
 
 
+def fit_bytes_per_copy(s: Any, T: int, first: int, layers: list[int]) -> int:
+    """What one copy of a prompt of T positions holds at the fit's peak (models/footprint.py's sizes, in float32):
+    what autograd saves in blocks layers[0]+1.. (the graph's; the blocks before its root run without it) at
+    positions first.. (each attending to T keys), and the gradients of the sources. Per block and position,
+    with the weights frozen and the activations and RMS norms folded (lens/pointwise.py, lens/normfold.py): the
+    norms' and products' inputs (8 d_model), the MLP's (3 d_mlp), q, k and v and the keys and values expanded
+    per query head (2 q/k/v widths), the post-norms' (4 d_model), the q/k norms' inputs and outputs (2 q and k
+    widths), and each head's attention weights and their softmax (2 x T); checked against
+    `saved_tensors_hooks` and the measured peak on SmolLM2 and Gemma 3 (tests/test_memory_budget.py)."""
+    Tg, blocks = max(1, T - first), s.n_layers - 1 - layers[0]
+    q, kv = s.n_heads * s.d_head, s.n_kv_heads * s.d_head
+    floats = (8 * s.d_model + 3 * s.d_mlp + 2 * (q + 2 * kv) + (4 * s.d_model if s.post_norms else 0)
+              + (2 * (q + kv) if s.qk_norm else 0) + 2 * s.n_heads * T)
+    return 4 * Tg * (blocks * floats + s.d_model * (len(layers) + 1))
+
+
 def prompt_jacobians(model: ModelAdapter, tokens: Tensor, lengths: Tensor, layers: list[int], skip_first: int,
                      dim_chunk: int) -> Tensor:
     """Each prompt's matrices [B, len(layers), d_model, d_model] (float32): one forward of `dim_chunk` copies of
@@ -256,12 +270,22 @@ def prompt_jacobians(model: ModelAdapter, tokens: Tensor, lengths: Tensor, layer
 
 
 def _full_graph(model: ModelAdapter, x: Tensor, layers: list[int]) -> tuple[Tensor, list[Tensor]]:
-    """A full forward rooted at resid_post.layers[0]: (the last block's output, the sources), all positions."""
-    target = ActName("resid_post", model.structure.n_layers - 1)
-    reads = [ActName("resid_post", L) for L in layers] + [target]
-    root = Intervention(ActName("resid_post", layers[0]), lambda h: h.detach().requires_grad_(True))
-    out = model.run(x, reads, interventions=[root], grad=True, logits=False)
-    return out.acts[target], [out.acts[a] for a in reads[:-1]]
+    """A full forward rooted at resid_post.layers[0]: (the last block's output, the sources), all positions. The
+    forward ends at the last block (`final_residual`): no unembedding, whose logits at every position of every
+    copy (Gemma 3's vocabulary: 1 MiB a position) would sit beside the saved forward for nothing."""
+    kept: dict[int, Tensor] = {}
+
+    def keep(L: int, root: bool = False) -> Callable[[Tensor], Tensor]:
+        def fn(h: Tensor) -> Tensor:
+            kept[L] = h.detach().requires_grad_(True) if root else h
+            return kept[L]
+        return fn
+
+    ivs = [Intervention(model.resolve(ActName("resid_post", layers[0])), keep(layers[0], root=True))]
+    ivs += [Intervention(model.resolve(ActName("resid_post", L)), keep(L)) for L in layers[1:]]
+    with torch.enable_grad():
+        final = model.backend.final_residual(x.to(model.device), model.lower(ivs))
+    return final, [kept[L] for L in layers]
 
 
 def _suffix_graph(model: ModelAdapter, x: Tensor, copies: Tensor, layers: list[int],

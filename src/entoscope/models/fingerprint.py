@@ -246,10 +246,26 @@ def tensor_bytes(t: torch.Tensor) -> Any:
     return t.view(torch.uint8).numpy()
 
 
+HASH_CHUNK = 16 * 2**20  # bytes of a tensor copied at once to be hashed (a transposed view is copied in row blocks)
+
+
+def hash_into(h: Any, t: torch.Tensor) -> None:
+    """Feed the raw bytes of `t` (row-major, as `tensor_bytes`) to the hash `h` in blocks of leading-axis rows, so
+    a tensor that is not contiguous (a tied unembedding, W_E transposed: Gemma 3's is 640 MiB) is never copied
+    whole; the digest is the same as hashing `tensor_bytes(t)` at once."""
+    t = t.detach()
+    if t.dim() < 2 or t.is_contiguous() or t.numel() * t.element_size() <= HASH_CHUNK:
+        h.update(memoryview(tensor_bytes(t)))
+        return
+    step = max(1, HASH_CHUNK // max(1, t[0].numel() * t.element_size()))
+    for lo in range(0, t.shape[0], step):
+        h.update(memoryview(tensor_bytes(t[lo:lo + step])))
+
+
 def _hash_tensor(t: torch.Tensor) -> str:
     h = hashlib.sha256()
     h.update(f"{t.dtype}|{tuple(t.shape)}|".encode())
-    h.update(memoryview(tensor_bytes(t)))
+    hash_into(h, t)
     return h.hexdigest()
 
 
@@ -373,7 +389,7 @@ def weights_fingerprint(model: Any) -> str | None:
                 if t.device.type == "meta":
                     break
                 h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-                h.update(memoryview(tensor_bytes(t)))
+                hash_into(h, t)
             else:
                 named = []
                 continue
