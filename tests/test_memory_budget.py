@@ -232,7 +232,8 @@ def test_a_forced_budget_is_held_in_a_fresh_process(smollm2_folder, case):
 
 PLAN_CASES = ["patching.attribution", "steering", "probing", "patching.exact", "dla", "head_scores", "circuits.eap",
               "circuits.eap_ig", "interchange", "jacobian_fit"]  # the lens: minutes
-SMALL_PEAKS = {"head_scores", "dla", "patching.exact"}  # peaks of 30-95 MiB on the real models, most of it FIXED's
+SMALL_PEAKS = {"head_scores", "dla", "patching.exact", "probing"}  # peaks of 30-95 MiB on the real models, most of
+# it FIXED's
 PLAN_PROMPTS = {"jacobian_fit": 2,  # its case fits min(n, 4) prompts, 8 copies each: two prompts take a minute
                 "circuits.eap": 16}  # two batches: one alone leaves its faithfulness runs 1.24x over (n 8)
 
@@ -243,6 +244,10 @@ PLAN_PROMPTS = {"jacobian_fit": 2,  # its case fits min(n, 4) prompts, 8 copies 
 def test_the_plans_peak_is_within_a_quarter_of_the_measured(real_folder, case):
     """plan().peak_memory_bytes against the peak resident memory above the loaded model (VmHWM in a fresh
     process, one thread), on each real model."""
+    from conftest import has_hooked_transformer
+
+    if has_hooked_transformer() and "gemma" in str(real_folder):
+        pytest.skip("Gemma 3's plans are measured in the transformer-lens 4 pass (the same footprint code; CI's time)")
     r = _measure(real_folder, case, n=PLAN_PROMPTS.get(case, 8))
     ratio = r["plan_peak"] / r["measured"]
     if case in SMALL_PEAKS and ratio > 1.25:
