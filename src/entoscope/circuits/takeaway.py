@@ -198,7 +198,8 @@ def routes_takeaway(result: Any, top: int = 6, always_named: int = 3) -> Takeawa
             elif i:
                 b.say("; ")
             refs.append(b.quote(row, "moved_importance_mean", fmt=".2f", q=False, after=", on "))
-            b.quote(row, "in_route", fmt=".0%", name=False, q=False, after=" of the prompts' routes")
+            b.quote(row, "in_route", fmt=".0%", name=False, q=False,
+                    after=" of the prompts' routes" if i == 0 else " of routes")
         b.refer(word, refs)
     else:
         b.say("none above tau")
