@@ -69,11 +69,7 @@ def dla_takeaway(result: Any, top: int = 3) -> Takeaway | str:
             b.say(f" of the model's mean {metric}")
         b.say(" (a ratio of means).")
     b.end_lead()
-    if len(refs) > 1:
-        b.say(" ")
-        b.separation(refs[0], refs[1], above="The first stands out (its interval lies further from 0 than the second's)",
-                     overlap="The first two intervals overlap, so the data do not order them")
-        b.say(".")
+    b.first_two_apart(refs)
     return b.build()
 
 

@@ -36,11 +36,7 @@ def patching_takeaway(result: Any) -> Takeaway | str:
     b.say(".")
     if not significant == 0:
         b.end_lead()
-    if len(top) > 1:
-        b.say(" ")
-        b.separation(top[0], top[1], above="The first stands out (its interval lies further from 0 than the second's)",
-                     overlap="The first two intervals overlap, so the data do not order them")
-        b.say(".")
+    b.first_two_apart(top)
     if significant:
         b.say(" ")
         b.count(significant, len(t), "significant", unit="cells")

@@ -363,6 +363,16 @@ class TakeawayBuilder:
         self.qualify(above if apart else overlap, "separated" if apart else "overlaps", [first, second])
         return apart
 
+    def first_two_apart(self, refs: list[int]) -> None:
+        """" The first stands out (...)." or " The first two intervals overlap (...).": `separation` of the first
+        two quotes of a ranking, as a sentence of its own; nothing with fewer than two."""
+        if len(refs) < 2:
+            return
+        self.say(" ")
+        self.separation(refs[0], refs[1], above="The first stands out (its interval lies further from 0 than the "
+                        "second's)", overlap="The first two intervals overlap, so the data do not order them")
+        self.say(".")
+
     def include(self, other: str, prefix: str | None = None, part: str = "all") -> TakeawayBuilder:
         """Another takeaway's text and claims (its sources under `prefix`, the folder it was saved in).
 
