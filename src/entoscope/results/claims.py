@@ -373,6 +373,17 @@ class TakeawayBuilder:
                         "second's)", overlap="The first two intervals overlap, so the data do not order them")
         self.say(".")
 
+    def against_baseline(self, row: Any, effect: int, *, minus: str, beats: str, what: str, baseline: str) -> None:
+        """" (<what> minus <baseline> <row[minus]>): the <what> beats / does not beat its random <baseline> there."
+        (rules `beats_random` / `not_beats_random`, backed by the effect's quote and the difference's)."""
+        self.say(f" ({what} minus {baseline} ")
+        difference = self.quote(row, minus, name=False, fmt="+.3g")
+        ok = bool(row[beats])
+        self.say(f"): the {what} ")
+        self.qualify("beats" if ok else "does not beat", "beats_random" if ok else "not_beats_random",
+                     [effect, difference])
+        self.say(f" its random {baseline} there.")
+
     def include(self, other: str, prefix: str | None = None, part: str = "all") -> TakeawayBuilder:
         """Another takeaway's text and claims (its sources under `prefix`, the folder it was saved in).
 

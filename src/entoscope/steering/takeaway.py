@@ -95,12 +95,7 @@ def _effect(b: TakeawayBuilder, t: Any, row: Any, metric: str, *, material: bool
     b.quote(first, "metric_unsteered", name=False, fmt=".3g")
     b.say("). A random direction of the same norm moves it ")  # in the lead: an effect a random vector matches
     b.quote(random, "effect", name=False, fmt="+.3g")           # is not the direction's
-    b.say(" (direction minus random ")
-    minus = b.quote(row, "minus_random", name=False, fmt="+.3g")
-    beats = bool(row["beats_random"])
-    b.say("): the direction ")
-    b.qualify("beats" if beats else "does not beat", "beats_random" if beats else "not_beats_random", [effect, minus])
-    b.say(" its random baseline there.")
+    b.against_baseline(row, effect, minus="minus_random", beats="beats_random", what="direction", baseline="baseline")
     b.end_lead()
     b.say(" That is, its ")
     b.constant(first["ci_level"], "ci_level", fmt=".0%")
