@@ -42,5 +42,7 @@ def test_the_steering_section_shows_an_effect_that_beats_its_random_baseline_wit
     assert abs(held.kl.mean() - row.kl) < 1e-12 and row.kl > 0 and row.n_held_out == len(held)
     assert f"c = {c:g}" in section.lead and "KL(steered || unsteered)" in section.lead
     assert "smallest coefficient with a material effect" in section.lead
+    lead = section.lead.split(" That is,")[0]  # the lead itself names the random baseline and the difference
+    assert "(direction minus random " in lead and "the direction beats its random baseline there" in lead
     page = (tmp_path / "steering" / "index.html").read_text()
     assert "dose-response" in page and "continuations" in page

@@ -119,7 +119,8 @@ def _takeaway(result: Result) -> Takeaway | str:
     b.quote(row, "metric_base", name=False, fmt=".3g")
     b.say("); as many random coordinates of the decomposition moved as far move it ")
     b.quote(row, "control_effect", name=False, fmt="+.3g")
-    b.against_baseline(row, effect, minus="minus_control", beats="beats_control", what="edit", baseline="control")
+    b.against_baseline(row, effect, minus="minus_control", beats="beats_control", what="edit", other="control",
+                       baseline="control")
     b.end_lead()
     b.say(" It beats it at ")
     b.count(int(t["beats_control"].sum()), len(t), "beats_control", unit="sites")

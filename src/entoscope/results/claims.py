@@ -373,10 +373,11 @@ class TakeawayBuilder:
                         "second's)", overlap="The first two intervals overlap, so the data do not order them")
         self.say(".")
 
-    def against_baseline(self, row: Any, effect: int, *, minus: str, beats: str, what: str, baseline: str) -> None:
-        """" (<what> minus <baseline> <row[minus]>): the <what> beats / does not beat its random <baseline> there."
+    def against_baseline(self, row: Any, effect: int, *, minus: str, beats: str, what: str, other: str,
+                         baseline: str) -> None:
+        """" (<what> minus <other> <row[minus]>): the <what> beats / does not beat its random <baseline> there."
         (rules `beats_random` / `not_beats_random`, backed by the effect's quote and the difference's)."""
-        self.say(f" ({what} minus {baseline} ")
+        self.say(f" ({what} minus {other} ")
         difference = self.quote(row, minus, name=False, fmt="+.3g")
         ok = bool(row[beats])
         self.say(f"): the {what} ")

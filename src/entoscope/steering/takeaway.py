@@ -95,7 +95,8 @@ def _effect(b: TakeawayBuilder, t: Any, row: Any, metric: str, *, material: bool
     b.quote(first, "metric_unsteered", name=False, fmt=".3g")
     b.say("). A random direction of the same norm moves it ")  # in the lead: an effect a random vector matches
     b.quote(random, "effect", name=False, fmt="+.3g")           # is not the direction's
-    b.against_baseline(row, effect, minus="minus_random", beats="beats_random", what="direction", baseline="baseline")
+    b.against_baseline(row, effect, minus="minus_random", beats="beats_random", what="direction",
+                       other="random", baseline="baseline")
     b.end_lead()
     b.say(" That is, its ")
     b.constant(first["ci_level"], "ci_level", fmt=".0%")
