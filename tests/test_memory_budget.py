@@ -248,8 +248,16 @@ def test_the_plans_peak_is_within_a_quarter_of_the_measured(real_folder, case):
 
     if has_hooked_transformer() and "gemma" in str(real_folder):
         pytest.skip("Gemma 3's plans are measured in the transformer-lens 4 pass (the same footprint code; CI's time)")
-    r = _measure(real_folder, case, n=PLAN_PROMPTS.get(case, 8))
+    n = PLAN_PROMPTS.get(case, 8)
+    r = _measure(real_folder, case, n=n)
     ratio = r["plan_peak"] / r["measured"]
+    if not 0.75 <= ratio <= 1.25:
+        # one fresh process's peak reads up to ~15% low or high on a shared machine (CI read attribution patching
+        # at 240 MiB where three quiet runs read 282-288): a second process, and the plan is held to the higher
+        # of the two peaks, the one it must cover
+        again = _measure(real_folder, case, n=n)
+        r["measured"] = max(r["measured"], again["measured"])
+        ratio = r["plan_peak"] / r["measured"]
     if case in SMALL_PEAKS and ratio > 1.25:
         # these hold a few tens of MiB of tensors: their peak is mostly the run's own objects (the manifest, the
         # tables), measured at 30-45 MiB and varying by +-15 MiB between fresh processes, against the 40 MiB
