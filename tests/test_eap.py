@@ -208,6 +208,12 @@ def test_run_saves_a_loadable_circuit(tmp_path):
     back = Circuit.from_json(folder / "circuit.json")
     assert torch.equal(back.kept, result.circuit.kept)
     assert json.loads((folder / "summary.json").read_text())["n_kept"] == 12
+    import networkx as nx  # the graphml holds the circuit: its 12 edges, each named as in the MIB JSON
+    g = nx.read_graphml(folder / "circuit.graphml", force_multigraph=True)
+    kept_names = {name for name, e in json.loads((folder / "circuit.json").read_text())["edges"].items()
+                  if e["in_graph"]}
+    assert {k for _, _, k, d in g.edges(keys=True, data=True) if d["kind"] == "edge"} == kept_names
+    assert len(kept_names) == 12
 
 
 def test_command_line(tmp_path, capsys):

@@ -46,7 +46,9 @@ class CircuitResult(Result):
 
     def save_extra(self, folder: Path, files: list[str]) -> None:
         self.circuit.save_json(folder / "circuit.json")
-        self.circuit.save_graphml(folder / "circuit.graphml")
+        # the circuit's own nodes and edges (every scored edge is in circuit.json and the table: a real model's
+        # graph of 70,000 edges takes networkx seconds to write and a graph viewer minutes to open)
+        self.circuit.save_graphml(folder / "circuit.graphml", only_kept=True)
         nodes = self.extra.get("node_stats")
         if nodes:  # the senders' summed scores the drawing's hover quotes
             pd.DataFrame([{"node": n, "kind": Node.parse(n).kind, "summed_score": v, "summed_score_ci_low": lo,

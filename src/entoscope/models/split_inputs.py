@@ -48,6 +48,8 @@ from .post_norms import head_outputs, post_scale_reads
 from .structure import Structure
 from .weights import Norm
 
+RESULT_COLUMNS = 128  # receivers whose linear terms EdgeGradients.result multiplies by the senders in one product
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -297,13 +299,26 @@ class EdgeGradients:
         out = self.scores.clone()
         B, T, S, d = self.delta.shape
         lhs = self.delta.permute(0, 2, 1, 3).reshape(B, S, T * d)  # [B, S, T*d], once
+        group: list[tuple[Any, Tensor]] = []  # (receiver columns, [B, T*d, n]) multiplied together
+
+        def flush() -> None:
+            if group:  # one product reads lhs once for many receivers, not once per layer's q, k, v, MLP
+                prod = torch.bmm(lhs, torch.cat([u for _, u in group], 2))
+                at = 0
+                for cols, u in group:
+                    out[:, :, cols] += prod[:, :, at:at + u.shape[2]]
+                    at += u.shape[2]
+                group.clear()
         for (L, which), g in self._linear.items():
             if which == "logits":
-                out[:, :, self.layout.logits_receiver] += torch.bmm(lhs, g.reshape(B, T * d, 1))[..., 0]
-                continue
-            cols = dict(self._receivers(L))[which]
-            u = torch.einsum("bthe,hed->btdh", g, self._fold(L, which))  # sum_k w_k g M / sigma
-            out[:, :, cols] += torch.bmm(lhs, u.reshape(B, T * d, -1))
+                cols, u = slice(self.layout.logits_receiver, self.layout.logits_receiver + 1), g.reshape(B, T * d, 1)
+            else:
+                cols = dict(self._receivers(L))[which]
+                u = torch.einsum("bthe,hed->btdh", g, self._fold(L, which)).reshape(B, T * d, -1)  # w g M / sigma
+            group.append((cols, u))
+            if sum(x.shape[2] for _, x in group) >= RESULT_COLUMNS:
+                flush()
+        flush()
         return out
 
 
@@ -476,17 +491,18 @@ class PatchedRun:
         weights = self.patched[:n_read, receivers]  # [n_read, R]
         complement = 1 - weights
         n_patched, n_kept = int(weights.ne(0).sum()), int(complement.ne(0).sum())
-        use = complement if n_kept < n_patched else weights
+        by_kept = n_kept < n_patched
+        use = complement if by_kept else weights
         senders = use.ne(0).any(1).nonzero()[:, 0]
         if len(senders) and int(senders[-1]) - int(senders[0]) + 1 == len(senders):  # a run: a view, no copy
             first = int(senders[0])
-            diff = self.delta[:, :, first:first + len(senders)]
-        else:
-            diff = self.delta[:, :, senders]
-        part = torch.matmul(use[senders].T, diff)  # [R, S] @ [B, T, S, d]: batched, no permuted copy of diff
-        if use is weights:
-            return part
-        return self._total(n_read) - part
+            diff, use = self.delta[:, :, first:first + len(senders)], use[first:first + len(senders)]
+        elif 4 * len(senders) < n_read:  # a few scattered senders: gathering them is cheaper than reading all
+            diff, use = self.delta[:, :, senders], use[senders]
+        else:  # gathering a quarter or more of [B, T, n_read, d] costs more than multiplying its zero rows
+            diff = self.delta[:, :, :n_read]
+        part = torch.matmul(use.T, diff)  # [R, S] @ [B, T, S, d]: batched, no permuted copy of diff
+        return self._total(n_read) - part if by_kept else part
 
     def _total(self, n_read: int) -> Tensor:
         """sum over the first n_read senders of (corrupt_s - actual_s), [B, T, 1, d]. A receiver reads senders

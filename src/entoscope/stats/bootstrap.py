@@ -19,6 +19,7 @@ of weighted sums with a numerator (means, ratios of means) gets the sign-flip te
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..heap import roomy_heap
 from .config import Stats
 from .levels import expanded_alpha  # noqa: F401 (re-exported: where it always was)
 from .levels import bca_level, expands, inverted_p, ndtri, tail_alpha
@@ -165,8 +167,9 @@ def summarise(stat: StatFn, stats: Stats, seed: int, *, keep_boot: bool = False)
     in two passes (the sums and every resample's sums; then each prompt left out), so its memory is
     n_boot x cells whatever the number of prompts; any other statistic is evaluated on the whole
     [n_boot, n] weight matrix."""
-    with warnings.catch_warnings():  # all-NaN cells (undefined statistics) are expected and stay NaN
-        warnings.simplefilter("ignore", RuntimeWarning)
+    big = stat.n_cells * stats.n_boot > CELLS_PER_CHUNK  # its bootstrap runs in chunks: their pages reused
+    with warnings.catch_warnings(), roomy_heap() if big else contextlib.nullcontext():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN cells (undefined statistics) stay NaN
         if isinstance(stat, SumsStat):
             summary = _summarise_sums(stat, stats, seed, keep_boot)
             if stats.refine_p and stat.numerator is not None and summary.p_bound is not None:
