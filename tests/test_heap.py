@@ -38,3 +38,33 @@ def test_freed_heap_below_a_live_object_is_returned():
     for b in buffers[1::2]:
         libc.free(b)
     assert before - after > 60, (before, after)  # 100 MiB of holes, less their chunks' partial pages
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
+def test_a_roomy_heap_keeps_a_freed_block_until_it_ends():
+    """With the steady heap a freed 64 MiB block leaves at once (mmap'd); within roomy_heap it stays resident
+    for the next allocation to reuse, and leaving gives it back (read from /proc/self/statm)."""
+    import ctypes
+
+    from entoscope.heap import roomy_heap, steady_heap
+
+    assert steady_heap()
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    size = 64 * 2**20
+
+    def touched_then_freed() -> float:
+        b = libc.malloc(size)
+        ctypes.memset(b, 1, size)
+        held = _resident_mib()
+        libc.free(b)
+        return held - _resident_mib()  # what the free gave back
+
+    assert touched_then_freed() > 60  # steady: returned at once
+    with roomy_heap():
+        assert touched_then_freed() < 8  # kept on the heap
+        before_leaving = _resident_mib()
+    assert before_leaving - _resident_mib() > 60  # given back on leaving
+    assert touched_then_freed() > 60  # and the steady threshold is back

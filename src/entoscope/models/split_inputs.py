@@ -299,26 +299,20 @@ class EdgeGradients:
         out = self.scores.clone()
         B, T, S, d = self.delta.shape
         lhs = self.delta.permute(0, 2, 1, 3).reshape(B, S, T * d)  # [B, S, T*d], once
-        group: list[tuple[Any, Tensor]] = []  # (receiver columns, [B, T*d, n]) multiplied together
-
-        def flush() -> None:
-            if group:  # one product reads lhs once for many receivers, not once per layer's q, k, v, MLP
-                prod = torch.bmm(lhs, torch.cat([u for _, u in group], 2))
-                at = 0
-                for cols, u in group:
-                    out[:, :, cols] += prod[:, :, at:at + u.shape[2]]
-                    at += u.shape[2]
-                group.clear()
-        for (L, which), g in self._linear.items():
+        group: list[tuple[Any, Tensor]] = []  # (receiver columns, [B, T*d, n]): one product reads lhs once
+        for i, ((L, which), g) in enumerate(self._linear.items()):  # for many receivers, not per q, k, v, MLP
             if which == "logits":
                 cols, u = slice(self.layout.logits_receiver, self.layout.logits_receiver + 1), g.reshape(B, T * d, 1)
             else:
                 cols = dict(self._receivers(L))[which]
                 u = torch.einsum("bthe,hed->btdh", g, self._fold(L, which)).reshape(B, T * d, -1)  # w g M / sigma
             group.append((cols, u))
-            if sum(x.shape[2] for _, x in group) >= RESULT_COLUMNS:
-                flush()
-        flush()
+            if sum(x.shape[2] for _, x in group) >= RESULT_COLUMNS or i == len(self._linear) - 1:
+                prod, at = torch.bmm(lhs, torch.cat([x for _, x in group], 2)), 0
+                for c, x in group:
+                    out[:, :, c] += prod[:, :, at:at + x.shape[2]]
+                    at += x.shape[2]
+                group.clear()
         return out
 
 
