@@ -126,8 +126,8 @@ def test_no_circuit_within_the_budget_is_said_and_not_drawn(demo, tmp_path):
     # the star names the set the lead names (the top n) and what is left of it after pruning (the edges kept)
     star = next(t for t in result.figures()[0][1].data if t.marker.symbol == "star")
     kept = int(result.circuit.kept.sum())
-    assert star.name.startswith(f"best edge set read: the top {s['n_top']} edges")
-    assert (f"({kept} after pruning" in star.name) == (kept != s["n_top"])
+    assert star.name.startswith(f"best edge set read: the top {s['n_top']:,} edges")
+    assert (f", {kept:,} after pruning (" in star.name) == (kept != s["n_top"])
     folder = result.save(tmp_path / "none")
     assert (folder / "search.csv").exists() and (folder / "faithfulness.csv").exists()
 

@@ -70,7 +70,7 @@ def roomy_heap() -> Iterator[None]:
     the steady thresholds are put back and the free pages returned (malloc_trim). For a loop of equal-sized
     chunk temporaries (the bootstrap of 70,000 circuit edges: 64 MiB a chunk), whose fresh pages each cost a
     fault: on this project's 2-core VM such faults took half the bootstrap's time (a 70,651-edge summary of 24
-    prompts: 12-17 s with the steady heap, 6.6-7.9 s within). Nothing is done where the heap is not steady."""
+    prompts: 12-17 s with the steady heap, 8.8-9.1 s within once the heap is warm; docs/speed.md). Nothing is done where the heap is not steady."""
     lib = _libc() if _steady else None
     if lib is None:
         yield

@@ -241,7 +241,7 @@ def faithfulness_figure(curve: pd.DataFrame | None, chosen: dict[str, Any] | Non
             bars["meta"]["key"] = None  # the summary file's top level
         what = "circuit found" if chosen.get("found") else "best edge set read" if "found" in chosen else \
             "chosen circuit"
-        size = f"the top {top:,} edges" + (f" ({chosen['n_kept']:,} after pruning)" if top != chosen["n_kept"] else "")
+        size = f"the top {top:,} edges" + (f", {chosen['n_kept']:,} after pruning" if top != chosen["n_kept"] else "")
         fig.add_trace(go.Scatter(**point, mode="markers", marker={"size": 13, "symbol": "star", "color": "#c05621"},
                                  name=f"{what}: {size} ({level} interval)",
                                  text=[f"the {what}: {size} of {chosen['n_edges_total']:,}<br>"
