@@ -29,7 +29,7 @@ Two entry points share one component list:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -93,28 +93,28 @@ def _post_scale(model: ModelAdapter, acts: dict[ActName, Tensor], positions: Ten
 
 
 def _dense_parts(model: ModelAdapter, acts: dict[ActName, Tensor], positions: Tensor, neuron_layers: set[int],
-                 dtype: torch.dtype) -> list[tuple[str, int | None, Tensor]]:
+                 dtype: torch.dtype) -> Iterator[tuple[str, int | None, Tensor]]:
     """(kind, layer, vectors [n, B, d_model]) per block of components, neurons excepted (kind "neurons"
     carries mlp_post [B, d_mlp] instead; `_neuron_post` carries them through a post-norm), in
-    `components` order. Heads and biases are carried through their post-norms here."""
+    `components` order. Heads and biases are carried through their post-norms here. A generator: a caller that
+    reduces each block as it comes (component_dots) holds one layer's vectors and one W_O in `dtype` at a time."""
     w, s = model.weights, model.structure
     B = positions.shape[0]
-    parts: list[tuple[str, int | None, Tensor]] = [("embed", None, _at(acts[ActName("embed")], positions)[None])]
+    yield "embed", None, _at(acts[ActName("embed")], positions)[None]
     if s.positional == "learned":
-        parts.append(("pos_embed", None, _at(acts[ActName("pos_embed")], positions)[None]))
+        yield "pos_embed", None, _at(acts[ActName("pos_embed")], positions)[None]
     for L in range(s.n_layers):
         z = _at(acts[ActName("z", L)], positions).to(dtype)  # [B, H, d_head]
         s1 = _post_scale(model, acts, positions, L, "attn")
         heads = torch.einsum("bhd,hdm->hbm", z, w.W_O(L).to(dtype))
-        parts.append(("heads", L, through_post_norm(model, L, "attn", heads, s1)))
-        parts.append(("attn_bias", L, through_post_norm(model, L, "attn", w.b_O(L).to(dtype).expand(1, B, -1), s1)))
+        yield "heads", L, through_post_norm(model, L, "attn", heads, s1)
+        yield "attn_bias", L, through_post_norm(model, L, "attn", w.b_O(L).to(dtype).expand(1, B, -1), s1)
         if L in neuron_layers:
-            parts.append(("neurons", L, _at(acts[ActName("mlp_post", L)], positions).to(dtype)))
+            yield "neurons", L, _at(acts[ActName("mlp_post", L)], positions).to(dtype)
             s2 = _post_scale(model, acts, positions, L, "mlp")
-            parts.append(("mlp_bias", L, through_post_norm(model, L, "mlp", w.b_out(L).to(dtype).expand(1, B, -1), s2)))
+            yield "mlp_bias", L, through_post_norm(model, L, "mlp", w.b_out(L).to(dtype).expand(1, B, -1), s2)
         else:
-            parts.append(("mlp", L, _at(acts[ActName("mlp_out", L)], positions)[None]))
-    return parts
+            yield "mlp", L, _at(acts[ActName("mlp_out", L)], positions)[None]
 
 
 def component_vectors(model: ModelAdapter, acts: dict[ActName, Tensor], positions: Tensor,

@@ -299,13 +299,20 @@ def check_identity(ident: dict[str, Tensor], tol: float, metric: str) -> pd.Data
 def dla_footprint(model: ModelAdapter, reads: list[ActName], C: int, n: int, T: int, split: bool,
                   stats: Stats) -> Callable[[int], int]:
     """peak(B) above the loaded model (memory.py): per prompt of a batch the activations read and a forward with
-    the last position's logits; every prompt's C contributions (float64); with neurons split, one layer's W_out in
-    float64 while its neurons are dotted; when the table is made, the statistics' chunks."""
+    the last position's logits; every prompt's C contributions (float64); while a layer is dotted
+    (decompose.component_dots, after the forward: the reads kept, the forward's own transient gone), its W_O in
+    float64 and its heads' vectors (the einsum's, the post-norm's and the product's [H, B, d_model]), or with
+    neurons split its W_out in float64; when the table is made, the statistics' chunks."""
     fp, s = Footprint(model), model.structure
-    per_example = fp.act(reads, 1, T) + fp.forward(1, T, logit_rows=1)
+    read, forward = fp.act(reads, 1, T), fp.forward(1, T, logit_rows=1)
     values = n * (C + 3) * 8 * 2
+    w_o = 8 * s.n_heads * s.d_head * s.d_model
     w_out = 8 * s.d_mlp * s.d_model if split else 0
-    return lambda B: FIXED + values + max(w_out + B * per_example, summary_bytes(n, C, stats))
+
+    def peak(B: int) -> int:
+        dots = max(w_o + 3 * 8 * s.n_heads * B * s.d_model, w_out)
+        return FIXED + values + max(B * read + max(B * forward, dots), summary_bytes(n, C, stats))
+    return peak
 
 
 class DLAResult(Result):
