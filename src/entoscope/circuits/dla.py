@@ -248,12 +248,19 @@ def attribute(model: ModelAdapter, acts: dict[ActName, Tensor], logits: Tensor, 
     direction = frozen_norm_direction(norm, u, scale.to(torch.float64))
     rows = component_dots(model, acts, last, direction, split or [])
     constant = b_U_part if norm.bias is None else u @ norm.bias.to(torch.float64) + b_U_part
-    final = (at_positions(logits, last) if logits.dim() == 3 else logits).to(torch.float64)
+    final = at_positions(logits, last) if logits.dim() == 3 else logits  # [B, V]
+    # the metric reads the answers' (and wrong answers') columns only: those are taken before the float64 copy
+    # (a [B, vocabulary] float64 copy is 16 MiB for 8 prompts of Gemma 3)
     answers = answers.to(final.device)
+    ids = answers if wrong is None else torch.cat([answers, wrong.to(final.device)], -1)
+    picked = final.gather(-1, ids.clamp(min=0)).to(torch.float64)
+    at = torch.arange(ids.shape[-1], device=final.device).expand_as(ids)
+    at = torch.where(ids >= 0, at, -1)  # an answer list's padding (-1) stays padding
+    k = answers.shape[-1]
     if wrong is not None:
-        value = logit_diff_metric(final, answers, wrong.to(final.device))
+        value = logit_diff_metric(picked, at[:, :k], at[:, k:])
     else:
-        value = logit_metric(final, answers, torch.full_like(answers, -1))
+        value = logit_metric(picked, at, torch.full_like(at, -1))
     return rows, constant, value
 
 
