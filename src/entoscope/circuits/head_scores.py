@@ -73,7 +73,7 @@ from ..executors.contract import Sharded
 from ..executors.shards import PerPrompt
 from ..metrics import readable
 from ..models.adapter import ModelAdapter
-from ..models.footprint import FIXED, Footprint
+from ..models.footprint import FIXED_LEAN, Footprint
 from ..models.names import ActName
 from ..operation import Operation, Plan, Prepared, progress, register_operation
 from ..results.claims import clears, most
@@ -244,7 +244,7 @@ class HeadScores(Sharded, Operation):
         LHK = s.n_layers * s.n_heads * len(self.kinds)  # score and score_tl (and control) untested, the excess tested
         untested = self.stats.model_copy(update={"refine_p": False})
         summary = max(summary_bytes(len(td), 2 * LHK, untested), summary_bytes(len(td), LHK, self.stats))
-        bs = self.choose_batch_size(0, len(td), peak_of=lambda b: FIXED + max(b * per_example, summary))
+        bs = self.choose_batch_size(0, len(td), peak_of=lambda b: FIXED_LEAN + max(b * per_example, summary))
         batches = make_batches(td, bs, pad_id(model))
         controls: tuple[Tensor, ...] = ()
         if self.uses_control():
@@ -256,7 +256,7 @@ class HeadScores(Sharded, Operation):
         plan = Plan(self.name, rows=s.n_layers * s.n_heads * len(self.kinds), forward_passes=len(td) * (2 if controls
                                                                                                        else 1),
                     backward_passes=0, batch_sizes=[len(b) for b in batches], examples=len(td),
-                    peak_memory_bytes=FIXED + max(bs * per_example, summary), notes=notes)
+                    peak_memory_bytes=FIXED_LEAN + max(bs * per_example, summary), notes=notes)
         return Prepared(model, data, plan, HeadScoresState(batches, tuple(offsets), controls))
 
     # sharded (docs/scale.md): a shard returns its prompts' scores; summarise has every prompt's

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from .adapter import ModelAdapter
 
 FIXED = 40 * 2**20  # a run's own small objects (Python, tables) and the heap's slack (blocks below 1 MiB)
+FIXED_LEAN = 16 * 2**20  # the same for head scores: measured, its peak above the tensors its plan counts is 10-18
+# MiB on SmolLM2, Gemma 3 and the Llama 3.2 1B / Gemma 2 2B shapes, against 30-45 for the others (docs/speed.md)
 
 
 class Footprint:
